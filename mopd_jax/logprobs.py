@@ -1,0 +1,112 @@
+"""Per-token log-probs of given tokens, chunked so that [B, T, V] logits never exist.
+
+This is the function a teacher uses to prefill (score) a trajectory and the student uses in
+its loss. Convention shared with the sampler: `out[b, t] = log p(tokens[b, t] | tokens[b, :t])`
+and `out[b, 0] = 0` (nothing predicts the first token).
+
+The vocabulary projection runs over the sequence in chunks under `lax.scan`, each chunk
+rematerialised (`jax.checkpoint`) in the backward pass, so peak memory holds [B, chunk, V]
+instead of [B, T, V].
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from mopd_jax import models
+from mopd_jax.models import ModelConfig
+
+
+class TokenStats(NamedTuple):
+  logprobs: jax.Array  # [B, T]
+  entropy: Optional[jax.Array] = None  # [B, T] entropy of the predictive distribution
+  topk_logprobs: Optional[jax.Array] = None  # [B, T, k]
+  topk_ids: Optional[jax.Array] = None  # [B, T, k]
+
+
+def _chunk_stats(cfg, params, h_BxCxD, tgt_BxC, *, with_entropy, top_k, topk_ids_BxCxK):
+  logits = models.logits_from_hidden(cfg, params, h_BxCxD)  # float32 [B, C, V]
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  lp = jnp.take_along_axis(logits, tgt_BxC[..., None], axis=-1)[..., 0] - lse
+  out = [lp]
+  if with_entropy:
+    p = jnp.exp(logits - lse[..., None])
+    out.append(lse - jnp.sum(p * logits, axis=-1))
+  if top_k:
+    if topk_ids_BxCxK is None:  # this model's own top-k
+      vals, ids = jax.lax.top_k(logits, top_k)
+    else:  # another model's top-k ids (the student scored on the teacher's support)
+      ids = topk_ids_BxCxK
+      vals = jnp.take_along_axis(logits, ids, axis=-1)
+    out += [vals - lse[..., None], ids.astype(jnp.int32)]
+  return tuple(out)
+
+
+def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, *,
+                            chunk_size: int = 64, with_entropy: bool = False, top_k: int = 0,
+                            topk_ids_BxTxK=None) -> TokenStats:
+  """Stats of each next token from final hidden states; see module docstring."""
+  b, t, d = hidden_BxTxD.shape
+  h = hidden_BxTxD[:, :-1]
+  tgt = tokens_BxT[:, 1:].astype(jnp.int32)
+  ids = None if topk_ids_BxTxK is None else topk_ids_BxTxK[:, 1:]
+  n = t - 1
+  c = max(1, min(chunk_size, n))
+  nchunks = -(-n // c)
+  pad = nchunks * c - n
+  if pad:
+    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+    tgt = jnp.pad(tgt, ((0, 0), (0, pad)))
+    if ids is not None:
+      ids = jnp.pad(ids, ((0, 0), (0, pad), (0, 0)))
+  to_chunks = lambda x: jnp.swapaxes(x.reshape(b, nchunks, c, *x.shape[2:]), 0, 1)
+  xs = (to_chunks(h), to_chunks(tgt), None if ids is None else to_chunks(ids))
+
+  @functools.partial(jax.checkpoint, prevent_cse=False)
+  def chunk(params, h_c, tgt_c, ids_c):
+    return _chunk_stats(cfg, params, h_c, tgt_c, with_entropy=with_entropy, top_k=top_k,
+                        topk_ids_BxCxK=ids_c)
+
+  def step(carry, x):
+    return carry, chunk(params, *x)
+
+  _, ys = jax.lax.scan(step, None, xs)
+  # [nchunks, B, C, ...] -> [B, T-1, ...], then a leading 0 column for position 0.
+  def unchunk(y):
+    y = jnp.swapaxes(y, 0, 1).reshape(b, nchunks * c, *y.shape[3:])[:, :n]
+    return jnp.pad(y, ((0, 0), (1, 0)) + ((0, 0),) * (y.ndim - 2))
+
+  ys = [unchunk(y) for y in ys]
+  lp = ys.pop(0)
+  ent = ys.pop(0) if with_entropy else None
+  tk_lp, tk_ids = (ys[0], ys[1]) if top_k else (None, None)
+  return TokenStats(lp, ent, tk_lp, tk_ids)
+
+
+def token_stats(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None, positions=None,
+                chunk_size: int = 64, with_entropy: bool = False, top_k: int = 0,
+                topk_ids_BxTxK=None) -> TokenStats:
+  """Teacher-forced per-token log-probs (and optionally entropy, top-k) of `tokens`."""
+  h = models.hidden_states(cfg, params, tokens_BxT, input_mask=input_mask, positions=positions)
+  return token_stats_from_hidden(cfg, params, h, tokens_BxT, chunk_size=chunk_size,
+                                 with_entropy=with_entropy, top_k=top_k,
+                                 topk_ids_BxTxK=topk_ids_BxTxK)
+
+
+def token_logprobs(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None, positions=None,
+                   chunk_size: int = 64):
+  """[B, T] log p(tokens[:, t] | tokens[:, :t]); 0 at t = 0. Pads are masked as keys."""
+  return token_stats(cfg, params, tokens_BxT, input_mask=input_mask, positions=positions,
+                     chunk_size=chunk_size).logprobs
+
+
+def full_token_logprobs(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None,
+                        positions=None):
+  """Reference: the whole [B, T, V] log_softmax, then a gather (tests and benchmark only)."""
+  logits = models.forward(cfg, params, tokens_BxT, input_mask=input_mask, positions=positions)
+  lp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1], axis=-1),
+                           tokens_BxT[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
+  return jnp.pad(lp, ((0, 0), (1, 0)))

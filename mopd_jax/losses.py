@@ -1,0 +1,404 @@
+"""Losses for on-policy distillation and RL fine-tuning.
+
+Conventions shared by every function here:
+
+* Per-token arrays are ``[B, T]`` and aligned with the tokens:
+  ``logprobs[b, t] = log p(tokens[b, t] | tokens[b, :t])``.
+* ``loss_mask[b, t]`` is true exactly on tokens the policy generated; prompt,
+  padding and tool-observation tokens are false. Values under a false mask may
+  be anything, NaN and inf included: they are replaced with ``jnp.where``
+  before any arithmetic, so they reach neither the loss nor the gradient.
+* Token losses are averaged within a row (``1/|y_i|``) and then over the rows
+  that hold at least one token, so the loss does not depend on how much
+  padding a batch carries, on which side, or on extra empty rows.
+* Hyper-parameters (``r_max``, ``eps_*``, ...) are static Python numbers,
+  validated eagerly, so a bad value fails at trace time rather than as NaN.
+* Metrics are float32 scalars with the gradient stopped.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+Metrics = dict[str, Array]
+
+# Floor for top-k log-probs: a zero probability (-inf, e.g. padded vocab)
+# would otherwise turn p * log p into 0 * inf = NaN.
+_TOPK_LOGPROB_FLOOR = -1e3
+
+
+# ----------------------------------------------------------------------------
+# Validation and masked reductions.
+# ----------------------------------------------------------------------------
+
+
+def _static_float(name: str, value) -> float:
+  try:
+    return float(value)
+  except (TypeError, jax.errors.ConcretizationTypeError) as e:
+    # A traced hyper-parameter cannot be validated; say so instead of letting
+    # JAX's generic concretisation error surface.
+    raise TypeError(
+        f"{name} must be a static Python number, got {value!r}; pass it as a "
+        "static argument or close over it when jitting") from e
+
+
+def _positive(name: str, value) -> float:
+  v = _static_float(name, value)
+  if not v > 0:  # also rejects NaN
+    raise ValueError(f"{name} must be > 0, got {value!r}")
+  return v
+
+
+def _non_negative(name: str, value) -> float:
+  v = _static_float(name, value)
+  if not v >= 0:  # also rejects NaN
+    raise ValueError(f"{name} must be >= 0, got {value!r}")
+  return v
+
+
+def _same_shapes(ndim: Optional[int], **arrays) -> tuple[int, ...]:
+  shapes = {name: tuple(jnp.shape(a)) for name, a in arrays.items()}
+  first = next(iter(shapes.values()))
+  if any(s != first for s in shapes.values()):
+    raise ValueError(f"shape mismatch: {shapes}")
+  if ndim is not None and len(first) != ndim:
+    raise ValueError(f"expected {ndim}-D arrays, got shapes {shapes}")
+  return first
+
+
+def _f32(x) -> Array:
+  return jnp.asarray(x).astype(jnp.float32)
+
+
+def _bool(mask) -> Array:
+  return jnp.asarray(mask).astype(bool)
+
+
+def _token_mean(x_BxT: Array, mask_BxT: Array) -> Array:
+  total = jnp.sum(jnp.where(mask_BxT, x_BxT, 0.0))
+  count = jnp.sum(mask_BxT, dtype=jnp.float32)
+  return total / jnp.maximum(count, 1.0)
+
+
+def _row_normalised_mean(x_BxT: Array, mask_BxT: Array):
+  """mean over non-empty rows i of (1/|y_i|) sum_t x[i, t]; 0 if no tokens.
+
+  Returns (value, num_tokens, num_rows). Empty rows get weight 0 through a
+  select, and the divisors are clamped to 1, so no 0/0 appears in the forward
+  or backward pass.
+  """
+  n_tok_B = jnp.sum(mask_BxT, axis=-1, dtype=jnp.float32)
+  has_tok_B = n_tok_B > 0
+  n_rows = jnp.sum(has_tok_B, dtype=jnp.float32)
+  row_sum_B = jnp.sum(jnp.where(mask_BxT, x_BxT, 0.0), axis=-1)
+  row_mean_B = row_sum_B / jnp.maximum(n_tok_B, 1.0)
+  value = jnp.sum(jnp.where(has_tok_B, row_mean_B, 0.0)) / jnp.maximum(
+      n_rows, 1.0)
+  return value, jnp.sum(n_tok_B), n_rows
+
+
+def _stop(metrics: Metrics) -> Metrics:
+  return {k: jax.lax.stop_gradient(_f32(v)) for k, v in metrics.items()}
+
+
+# ----------------------------------------------------------------------------
+# MOPD (Kimi K3 eq. 15).
+# ----------------------------------------------------------------------------
+
+
+def _mopd_inputs(student_logprobs, teacher_logprobs, loss_mask, r_max):
+  r_max = _positive("r_max", r_max)
+  _same_shapes(2, student_logprobs=student_logprobs,
+               teacher_logprobs=teacher_logprobs, loss_mask=loss_mask)
+  mask_BxT = _bool(loss_mask)
+  # Sanitise first: where() only protects the gradient if nothing non-finite
+  # is ever multiplied, even by a cotangent of zero.
+  lp_s_BxT = jnp.where(mask_BxT, _f32(student_logprobs), 0.0)
+  lp_t_BxT = jnp.where(mask_BxT, _f32(teacher_logprobs), 0.0)
+  return lp_s_BxT, lp_t_BxT, mask_BxT, r_max
+
+
+def _reward(lp_s_BxT, lp_t_BxT, mask_BxT, r_max):
+  gap_BxT = jax.lax.stop_gradient(lp_t_BxT - lp_s_BxT)
+  r_BxT = jnp.where(mask_BxT, jnp.clip(gap_BxT, -r_max, r_max), 0.0)
+  return r_BxT, gap_BxT
+
+
+def mopd_reward(student_logprobs, teacher_logprobs, loss_mask,
+                r_max: float) -> Array:
+  """Per-token MOPD reward ``clip(lp_T - lp_S, -r_max, r_max)``, [B, T].
+
+  Zero on masked tokens and gradient-stopped, so it can be used directly as a
+  per-token advantage.
+  """
+  lp_s, lp_t, mask, r_max = _mopd_inputs(student_logprobs, teacher_logprobs,
+                                         loss_mask, r_max)
+  return _reward(lp_s, lp_t, mask, r_max)[0]
+
+
+def mopd_loss(student_logprobs, teacher_logprobs, loss_mask,
+              r_max: float) -> tuple[Array, Metrics]:
+  """Kimi K3 eq. 15: ``-mean_i (1/|y_i|) sum_t r_t * lp_S_t``.
+
+  ``r_t = clip(sg(lp_T_t - lp_S_t), -r_max, r_max)``. The gradient is the
+  REINFORCE estimator of the reverse KL to the teacher with a bounded
+  per-token reward; it flows through ``student_logprobs`` only.
+
+  Metrics: ``kl`` (token mean of ``lp_S - lp_T``, the sampled-token estimate
+  of KL(student || teacher)), ``reward_mean``, ``clip_frac`` (tokens with
+  ``|lp_T - lp_S| > r_max``), ``num_tokens``, ``num_rows`` (rows with at
+  least one token).
+  """
+  lp_s, lp_t, mask, r_max = _mopd_inputs(student_logprobs, teacher_logprobs,
+                                         loss_mask, r_max)
+  r_BxT, gap_BxT = _reward(lp_s, lp_t, mask, r_max)
+  objective, n_tokens, n_rows = _row_normalised_mean(r_BxT * lp_s, mask)
+  metrics = {
+      "kl": _token_mean(-gap_BxT, mask),
+      "reward_mean": _token_mean(r_BxT, mask),
+      "clip_frac": _token_mean(
+          (jnp.abs(gap_BxT) > r_max).astype(jnp.float32), mask),
+      "num_tokens": n_tokens,
+      "num_rows": n_rows,
+  }
+  return -objective, _stop(metrics)
+
+
+def mopd_advantages(student_logprobs, teacher_logprobs, loss_mask,
+                    r_max: float, outcome_advantage=None,
+                    alpha=0.0) -> Array:
+  """MOPD reward plus an optional sequence-level outcome term, [B, T].
+
+  ``r_t + alpha * outcome_advantage[b]`` on masked tokens, 0 elsewhere,
+  gradient-stopped: the advantage to feed ``pg_loss`` so that distillation
+  and outcome RL share one clipped policy-gradient step.
+  """
+  lp_s, lp_t, mask, r_max = _mopd_inputs(student_logprobs, teacher_logprobs,
+                                         loss_mask, r_max)
+  r_BxT, _ = _reward(lp_s, lp_t, mask, r_max)
+  if outcome_advantage is None:
+    # A non-zero alpha with nothing to scale is almost surely a wiring bug.
+    if isinstance(alpha, numbers.Real) and alpha != 0:
+      raise ValueError(
+          f"alpha={alpha!r} is non-zero but outcome_advantage is None")
+    return r_BxT
+  if tuple(jnp.shape(outcome_advantage)) != mask.shape[:1]:
+    raise ValueError(
+        f"outcome_advantage must have shape {mask.shape[:1]} (one value per "
+        f"row of loss_mask {mask.shape}), got {jnp.shape(outcome_advantage)}")
+  out_B = jax.lax.stop_gradient(_f32(outcome_advantage))
+  adv_BxT = r_BxT + jax.lax.stop_gradient(_f32(alpha)) * out_B[:, None]
+  return jnp.where(mask, adv_BxT, 0.0)
+
+
+# ----------------------------------------------------------------------------
+# Clipped importance-ratio policy gradient (PPO / GRPO style).
+# ----------------------------------------------------------------------------
+
+
+def pg_loss(logprobs, sampler_logprobs, advantages, loss_mask, *,
+            eps_low: float = 0.2, eps_high: float = 0.2,
+            log_ratio_clip: float = 20.0) -> tuple[Array, Metrics]:
+  """Clipped surrogate ``-mean_i (1/|y_i|) sum_t min(rho A, clip(rho) A)``.
+
+  ``rho = exp(clip(lp - sg(lp_old), +-log_ratio_clip))`` and
+  ``clip(rho) = clip(rho, 1 - eps_low, 1 + eps_high)``; ``eps_high > eps_low``
+  gives the DAPO "clip-higher" variant. Row normalisation matches
+  ``mopd_loss``, so with ``sampler_logprobs == logprobs`` and
+  ``advantages = mopd_reward(...)`` both losses have the same gradient.
+
+  Metrics: ``ratio_mean``, ``clip_frac`` (tokens whose surrogate is clipped,
+  i.e. has no gradient), ``approx_kl`` (token mean of ``lp_old - lp``),
+  ``advantage_mean``, ``num_tokens``, ``num_rows``.
+  """
+  eps_low = _non_negative("eps_low", eps_low)
+  eps_high = _non_negative("eps_high", eps_high)
+  log_ratio_clip = _positive("log_ratio_clip", log_ratio_clip)
+  _same_shapes(2, logprobs=logprobs, sampler_logprobs=sampler_logprobs,
+               advantages=advantages, loss_mask=loss_mask)
+  mask = _bool(loss_mask)
+  lp = jnp.where(mask, _f32(logprobs), 0.0)
+  lp_old = jax.lax.stop_gradient(jnp.where(mask, _f32(sampler_logprobs), 0.0))
+  adv = jax.lax.stop_gradient(jnp.where(mask, _f32(advantages), 0.0))
+
+  log_ratio = lp - lp_old
+  ratio = jnp.exp(jnp.clip(log_ratio, -log_ratio_clip, log_ratio_clip))
+  # min(rho A, clip(rho) A) written as an explicit select: identical values,
+  # but at rho == 1 the gradient is exactly A instead of depending on how
+  # jnp.minimum / jnp.clip split ties (e.g. eps_low == 0).
+  clipped = ((adv > 0) & (ratio > 1.0 + eps_high)) | (
+      (adv < 0) & (ratio < 1.0 - eps_low))
+  clipped_ratio = jax.lax.stop_gradient(
+      jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
+  obj = jnp.where(clipped, clipped_ratio * adv, ratio * adv)
+  objective, n_tokens, n_rows = _row_normalised_mean(obj, mask)
+  metrics = {
+      "ratio_mean": _token_mean(ratio, mask),
+      "clip_frac": _token_mean(clipped.astype(jnp.float32), mask),
+      "approx_kl": _token_mean(-log_ratio, mask),
+      "advantage_mean": _token_mean(adv, mask),
+      "num_tokens": n_tokens,
+      "num_rows": n_rows,
+  }
+  return -objective, _stop(metrics)
+
+
+# ----------------------------------------------------------------------------
+# Kimi K1.5 / K2 policy mirror descent and GRPO advantages.
+# ----------------------------------------------------------------------------
+
+
+def sequence_logprobs(logprobs, loss_mask) -> Array:
+  """Sum of log-probs over each row's masked tokens: [..., T] -> [...]."""
+  _same_shapes(None, logprobs=logprobs, loss_mask=loss_mask)
+  if jnp.ndim(logprobs) < 1:
+    raise ValueError(f"logprobs must be at least 1-D, got shape "
+                     f"{jnp.shape(logprobs)}")
+  mask = _bool(loss_mask)
+  return jnp.sum(jnp.where(mask, _f32(logprobs), 0.0), axis=-1)
+
+
+def pmd_loss(seq_logprobs_new, seq_logprobs_old, rewards, tau_kl: float, *,
+             loss_mask=None,
+             token_clip: Optional[float] = None) -> tuple[Array, Metrics]:
+  """Kimi K1.5 policy mirror descent loss for K samples per prompt.
+
+  ``L = mean_p 1/K sum_i (r_pi - mean_j r_pj - tau_kl * log_ratio_pi)^2``
+  with ``log_ratio = log pi_new(y|x) - log pi_old(y|x)``; ``rewards`` and the
+  old log-probs are constants.
+
+  Sequence form (``loss_mask=None``): ``seq_logprobs_*`` and ``rewards`` are
+  [P, K] (see ``sequence_logprobs``).
+
+  Per-token form (``loss_mask`` given): ``seq_logprobs_*`` and ``loss_mask``
+  are token-level [P, K, T] (a flat [B, T] batch with prompt-major rows is
+  ``x.reshape(P, K, T)``) and ``log_ratio = sum_t clip(lp_new_t - lp_old_t,
+  +-token_clip)`` over masked tokens. Clipping each token (K2.5 style) stops
+  a few tokens with a large train/inference mismatch from dominating the
+  sequence log-ratio of a long response; a clipped token gets no gradient.
+  ``token_clip=None`` sums the unclipped log-ratios.
+
+  Metrics: ``log_ratio_mean``, ``log_ratio_abs_max`` (sequence level),
+  ``reward_mean``, ``advantage_abs_mean`` (``|r - mean_j r|``),
+  ``token_clip_frac`` (0 in the sequence form).
+  """
+  tau_kl = _positive("tau_kl", tau_kl)
+  if loss_mask is None:
+    if token_clip is not None:
+      raise ValueError(f"token_clip={token_clip!r} needs the per-token form "
+                       "(pass loss_mask and [P, K, T] log-probs)")
+    _same_shapes(2, seq_logprobs_new=seq_logprobs_new,
+                 seq_logprobs_old=seq_logprobs_old, rewards=rewards)
+    log_ratio_PxK = _f32(seq_logprobs_new) - jax.lax.stop_gradient(
+        _f32(seq_logprobs_old))
+    token_clip_frac = jnp.zeros((), jnp.float32)
+  else:
+    _same_shapes(3, seq_logprobs_new=seq_logprobs_new,
+                 seq_logprobs_old=seq_logprobs_old, loss_mask=loss_mask)
+    if tuple(jnp.shape(rewards)) != tuple(jnp.shape(loss_mask))[:2]:
+      raise ValueError(
+          f"rewards must have shape {tuple(jnp.shape(loss_mask))[:2]} to "
+          f"match loss_mask {jnp.shape(loss_mask)}, got {jnp.shape(rewards)}")
+    mask = _bool(loss_mask)
+    lp_new = jnp.where(mask, _f32(seq_logprobs_new), 0.0)
+    lp_old = jax.lax.stop_gradient(
+        jnp.where(mask, _f32(seq_logprobs_old), 0.0))
+    tok_ratio = lp_new - lp_old
+    if token_clip is None:
+      token_clip_frac = jnp.zeros((), jnp.float32)
+    else:
+      c = _positive("token_clip", token_clip)
+      token_clip_frac = _token_mean(
+          (jnp.abs(tok_ratio) > c).astype(jnp.float32), mask)
+      tok_ratio = jnp.clip(tok_ratio, -c, c)
+    log_ratio_PxK = jnp.sum(jnp.where(mask, tok_ratio, 0.0), axis=-1)
+
+  r_PxK = jax.lax.stop_gradient(_f32(rewards))
+  adv_PxK = r_PxK - jnp.mean(r_PxK, axis=-1, keepdims=True)
+  residual_PxK = adv_PxK - tau_kl * log_ratio_PxK
+  loss = jnp.mean(jnp.mean(residual_PxK**2, axis=-1))
+  metrics = {
+      "log_ratio_mean": jnp.mean(log_ratio_PxK),
+      "log_ratio_abs_max": jnp.max(jnp.abs(log_ratio_PxK)),
+      "reward_mean": jnp.mean(r_PxK),
+      "advantage_abs_mean": jnp.mean(jnp.abs(adv_PxK)),
+      "token_clip_frac": token_clip_frac,
+  }
+  return loss, _stop(metrics)
+
+
+def grpo_advantages(rewards, eps: float = 1e-6,
+                    normalize_std: bool = True) -> Array:
+  """Group-normalised advantages ``(r - mean_K r) / (std_K r + eps)``, [P, K].
+
+  Uses the population std (ddof=0) so a group of one sample gets advantage 0
+  rather than NaN; a group with identical rewards also gets 0.
+  """
+  eps = _non_negative("eps", eps)
+  if jnp.ndim(rewards) != 2:
+    raise ValueError(f"rewards must be [P, K], got shape {jnp.shape(rewards)}")
+  r_PxK = jax.lax.stop_gradient(_f32(rewards))
+  adv_PxK = r_PxK - jnp.mean(r_PxK, axis=-1, keepdims=True)
+  if not normalize_std:
+    return adv_PxK
+  denom_Px1 = jnp.std(r_PxK, axis=-1, keepdims=True) + eps
+  # eps=0 with a constant group would be 0/0.
+  return adv_PxK / jnp.where(denom_Px1 > 0, denom_Px1, 1.0)
+
+
+# ----------------------------------------------------------------------------
+# Top-k (logit-level) distillation.
+# ----------------------------------------------------------------------------
+
+
+def topk_kl_loss(student_topk_logprobs, teacher_topk_logprobs,
+                 loss_mask) -> tuple[Array, Metrics]:
+  """Reverse KL restricted to the teacher's top-k tokens, row-normalised.
+
+  Both inputs are [B, T, k] log-probs of the same ids (the teacher's top-k).
+  Per token: ``sum_v p_s (log p_s - log p_t) - p_s + p_t``. The ``- p_s + p_t``
+  terms make each summand a Bregman divergence of unnormalised measures,
+  which is >= 0 and minimised exactly at ``p_s = p_t`` even though neither
+  distribution sums to 1 over k tokens; without them the truncated KL would
+  reward pushing student mass off the top-k set. Gradient flows through the
+  student only. Log-probs are floored at -1e3 so zero probabilities (-inf)
+  stay finite.
+
+  Metrics: ``kl`` (token mean of the per-token loss), ``student_topk_mass``,
+  ``teacher_topk_mass`` (token means of sum_v p), ``num_tokens``,
+  ``num_rows``.
+  """
+  shape = _same_shapes(3, student_topk_logprobs=student_topk_logprobs,
+                       teacher_topk_logprobs=teacher_topk_logprobs)
+  if tuple(jnp.shape(loss_mask)) != shape[:2]:
+    raise ValueError(f"loss_mask must have shape {shape[:2]} to match top-k "
+                     f"log-probs {shape}, got {jnp.shape(loss_mask)}")
+  mask_BxT = _bool(loss_mask)
+  m = mask_BxT[..., None]
+  lp_s = jnp.maximum(jnp.where(m, _f32(student_topk_logprobs), 0.0),
+                     _TOPK_LOGPROB_FLOOR)
+  lp_t = jax.lax.stop_gradient(
+      jnp.maximum(jnp.where(m, _f32(teacher_topk_logprobs), 0.0),
+                  _TOPK_LOGPROB_FLOOR))
+  p_s, p_t = jnp.exp(lp_s), jnp.exp(lp_t)
+  kl_BxT = jnp.sum(p_s * (lp_s - lp_t) - p_s + p_t, axis=-1)
+  loss, n_tokens, n_rows = _row_normalised_mean(kl_BxT, mask_BxT)
+  metrics = {
+      "kl": _token_mean(kl_BxT, mask_BxT),
+      "student_topk_mass": _token_mean(jnp.sum(p_s, axis=-1), mask_BxT),
+      "teacher_topk_mass": _token_mean(jnp.sum(p_t, axis=-1), mask_BxT),
+      "num_tokens": n_tokens,
+      "num_rows": n_rows,
+  }
+  return loss, _stop(metrics)
+
+
+__all__ = [
+    "mopd_reward", "mopd_loss", "mopd_advantages", "pg_loss",
+    "sequence_logprobs", "pmd_loss", "grpo_advantages", "topk_kl_loss",
+]

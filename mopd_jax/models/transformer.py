@@ -1,0 +1,276 @@
+"""Decoder-only transformer (Llama / Qwen2 / Qwen3 family) in Flax linen.
+
+Params are a plain nested dict; every public entry point is a pure function of
+`(model_config, params, ...)`. Each parameter is created with logical axis names
+(`nn.with_logical_partitioning`) so the sharding rules of the config can place it.
+
+Attention always takes explicit per-token RoPE positions and a per-token validity mask, and
+optionally an explicit KV cache. That one code path serves teacher forcing (positions 0..T-1,
+no cache), left- or right-padded prompts (pads are masked, positions count real tokens only)
+and cached decode, which is what makes "cached decode == recompute" hold by construction.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from mopd_jax.models.cache import KVCache
+from mopd_jax.models.config import ModelConfig
+
+_NEG_INF = -1e30  # finite, so a fully masked row gives a uniform softmax instead of NaN
+
+
+def _param(module: nn.Module, name: str, init, shape, axes, dtype):
+  return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+
+
+class RMSNorm(nn.Module):
+  eps: float
+  dtype: jnp.dtype
+  param_dtype: jnp.dtype
+  axis_name: str = "norm"
+
+  @nn.compact
+  def __call__(self, x):
+    scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), (self.axis_name,),
+                   self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+    return (y * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jnp.ndarray:
+  """Inverse frequencies, with Llama-3 scaling when the config asks for it."""
+  hd = cfg.head_dim
+  inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+  if cfg.rope_scaling is None:
+    return inv
+  s = dict(cfg.rope_scaling)
+  kind = s.get("rope_type", s.get("type"))
+  if kind == "linear":
+    return inv / s["factor"]
+  if kind != "llama3":
+    raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear")
+  factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+  old = s["original_max_position_embeddings"]
+  wavelen = 2 * math.pi / inv
+  smooth = (old / wavelen - lo) / (hi - lo)
+  scaled = jnp.where(wavelen > old / lo, inv / factor, inv)
+  mid = (1 - smooth) * inv / factor + smooth * inv
+  is_mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+  return jnp.where(is_mid, mid, scaled)
+
+
+def apply_rope(x, positions, inv_freq):
+  """Rotate-half RoPE (the Hugging Face layout). x: [B, T, H, hd], positions: [B, T]."""
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, hd/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+class Attention(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, positions, kv_mask, q_slots, layer_cache):
+    """x [B,T,D]; kv_mask [B,S] (valid keys); q_slots [T] slot of each query.
+
+    Without a cache the keys are this chunk's own tokens (S == T, slots 0..T-1). With a cache
+    the chunk's k/v are written at slots q_slots and the keys are the whole cache.
+    """
+    cfg = self.cfg
+    dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
+    d, h, kv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    init = nn.initializers.normal(stddev=1.0 / math.sqrt(d))
+    wq = _param(self, "q_proj", init, (d, h, hd), ("embed", "heads", "head_dim"), pdt)
+    wk = _param(self, "k_proj", init, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pdt)
+    wv = _param(self, "v_proj", init, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pdt)
+    wo = _param(self, "o_proj", nn.initializers.normal(stddev=1.0 / math.sqrt(h * hd)),
+                (h, hd, d), ("heads", "head_dim", "embed"), pdt)
+    x = x.astype(dt)
+    q = jnp.einsum("btd,dhk->bthk", x, wq.astype(dt))
+    k = jnp.einsum("btd,dhk->bthk", x, wk.astype(dt))
+    v = jnp.einsum("btd,dhk->bthk", x, wv.astype(dt))
+    if cfg.attention_bias:
+      zeros = nn.initializers.zeros
+      q = q + _param(self, "q_bias", zeros, (h, hd), ("heads", "head_dim"), pdt).astype(dt)
+      k = k + _param(self, "k_bias", zeros, (kv, hd), ("kv_heads", "head_dim"), pdt).astype(dt)
+      v = v + _param(self, "v_bias", zeros, (kv, hd), ("kv_heads", "head_dim"), pdt).astype(dt)
+    if cfg.qk_norm:
+      q = RMSNorm(cfg.norm_eps, dt, pdt, "head_dim", name="q_norm")(q)
+      k = RMSNorm(cfg.norm_eps, dt, pdt, "head_dim", name="k_norm")(k)
+    inv_freq = rope_inv_freq(cfg)
+    q = apply_rope(q, positions, inv_freq)
+    k = apply_rope(k, positions, inv_freq)
+
+    if layer_cache is not None:
+      start = q_slots[0]
+      ck = jax.lax.dynamic_update_slice_in_dim(layer_cache["k"], k.astype(layer_cache["k"].dtype),
+                                               start, axis=1)
+      cv = jax.lax.dynamic_update_slice_in_dim(layer_cache["v"], v.astype(layer_cache["v"].dtype),
+                                               start, axis=1)
+      layer_cache = {"k": ck, "v": cv}
+      k, v = ck.astype(dt), cv.astype(dt)
+    num_slots = k.shape[1]
+
+    b, t = x.shape[:2]
+    qg = q.reshape(b, t, kv, h // kv, hd)
+    scores = jnp.einsum("btkgh,bskh->bkgts", qg, k).astype(jnp.float32) / math.sqrt(hd)
+    causal = q_slots[:, None] >= jnp.arange(num_slots)[None, :]  # [T, S]
+    mask = causal[None] & kv_mask[:, None, :]  # [B, T, S]
+    scores = jnp.where(mask[:, None, None], scores, _NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(b, t, h, hd)
+    return jnp.einsum("bthk,hkd->btd", out, wo.astype(dt)), layer_cache
+
+
+class MLP(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
+    init = nn.initializers.normal(stddev=1.0 / math.sqrt(cfg.d_model))
+    wg = _param(self, "gate_proj", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), pdt)
+    wu = _param(self, "up_proj", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), pdt)
+    wd = _param(self, "down_proj", nn.initializers.normal(stddev=1.0 / math.sqrt(cfg.mlp_dim)),
+                (cfg.mlp_dim, cfg.d_model), ("mlp", "embed"), pdt)
+    x = x.astype(dt)
+    hidden = jax.nn.silu(x @ wg.astype(dt)) * (x @ wu.astype(dt))
+    return hidden @ wd.astype(dt)
+
+
+class Block(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, positions, kv_mask, q_slots, layer_cache):
+    cfg = self.cfg
+    dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
+    h = RMSNorm(cfg.norm_eps, dt, pdt, "embed", name="input_norm")(x)
+    attn, layer_cache = Attention(cfg, name="attn")(h, positions, kv_mask, q_slots, layer_cache)
+    x = x + attn
+    h = RMSNorm(cfg.norm_eps, dt, pdt, "embed", name="post_attn_norm")(x)
+    return x + MLP(cfg, name="mlp")(h), layer_cache
+
+
+class Transformer(nn.Module):
+  cfg: ModelConfig
+
+  def setup(self):
+    cfg = self.cfg
+    pdt = cfg.jnp_param_dtype
+    self.embed = self.param(
+        "embed", nn.with_logical_partitioning(
+            # 1/sqrt(d) keeps tied-head logits O(1) at init; RMSNorm rescales the input side.
+            nn.initializers.normal(stddev=1.0 / math.sqrt(cfg.d_model)), ("vocab", "embed")),
+        (cfg.vocab_size, cfg.d_model), pdt)
+    if not cfg.tie_embeddings:
+      self.lm_head = self.param(
+          "lm_head", nn.with_logical_partitioning(
+              nn.initializers.normal(stddev=1.0 / math.sqrt(cfg.d_model)), ("embed", "vocab")),
+          (cfg.d_model, cfg.vocab_size), pdt)
+    self.layers = [Block(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+    self.final_norm = RMSNorm(cfg.norm_eps, cfg.jnp_dtype, pdt, "embed")
+
+  def __call__(self, tokens, positions, kv_mask, q_slots, cache_layers):
+    x = jnp.take(self.embed, tokens, axis=0).astype(self.cfg.jnp_dtype)
+    new_layers = []
+    for i, layer in enumerate(self.layers):
+      x, lc = layer(x, positions, kv_mask, q_slots,
+                    None if cache_layers is None else cache_layers[i])
+      new_layers.append(lc)
+    return self.final_norm(x), (None if cache_layers is None else tuple(new_layers))
+
+  def head(self, hidden):
+    """Float32 logits from final hidden states [..., D] -> [..., V]."""
+    h = hidden.astype(self.cfg.jnp_dtype)
+    if self.cfg.tie_embeddings:
+      w = self.embed.astype(self.cfg.jnp_dtype).T
+    else:
+      w = self.lm_head.astype(self.cfg.jnp_dtype)
+    return jnp.dot(h, w, preferred_element_type=jnp.float32)
+
+
+def _module(cfg: ModelConfig) -> Transformer:
+  return Transformer(cfg)
+
+
+def _boxed_init(cfg: ModelConfig, rng):
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  return _module(cfg).init(rng, tokens, tokens, jnp.ones((1, 1), bool),
+                           jnp.zeros((1,), jnp.int32), None)["params"]
+
+
+def init_params(cfg: ModelConfig, rng, out_shardings=None) -> dict:
+  """Fresh params as a plain nested dict of arrays (no logical-axis boxes).
+
+  Jitted, so that with `out_shardings` (a pytree of shardings, see `mopd_jax.sharding`) each
+  device only ever materialises its own shard.
+  """
+  return jax.jit(lambda r: nn.meta.unbox(_boxed_init(cfg, r)), out_shardings=out_shardings)(rng)
+
+
+def param_logical_axes(cfg: ModelConfig) -> dict:
+  """The logical axis names of every parameter: a pytree of `PartitionSpec`s."""
+  boxed = jax.eval_shape(lambda: _boxed_init(cfg, jax.random.PRNGKey(0)))
+  return nn.get_partition_spec(boxed)
+
+
+def default_positions(input_mask):
+  """RoPE position of each token = number of valid tokens before it in its row."""
+  return jnp.maximum(jnp.cumsum(input_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def hidden_states(cfg: ModelConfig, params, tokens, *, input_mask=None, positions=None):
+  """Final-norm hidden states [B, T, D] of a full sequence, no cache.
+
+  `input_mask` [B, T] marks real tokens (pads anywhere are ignored as keys); positions
+  default to the count of real tokens before each one, so a left- or right-padded row gets
+  exactly the positions of its unpadded self.
+  """
+  tokens = jnp.asarray(tokens, jnp.int32)
+  if input_mask is None:
+    input_mask = jnp.ones(tokens.shape, bool)
+  input_mask = input_mask.astype(bool)
+  if positions is None:
+    positions = default_positions(input_mask)
+  t = tokens.shape[1]
+  h, _ = _module(cfg).apply({"params": params}, tokens, positions, input_mask,
+                            jnp.arange(t, dtype=jnp.int32), None)
+  return h
+
+
+def logits_from_hidden(cfg: ModelConfig, params, hidden):
+  return _module(cfg).apply({"params": params}, hidden, method=Transformer.head)
+
+
+def forward(cfg: ModelConfig, params, tokens, *, input_mask=None, positions=None):
+  """Causal logits [B, T, V] (float32) of `tokens`; positions 0..T-1 by default."""
+  h = hidden_states(cfg, params, tokens, input_mask=input_mask, positions=positions)
+  return logits_from_hidden(cfg, params, h)
+
+
+def forward_with_cache(cfg: ModelConfig, params, tokens, positions, input_mask,
+                       cache: KVCache):
+  """Run a chunk [B, T] through the model, writing its k/v at slots cache.index.. .
+
+  Returns (hidden [B, T, D], updated cache). Pads inside the chunk (input_mask False) are
+  written but marked invalid, so no later query attends to them.
+  """
+  t = tokens.shape[1]
+  q_slots = cache.index + jnp.arange(t, dtype=jnp.int32)
+  valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, input_mask.astype(bool),
+                                              cache.index, axis=1)
+  h, layers = _module(cfg).apply({"params": params}, tokens, positions, valid, q_slots,
+                                 cache.layers)
+  return h, cache.replace(layers=layers, valid=valid, index=cache.index + t)

@@ -1,0 +1,27 @@
+"""mopd_jax: multi-teacher on-policy distillation in JAX/Flax."""
+from setuptools import find_packages, setup
+
+setup(
+    name="mopd_jax",
+    version="0.1.0",
+    description="Multi-teacher on-policy distillation (Kimi K3 MOPD) in JAX/Flax",
+    packages=find_packages(include=["mopd_jax", "mopd_jax.*", "experiments", "configs", "benchmarks"]),
+    python_requires=">=3.10",
+    # Lower bounds are the versions this project was tested with.
+    install_requires=[
+        "jax>=0.10.2",
+        "flax>=0.12.8",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12.8",
+        "chex>=0.1.92",
+        "ml_collections>=1.1.0",
+        "tensorflow-datasets>=4.9.10",
+        "array_record>=0.8.6",
+        "absl-py>=2.5.1",
+        "numpy>=2.0",
+        "tqdm>=4.67",  # progress bars with ETA for every stage
+    ],
+    extras_require={
+        "test": ["pytest>=9.0"],
+    },
+)

@@ -1,0 +1,100 @@
+"""Model: shapes, logical axes, padding invariance, cached == full forward."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mopd_jax import models
+
+TINY = dict(vocab_size=50, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+            mlp_dim=48, max_seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  cfg = models.ModelConfig(**TINY, qk_norm=True)
+  return cfg, models.init_params(cfg, jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(), dict(qk_norm=True), dict(tie_embeddings=False), dict(attention_bias=True),
+    dict(num_kv_heads=4), dict(num_kv_heads=1),
+    dict(rope_scaling=(("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                       ("original_max_position_embeddings", 16), ("rope_type", "llama3"))),
+])
+def test_forward_shapes_and_param_count(overrides):
+  cfg = models.ModelConfig(**{**TINY, **overrides})
+  params = models.init_params(cfg, jax.random.PRNGKey(1))
+  logits = models.forward(cfg, params, jnp.ones((2, 7), jnp.int32))
+  assert logits.shape == (2, 7, cfg.vocab_size) and logits.dtype == jnp.float32
+  assert sum(x.size for x in jax.tree.leaves(params)) == cfg.num_params()
+  assert np.isfinite(np.asarray(logits)).all()
+
+
+def test_every_param_has_logical_axes(tiny):
+  cfg, params = tiny
+  axes = models.param_logical_axes(cfg)
+  flat_p = jax.tree_util.tree_leaves_with_path(params)
+  flat_a = jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(
+      x, jax.sharding.PartitionSpec))
+  assert len(flat_p) == len(flat_a)
+  for (path, p), (_, spec) in zip(flat_p, flat_a):
+    assert len(spec) == p.ndim and all(isinstance(a, str) for a in spec), (path, spec)
+
+
+def test_causal(tiny):
+  cfg, params = tiny
+  t = jax.random.randint(jax.random.PRNGKey(2), (1, 10), 0, cfg.vocab_size)
+  t2 = t.at[0, 6:].set(3)
+  a, b = models.forward(cfg, params, t), models.forward(cfg, params, t2)
+  np.testing.assert_allclose(a[0, :6], b[0, :6], atol=1e-6)
+
+
+def test_padding_side_invariance(tiny):
+  cfg, params = tiny
+  row = jnp.array([5, 9, 11, 2, 7], jnp.int32)
+  ref = models.forward(cfg, params, row[None])[0]
+  pad = jnp.zeros((3,), jnp.int32)
+  left = jnp.concatenate([pad, row])[None]
+  right = jnp.concatenate([row, pad])[None]
+  mask_l = jnp.arange(8)[None] >= 3
+  mask_r = jnp.arange(8)[None] < 5
+  out_l = models.forward(cfg, params, left, input_mask=mask_l)[0, 3:]
+  out_r = models.forward(cfg, params, right, input_mask=mask_r)[0, :5]
+  np.testing.assert_allclose(out_l, ref, atol=1e-5)
+  np.testing.assert_allclose(out_r, ref, atol=1e-5)
+
+
+def test_cached_chunks_equal_full_forward(tiny):
+  cfg, params = tiny
+  tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 12), 0, cfg.vocab_size)
+  full = models.forward(cfg, params, tokens)
+  cache = models.init_cache(cfg, 2, 16)
+  hs = []
+  for lo, hi in [(0, 5), (5, 6), (6, 12)]:
+    pos = jnp.broadcast_to(jnp.arange(lo, hi), (2, hi - lo))
+    h, cache = models.forward_with_cache(cfg, params, tokens[:, lo:hi], pos,
+                                         jnp.ones((2, hi - lo), bool), cache)
+    hs.append(h)
+  cached = models.logits_from_hidden(cfg, params, jnp.concatenate(hs, axis=1))
+  np.testing.assert_allclose(cached, full, atol=1e-5)
+  assert int(cache.index) == 12
+
+
+def test_presets_are_real_shapes():
+  q = models.get_preset("qwen3-0.6b")
+  assert 0.55e9 < q.num_params() < 0.65e9, q.num_params()
+  assert 1.6e9 < models.get_preset("qwen3-1.7b").num_params() < 2.1e9
+  assert 7.5e9 < models.get_preset("qwen3-8b").num_params() < 8.5e9
+  assert 1.1e9 < models.get_preset("llama-3.2-1b").num_params() < 1.3e9
+  with pytest.raises(ValueError, match="unknown model preset"):
+    models.get_preset("gpt-9")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(num_kv_heads=3), "not a multiple"), (dict(head_dim=7), "even"),
+    (dict(d_model=0), "positive"), (dict(dtype="float64"), "dtype"),
+])
+def test_bad_config(bad, match):
+  with pytest.raises(ValueError, match=match):
+    models.ModelConfig(**{**TINY, **bad})

@@ -1,0 +1,179 @@
+"""Sampler exactness: cache == recompute, log-probs == teacher forcing, padding invariance."""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mopd_jax import logprobs, models, sampling
+
+CFG = models.ModelConfig(vocab_size=61, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                         head_dim=8, mlp_dim=64, max_seq_len=96, qk_norm=True)
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [15]]
+
+
+@pytest.fixture(scope="module")
+def params():
+  # A larger init scale gives peaked distributions, so stop tokens and truncation matter.
+  p = models.init_params(CFG, jax.random.PRNGKey(0))
+  return jax.tree.map(lambda x: x * 3.0 if x.ndim == 2 else x, p)
+
+
+@jax.jit
+def _next_greedy(params, tokens, length):
+  """Full recompute (no cache) over a right-padded row; argmax after its last real token."""
+  mask = jnp.arange(tokens.shape[1])[None] < length
+  logits = models.forward(CFG, params, tokens, input_mask=mask)
+  return jnp.argmax(logits[0, length - 1])
+
+
+def _greedy_by_recompute(params, prompt, n):
+  toks = np.zeros((1, len(prompt) + n), np.int32)
+  toks[0, :len(prompt)] = prompt
+  for i in range(len(prompt), len(prompt) + n):
+    toks[0, i] = int(_next_greedy(params, toks, i))
+  return toks[0, len(prompt):].tolist()
+
+
+def test_greedy_cache_equals_recompute(params):
+  n = 24
+  r = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=n, greedy=True))(
+      params, PROMPTS, jax.random.PRNGKey(0))
+  p = r.tokens.shape[1] - n
+  for b, prompt in enumerate(PROMPTS):
+    assert list(np.asarray(r.tokens[b, p:])) == _greedy_by_recompute(params, prompt, n)
+  assert np.all(np.asarray(r.logprobs) == 0.0)  # greedy samples from a point mass
+
+
+def test_logprobs_equal_teacher_forcing(params):
+  s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=40, stop_tokens=(3, 4)))
+  r = s(params, PROMPTS, jax.random.PRNGKey(7))
+  tf = logprobs.token_logprobs(CFG, params, r.tokens, input_mask=r.input_mask)
+  mask = np.asarray(r.loss_mask)
+  assert mask.sum() > 0
+  np.testing.assert_allclose(np.where(mask, tf, 0), np.asarray(r.logprobs), atol=1e-5)
+
+
+def test_rollout_layout_and_stop_tokens(params):
+  stops = (3, 4, 5)
+  n = 40
+  r = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=n, stop_tokens=stops))(
+      params, PROMPTS, jax.random.PRNGKey(3))
+  p = r.tokens.shape[1] - n
+  assert p == 16  # smallest default bucket holding 7 tokens
+  assert np.asarray(r.stopped).any(), "test needs at least one stopped row"
+  for b, prompt in enumerate(PROMPTS):
+    gen = np.asarray(r.tokens[b, p:])
+    m = np.asarray(r.loss_mask[b, p:])
+    length = int(r.lengths[b])
+    assert m[:length].all() and not m[length:].any()
+    assert (gen[length:] == 0).all()
+    assert list(np.asarray(r.tokens[b, p - len(prompt):p])) == prompt
+    assert not np.asarray(r.loss_mask[b, :p]).any()
+    if bool(r.stopped[b]):
+      assert gen[length - 1] in stops and not np.isin(gen[:length - 1], stops).any()
+    else:
+      assert length == n and not np.isin(gen, stops).any()
+    lp = np.asarray(r.logprobs[b])
+    assert (lp[~np.asarray(r.loss_mask[b])] == 0).all() and (lp[p:p + length] < 0).all()
+
+
+def test_early_exit_when_all_rows_stop(params):
+  # Every token is a stop token: each row stops after exactly one token.
+  scfg = sampling.SamplingConfig(max_new_tokens=30, stop_tokens=tuple(range(CFG.vocab_size)))
+  r = sampling.Sampler(CFG, scfg)(params, PROMPTS, jax.random.PRNGKey(0))
+  assert np.asarray(r.lengths).tolist() == [1, 1, 1] and np.asarray(r.stopped).all()
+
+
+def test_same_rng_same_tokens_whatever_padding(params):
+  s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=16))
+  rng = jax.random.PRNGKey(11)
+  ragged = s(params, PROMPTS, rng)
+  width = 10
+  left = np.zeros((3, width), np.int32)
+  right = np.zeros((3, width), np.int32)
+  for i, pr in enumerate(PROMPTS):
+    left[i, width - len(pr):] = pr
+    right[i, :len(pr)] = pr
+  out_l = s(params, left, rng, prompt_mask=left != 0)
+  out_r = s(params, right, rng, prompt_mask=right != 0)
+  for o in (out_l, out_r):
+    np.testing.assert_array_equal(o.tokens, ragged.tokens)
+    np.testing.assert_array_equal(o.logprobs, ragged.logprobs)
+
+
+def test_tokens_independent_of_bucket(params):
+  """A wider bucket (more left padding) gives the same tokens."""
+  rng = jax.random.PRNGKey(5)
+  a = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=12, buckets=(8,)))(
+      params, PROMPTS, rng)
+  b = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=12, buckets=(32,)))(
+      params, PROMPTS, rng)
+  np.testing.assert_array_equal(a.tokens[:, 8:], b.tokens[:, 32:])
+  np.testing.assert_allclose(a.logprobs[:, 8:], b.logprobs[:, 32:], atol=1e-5)
+
+
+def test_one_compilation_per_bucket(params):
+  s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=4, buckets=(8, 16)),
+                       max_traces=2)
+  for prompts in ([[1, 2]], [[1, 2, 3, 4, 5]], [[7] * 8], [[1] * 9], [[2] * 16]):
+    s(params, prompts, jax.random.PRNGKey(0))
+  with pytest.raises(AssertionError):  # a third shape (batch 2) would be a third trace
+    s(params, [[1], [2]], jax.random.PRNGKey(0))
+
+
+def _empirical(params, scfg, n_rows=2000):
+  """Sample one token for many copies of a prompt; return counts and recorded log-probs."""
+  r = sampling.Sampler(CFG, scfg)(params, [[9, 8, 7]] * n_rows, jax.random.PRNGKey(1))
+  p = r.tokens.shape[1] - scfg.max_new_tokens
+  return np.asarray(r.tokens[:, p]), np.asarray(r.logprobs[:, p])
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0.7), dict(top_k=5), dict(top_p=0.8),
+                                dict(temperature=1.5, top_k=10, top_p=0.9)])
+def test_logprobs_are_of_the_sampled_distribution(params, kw):
+  scfg = sampling.SamplingConfig(max_new_tokens=1, **kw)
+  toks, lps = _empirical(params, scfg)
+  logits = models.forward(CFG, params, jnp.asarray([[9, 8, 7]]))[0, -1:]
+  want = jax.nn.log_softmax(sampling._process_logits(logits, scfg))[0]
+  # The recorded log-prob of each drawn token is that of the processed distribution ...
+  np.testing.assert_allclose(lps, np.asarray(want)[toks], atol=1e-5)
+  # ... which puts zero mass outside the kept set, and the draws follow it.
+  probs = np.exp(np.asarray(want))
+  assert probs[toks].min() > 0
+  freq = np.bincount(toks, minlength=CFG.vocab_size) / len(toks)
+  assert np.abs(freq - probs).max() < 0.05
+
+
+def test_inverse_cdf_matches_distribution():
+  probs = jnp.asarray(np.random.RandomState(0).dirichlet(np.ones(300) * 0.3, size=1)[0])
+  probs = probs.at[::7].set(0.0)
+  n = 20000
+  u = jax.random.uniform(jax.random.PRNGKey(0), (n,), minval=1e-7)
+  idx = np.asarray(sampling._inverse_cdf(jnp.broadcast_to(probs, (n, 300)), u))
+  assert (np.asarray(probs)[idx] > 0).all()
+  freq = np.bincount(idx, minlength=300) / n
+  assert np.abs(freq - np.asarray(probs) / float(probs.sum())).max() < 0.02
+
+
+@pytest.mark.parametrize("prompts, kw, match", [
+    ([[1] * 90], {}, "exceeds the maximum"),
+    ([[1, 2], []], {}, "empty prompt"),
+    ([[1, 200]], {}, "outside the vocabulary"),
+    ([[1, -3]], {}, "outside the vocabulary"),
+    ([], {}, "empty batch"),
+])
+def test_bad_prompts(params, prompts, kw, match):
+  s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=8, **kw))
+  with pytest.raises(ValueError, match=match):
+    s(params, prompts, jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(max_new_tokens=0), "max_new_tokens"), (dict(max_new_tokens=-2), "max_new_tokens"),
+    (dict(max_new_tokens=4, top_p=0.0), "top_p"), (dict(max_new_tokens=4, top_p=1.5), "top_p"),
+    (dict(max_new_tokens=4, temperature=-1.0), "temperature"),
+])
+def test_bad_sampling_config(kw, match):
+  with pytest.raises(ValueError, match=match):
+    sampling.SamplingConfig(**kw)

@@ -1,0 +1,316 @@
+"""Tests for the sandboxed `cod` verifier.
+
+Hostile programs are written as oracles where possible: they return the correct answer
+only if the attack succeeded, so reward 0 proves the barrier held (not just that the
+program crashed for some unrelated reason). Variants with ``static_check=False`` skip the
+AST pre-check so the runtime barriers are what is exercised; ``no_drop`` additionally
+keeps the child as the current user, so the audit hook and rlimits stand alone.
+"""
+import os
+import socket
+import tempfile
+import time
+
+import pytest
+
+from mopd_jax.tasks import sandbox
+
+TESTS = [(1, 3), (2, 5), ((10,), 21)]
+GOOD = "def f(x):\n    return x * 2 + 1\n"
+RET = "    return x * 2 + 1\n"  # hostile programs end with this: they pass iff the attack worked
+TIMEOUT = 1.0
+SLACK = 2.5  # process start-up and kill on a busy 2-core machine
+
+
+def _hostile(source, *, static_check=False, tests=TESTS, statuses=None, **kw):
+  t0 = time.monotonic()
+  res = sandbox.run_program(source, tests, timeout_s=TIMEOUT, static_check=static_check, **kw)
+  assert time.monotonic() - t0 < TIMEOUT + SLACK, res
+  assert not res.passed and res.status != "ok", res
+  if not static_check:
+    assert res.status != "rejected", res  # the runtime barrier, not the AST check, held
+  if statuses is not None:
+    assert res.status in statuses, res
+  return res
+
+
+@pytest.fixture(params=["drop", "no_drop"])
+def privileges(request, monkeypatch):
+  """Runs a test with and without the root -> nobody privilege drop."""
+  monkeypatch.setattr(sandbox, "_DROP_PRIVILEGES", request.param == "drop")
+  return request.param
+
+
+# --- honest programs ---------------------------------------------------------------------
+def test_correct_program_gets_reward_one():
+  res = sandbox.run_program(GOOD, TESTS)
+  assert res.passed and res.status == "ok" and res.num_tests == 3, res
+  assert sandbox.reward(GOOD, TESTS) == 1.0
+
+
+def test_multi_arg_and_structured_values():
+  src = "def g(a, b):\n    return [a + b, str(a) * 2, {'k': (a, b)}, a / 1]\n"
+  tests = [((1, 2), [3, "11", {"k": [1, 2]}, 1]), ((0, 5), [5, "00", {"k": (0, 5)}, 0.0])]
+  assert sandbox.reward(src, tests, func_name="g") == 1.0
+  # A list is one argument, not *args.
+  assert sandbox.reward("def f(xs):\n    return sum(xs)\n", [([1, 2, 3], 6)]) == 1.0
+  # Builtin-shadowing parameter names are fine.
+  src = "def f(input, type):\n    return [input * 2, str(type)]\n"
+  assert sandbox.reward(src, [((3, 4), [6, "4"])]) == 1.0
+
+
+def test_wrong_program_gets_zero():
+  res = sandbox.run_program("def f(x):\n    return x * 2\n", TESTS)
+  assert res.status == "fail" and sandbox.reward("def f(x):\n    return x * 2\n", TESTS) == 0.0
+  # One wrong test out of three is still 0: no partial credit.
+  assert sandbox.reward("def f(x):\n    return 21 if x == 10 else x * 2 + 1 if x == 1 else 0\n",
+                        TESTS) == 0.0
+  # Type-strict comparison: True is not 1, and a lying __eq__ never reaches a comparison.
+  assert sandbox.reward("def f(x):\n    return True\n", [(0, 1)]) == 0.0
+  liar = "class A:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A()\n"
+  _hostile(liar, statuses={"error"})
+
+
+def test_syntax_error_and_missing_function():
+  assert sandbox.run_program("def f(x) return x", TESTS).status == "rejected"
+  assert sandbox.run_program("def f(x) return x", TESTS, static_check=False).status == "error"
+  assert sandbox.reward("def g(x):\n    return 1\n", TESTS) == 0.0
+  assert sandbox.run_program("x = 1\n", TESTS, static_check=False).status == "error"
+  for junk in ("", "   ", "\x00", "(" * 5000, "-" * 19_000 + "1", "x" * 30_000, None):
+    assert sandbox.reward(junk, TESTS) == 0.0
+
+
+def test_memory_limit_leaves_room_for_honest_programs():
+  src = "def f(x):\n    b = bytearray(50 * 2 ** 20)\n    return x * 2 + 1 + b[0]\n"
+  assert sandbox.reward(src, TESTS) == 1.0
+
+
+# --- static check ------------------------------------------------------------------------
+@pytest.mark.parametrize("src", [
+    "import os\ndef f(x):\n    return 1",
+    "from os import system\ndef f(x):\n    return 1",
+    "def f(x):\n    return ().__class__.__bases__[0].__subclasses__()",
+    "def f(x):\n    return getattr((), '_' + '_class_' + '_')",
+    "def f(x):\n    g = getattr\n    return g(x, 'real')",
+    "def f(x):\n    return '{0.__class__}'.format(x)",
+    "def f(x):\n    return '{0.gi_frame}'.format((i for i in []))",
+    "def f(x):\n    return (i for i in []).gi_frame.f_back",
+    "def f(x):\n    return eval('x')",
+    "def f(x):\n    return open('/etc/passwd').read()",
+    "def f(x):\n    return __import__('os')",
+    "def f(x):\n    return __builtins__",
+    "def f(x):\n    return x._private",
+    "class A:\n    pass\ndef f(x):\n    return 1",
+    "def f(x):\n    return vars(x)",
+    "def f(x, __y=1):\n    return 1",
+])
+def test_static_check_rejects(src):
+  res = sandbox.run_program(src, TESTS)
+  assert res.status == "rejected" and not res.passed, res
+
+
+# --- hostile programs: every one must earn 0 within the timeout ----------------------------
+@pytest.mark.parametrize("static_check", [True, False])
+def test_infinite_loop_times_out(static_check):
+  _hostile("def f(x):\n    while True:\n        pass\n", static_check=static_check,
+           statuses={"timeout", "error"})
+
+
+@pytest.mark.parametrize("src", [
+    "import os\ndef f(x):\n    while True:\n        os.fork()\n",
+    "import os\ndef f(x):\n    for _ in range(50):\n        if os.fork() == 0:\n"
+    "            os._exit(0)\n    return x * 2 + 1\n",
+    "import posix\ndef f(x):\n    if posix.fork() == 0:\n        posix._exit(0)\n" + RET,
+    "import multiprocessing\ndef f(x):\n    p = multiprocessing.Process(target=print)\n"
+    "    p.start()\n    p.join()\n    return x * 2 + 1\n",
+    "import subprocess\ndef f(x):\n    subprocess.run(['true'], check=True)\n" + RET,
+    "import os\ndef f(x):\n    return x * 2 + 1 if os.system('true') == 0 else 0\n",
+    "import os\ndef f(x):\n    os.posix_spawn('/bin/true', ['true'], {})\n    return x * 2 + 1\n",
+    "import _thread\ndef f(x):\n    _thread.start_new_thread(print, ())\n    return x * 2 + 1\n",
+])
+def test_no_fork_or_subprocess(src, privileges):
+  _hostile(src)
+
+
+@pytest.mark.parametrize("src", [
+    "def f(x):\n    b = bytearray(10 ** 10)\n    return x * 2 + 1\n",
+    "def f(x):\n    b = [0] * 10 ** 10\n    return x * 2 + 1\n",
+    "def f(x):\n    b = []\n    while True:\n        b.append(' ' * 10 ** 6)\n",
+])
+def test_huge_allocation_fails(src):
+  _hostile(src, static_check=True)  # passes the AST check: only RLIMIT_AS stops it
+  _hostile(src, memory_mb=128)
+
+
+def test_reading_system_files_fails(privileges, tmp_path):
+  secret = tmp_path / "secret.txt"
+  secret.write_text("top secret")
+  for path, content in (("/etc/passwd", open("/etc/passwd").read()),
+                        (str(secret), "top secret")):
+    _hostile(f"def f(x):\n    return open({path!r}).read()\n", tests=[(0, content)])
+    _hostile(f"import os\ndef f(x):\n    return os.read(os.open({path!r}, os.O_RDONLY), 10**6)"
+             f".decode()\n", tests=[(0, content)])
+
+
+def test_hidden_expected_outputs_are_not_readable():
+  marker = "SECRET-7d1f0c"
+  src = ("def f(x):\n    for name in ('job.json', 'harness.py'):\n"
+         "        text = open(name).read()\n"
+         f"        if {marker[:6]!r} in text:\n"
+         f"            i = text.index({marker[:6]!r})\n"
+         "            return text[i:i + 13]\n    return ''\n")
+  _hostile(src, tests=[(0, marker)], statuses={"fail"})
+
+
+def test_network_is_blocked(privileges):
+  server = socket.socket()
+  server.bind(("127.0.0.1", 0))
+  server.listen(8)
+  port = server.getsockname()[1]
+  try:
+    for src in (
+        f"import socket\ndef f(x):\n    s = socket.create_connection(('127.0.0.1', {port}))\n"
+        "    return x * 2 + 1\n",
+        f"import _socket\ndef f(x):\n    s = _socket.socket()\n"
+        f"    s.connect(('127.0.0.1', {port}))\n" + RET,
+        "import socket\ndef f(x):\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "    return x * 2 + 1\n"):
+      _hostile(src)
+    server.settimeout(0.2)
+    with pytest.raises(socket.timeout):  # nobody ever connected
+      server.accept()
+  finally:
+    server.close()
+
+
+def _strip_hook(monkeypatch):
+  """Harness without the audit hook and the function deletion: only rlimits (+netns) remain."""
+  harness = sandbox._harness_source()
+  stripped = harness.replace("sys.addaudithook(_hook)", "pass").replace(
+      'for name in job["neuter"]', "for name in ()")
+  assert stripped.count("pass") > harness.count("pass") and "job[\"neuter\"]" not in stripped
+  monkeypatch.setattr(sandbox, "_harness_source", lambda: stripped)
+
+
+def test_network_namespace_when_available(monkeypatch):
+  if not sandbox._netns_prefix():
+    pytest.skip("unshare --net is not permitted here")
+  _strip_hook(monkeypatch)
+  monkeypatch.setattr(sandbox, "_DROP_PRIVILEGES", False)  # so `import socket` can load
+  with socket.create_server(("127.0.0.1", 0)) as server:
+    port = server.getsockname()[1]
+    src = f"import socket\ndef f(x):\n    socket.create_connection(('127.0.0.1', {port}))\n"
+    res = _hostile(src + RET)
+    assert "raised" in res.detail, res  # it got to run and try
+    server.settimeout(0.2)
+    with pytest.raises(socket.timeout):
+      server.accept()
+
+
+@pytest.mark.parametrize("src", [
+    "import os\ndef f(x):\n    os.kill(os.getppid(), 9)\n    return x * 2 + 1\n",
+    "import os\ndef f(x):\n    os.killpg(os.getpgid(os.getppid()), 9)\n    return x * 2 + 1\n",
+    "import os\ndef f(x):\n    os.killpg(0, 9)\n    return x * 2 + 1\n",
+    "import os, signal\ndef f(x):\n    signal.pidfd_send_signal(os.pidfd_open(os.getppid()), 9)\n"
+    "    return x * 2 + 1\n",
+])
+def test_cannot_kill_parent_or_group(src, privileges):
+  _hostile(src)
+  assert os.getpid() > 0  # still here
+
+
+@pytest.mark.parametrize("src,static_check", [
+    ("def f(x):\n    print('PASSED')\n    print('ALL TESTS PASSED')\n    raise SystemExit(0)\n",
+     True),
+    ("import sys\nprint('ALL TESTS PASSED')\nsys.exit(0)\ndef f(x):\n    return 0\n", False),
+    ("import os\ndef f(x):\n    print('3 passed')\n    os._exit(0)\n", False),
+    ("import os\ndef f(x):\n    os._exit(%d)\n" % sandbox._EXIT_DONE, False),
+    ("import os\ndef f(x):\n    open('proof', 'w').write('ab' * 32)\n    os._exit(%d)\n"
+     % sandbox._EXIT_DONE, False),
+    ("import os\ndef f(x):\n    os.mkfifo('proof')\n    os._exit(%d)\n" % sandbox._EXIT_DONE,
+     False),
+    ("import sys\ndef f(x):\n    h = sys.modules['__main__']\n"
+     "    h._digest = lambda s, v: bytes(32)\n"
+     "    return 0\n", False),
+])
+def test_fake_success_earns_nothing(src, static_check):
+  _hostile(src, static_check=static_check)
+
+
+def test_writing_outside_temp_dir_fails(privileges, tmp_path):
+  target = tmp_path / "pwned.txt"
+  for src in (
+      f"def f(x):\n    open({str(target)!r}, 'w').write('x')\n    return x * 2 + 1\n",
+      f"import os\ndef f(x):\n    os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)\n"
+      "    return x * 2 + 1\n",
+      f"import os\ndef f(x):\n    d = os.open({str(tmp_path)!r}, os.O_RDONLY)\n"
+      "    os.open('pwned.txt', os.O_WRONLY | os.O_CREAT, dir_fd=d)\n    return x * 2 + 1\n",
+      "def f(x):\n    open('../pwned.txt', 'w').write('x')\n    return x * 2 + 1\n",
+      "import os\ndef f(x):\n    os.symlink('/', 'root')\n    return x * 2 + 1\n"):
+    _hostile(src)
+  assert not target.exists()
+
+
+@pytest.mark.parametrize("src,static_check", [
+    ("def f(x):\n    return f(x + 1)\n", True),
+    ("import sys\nsys.setrecursionlimit(10 ** 7)\ndef f(x):\n    return f(x + 1)\n", False),
+])
+def test_deep_recursion(src, static_check):
+  _hostile(src, static_check=static_check)
+
+
+def test_subclass_walk_bypassing_ast_check(privileges):
+  src = ("def f(x):\n    for c in ().__class__.__bases__[0].__subclasses__():\n"
+         "        if c.__name__ == '_wrap_close':\n"
+         "            g = c.__init__.__globals__\n"
+         "            return x * 2 + 1 if g['system']('true') == 0 else 0\n")
+  assert sandbox.run_program(src, TESTS).status == "rejected"
+  _hostile(src)
+
+
+def test_temp_dirs_are_removed(monkeypatch, tmp_path):
+  root = tmp_path / "sbx_root"
+  root.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(root))
+  assert sandbox.reward(GOOD, TESTS) == 1.0
+  _hostile("def f(x):\n    open('junk.txt', 'w').write('x')\n    while True:\n        pass\n")
+  _hostile("import os\ndef f(x):\n    os.chmod('.', 0)\n    return x * 2 + 1\n")
+  _hostile("def f(x):\n    open('big.txt', 'w').write('x' * (4 << 20))\n    return x * 2 + 1\n")
+  assert os.listdir(root) == []
+
+
+def test_runtime_limits_alone_stop_fork_and_memory(monkeypatch):
+  # Root ignores RLIMIT_NPROC: when run as root this relies on the drop to `nobody`.
+  _strip_hook(monkeypatch)
+  assert sandbox.reward(GOOD, TESTS) == 1.0
+  _hostile("import os\ndef f(x):\n    if os.fork() == 0:\n        os._exit(0)\n" + RET)
+  _hostile("def f(x):\n    b = bytearray(10 ** 10)\n    return x * 2 + 1\n")
+  # A FIFO named `proof` must not hang the parent when it reads the proof.
+  _hostile("import os\ndef f(x):\n    os.mkfifo('proof')\n    os._exit(%d)\n" % sandbox._EXIT_DONE,
+           statuses={"fail"})
+  _hostile("def f(x):\n    while True:\n        pass\n", statuses={"timeout", "error"})
+
+
+# --- API -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs", [
+    dict(timeout_s=0), dict(timeout_s=-1.0), dict(memory_mb=0), dict(func_name="not valid"),
+    dict(func_name="__import__"), dict(tests=[]), dict(tests=[(1, object())]),
+    dict(tests=[(1,)]), dict(tests="abc"),
+])
+def test_bad_caller_arguments_raise(kwargs):
+  kwargs = dict(dict(tests=TESTS), **kwargs)
+  with pytest.raises(ValueError):
+    sandbox.run_program(GOOD, **kwargs)
+
+
+def test_extract_program():
+  fmt = sandbox.RESPONSE_FORMAT
+  assert sandbox.extract_program(fmt) == "def f(x):\n    return x + 1"
+  text = ("I think <code>x</code> is wrong.\nFinal:\n<code>\n```python\n"
+          "def f(x):\n    return x * 2 + 1\n```\n</code>\n")
+  assert sandbox.extract_program(text) == "def f(x):\n    return x * 2 + 1"
+  assert sandbox.reward(sandbox.extract_program(text), TESTS) == 1.0
+  assert sandbox.extract_program("no code here") is None
+  assert sandbox.extract_program("<code>\n  \n</code>") is None
+  assert sandbox.extract_program("<code>def f(x): return 1") is None  # unterminated
+  assert sandbox.extract_program(None) is None
