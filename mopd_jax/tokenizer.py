@@ -1,4 +1,5 @@
-"""Tokenizers: a deterministic character-level one for the toy tasks.
+"""Tokenizers: a deterministic character-level one for the toy tasks, and `HFTokenizer`, the
+same interface over a Hugging Face `tokenizers` file (`load_tokenizer` picks one by spec).
 
 Every tokenizer exposes the same small interface: `encode(text) -> list[int]`,
 `decode(ids) -> str`, `vocab_size`, the special ids (`pad_id`, `bos_id`, `eos_id`), one token
@@ -66,3 +67,82 @@ class CharTokenizer:
         continue
       out.append(self._inverse[i])
     return "".join(out)
+
+
+class HFTokenizer:
+  """The same interface over a Hugging Face `tokenizers` `tokenizer.json`.
+
+  The effort tokens (`<low> <high> <max>`) and the tool markers (`<call> </call> <obs> </obs>`)
+  are added as special tokens (a token the file already has keeps its id). PAD/BOS/EOS reuse
+  the tokens named by `pad_token`/`bos_token`/`eos_token` when the file has them (e.g.
+  `"<|endoftext|>"`), otherwise our `<pad> <bos> <eos>` are added. `encode` never adds BOS/EOS
+  by itself (the caller places them, as with `CharTokenizer`); special tokens written literally
+  in the text are recognised.
+  """
+
+  def __init__(self, path: str, pad_token: str | None = None, bos_token: str | None = None,
+               eos_token: str | None = None):
+    from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
+    import os  # pylint: disable=g-import-not-at-top
+    path = str(path)
+    if os.path.isdir(path):
+      path = os.path.join(path, "tokenizer.json")
+    try:
+      self._tok = Tokenizer.from_file(path)
+    except Exception as e:  # pylint: disable=broad-except  (the Rust error types vary)
+      raise ValueError(f"cannot load tokenizer from {path!r}: {e}") from None
+    self.path = path
+    chosen = {"<pad>": pad_token, "<bos>": bos_token, "<eos>": eos_token}
+    names = {}
+    for ours in SPECIALS:
+      theirs = chosen.get(ours)
+      if theirs is not None and self._tok.token_to_id(theirs) is None:
+        raise ValueError(f"{path}: has no token {theirs!r} to use for {ours}")
+      names[ours] = theirs or ours
+    # Adds the missing ones; ones the file already has keep their ids and become special
+    # (matched whole in the text, dropped by `decode(skip_special=True)`).
+    self._tok.add_special_tokens(list(dict.fromkeys(names.values())))
+    self._special_ids = {ours: self._tok.token_to_id(n) for ours, n in names.items()}
+    self.pad_id, self.bos_id, self.eos_id = (self._special_ids[s] for s in SPECIALS[:3])
+    self.call_id, self.call_end_id = self._special_ids["<call>"], self._special_ids["</call>"]
+    self.obs_id, self.obs_end_id = self._special_ids["<obs>"], self._special_ids["</obs>"]
+
+  @property
+  def vocab_size(self) -> int:
+    return self._tok.get_vocab_size(with_added_tokens=True)
+
+  def effort_id(self, effort: str) -> int:
+    if effort not in EFFORTS:
+      raise ValueError(f"unknown effort {effort!r}; expected one of {EFFORTS}")
+    return self._special_ids[f"<{effort}>"]
+
+  def encode(self, text: str) -> list:
+    if not isinstance(text, str):
+      raise ValueError(f"encode expects str, got {type(text).__name__}")
+    try:
+      text.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise ValueError(f"text is not valid UTF-8: {e}") from None
+    return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+  def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+    ids = [int(i) for i in ids]
+    n = self.vocab_size
+    for i in ids:
+      if not 0 <= i < n:
+        raise ValueError(f"token id {i} outside the vocabulary [0, {n})")
+    return self._tok.decode(ids, skip_special_tokens=skip_special)
+
+
+def load_tokenizer(spec: str = "char", **kwargs):
+  """`"char"` -> `CharTokenizer()`; a path to a `tokenizer.json` (or a folder holding one) ->
+  `HFTokenizer(path, **kwargs)`. ValueError for anything else."""
+  import os  # pylint: disable=g-import-not-at-top
+  if spec == "char":
+    if kwargs:
+      raise ValueError(f"CharTokenizer takes no options, got {sorted(kwargs)}")
+    return CharTokenizer()
+  if isinstance(spec, str) and (os.path.isfile(spec) or
+                                os.path.isfile(os.path.join(spec, "tokenizer.json"))):
+    return HFTokenizer(spec, **kwargs)
+  raise ValueError(f"unknown tokenizer {spec!r}: expected 'char' or a path to a tokenizer.json")

@@ -16,7 +16,7 @@ from mopd_jax.models.config import ModelConfig
 
 @flax.struct.dataclass
 class KVCache:
-  layers: tuple  # per layer: {"k": [B, S, KV, hd], "v": [B, S, KV, hd]}
+  layers: tuple  # per layer: {"k": [B, KV, S, hd], "v": [B, KV, S, hd]}
   valid: jax.Array  # [B, S] bool: slot holds a real (non-pad) token
   index: jax.Array  # [] int32: next slot to write
 
@@ -27,7 +27,7 @@ class KVCache:
 
 def init_cache(cfg: ModelConfig, batch_size: int, num_slots: int, dtype=None) -> KVCache:
   dtype = cfg.jnp_dtype if dtype is None else dtype
-  shape = (batch_size, num_slots, cfg.num_kv_heads, cfg.head_dim)
+  shape = (batch_size, cfg.num_kv_heads, num_slots, cfg.head_dim)
   layers = tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
                  for _ in range(cfg.num_layers))
   return KVCache(layers=layers, valid=jnp.zeros((batch_size, num_slots), bool),

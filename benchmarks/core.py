@@ -1,0 +1,143 @@
+"""Core benchmark: `python -m benchmarks.core --json`.
+
+Every figure comes from one run on this machine, so ratios (KV-cache speedup, memory ratio,
+MFU against the measured matmul peak) compare like with like. Shapes follow the issues:
+d_model 256, 4 layers, vocab 32k; decode B=8, prompt 64, 128 new tokens; log-prob memory
+B=8, T=512.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mopd_jax import logprobs, models, sampling
+
+
+def _time(fn, *args, repeats=5, warmup=1):
+  """Median wall seconds of `fn(*args)` after warm-up (compilation excluded)."""
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t)
+  return float(np.median(times))
+
+
+def matmul_peak_flops(sizes=(1024, 2048, 3072)) -> float:
+  """Peak fp32 matmul throughput of this machine through XLA (flop/s): the best of a few
+  square sizes, each the fastest of several runs, as a peak (not a typical) figure should be."""
+  best = 0.0
+  for n in sizes:
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    f = jax.jit(lambda a: a @ a)
+    jax.block_until_ready(f(a))
+    for _ in range(5):
+      t = time.perf_counter()
+      jax.block_until_ready(f(a))
+      best = max(best, 2 * n**3 / (time.perf_counter() - t))
+  return best
+
+
+def bench_config(**kw) -> models.ModelConfig:
+  return models.get_preset("bench", **kw)
+
+
+def decode_benchmark(cfg, params, batch=8, prompt_len=64, new_tokens=128):
+  """Cached sampling vs. full recompute of the whole sequence at every step."""
+  prompts = np.random.RandomState(0).randint(3, cfg.vocab_size, (batch, prompt_len))
+  scfg = sampling.SamplingConfig(max_new_tokens=new_tokens, buckets=(prompt_len,))
+  sampler = sampling.Sampler(cfg, scfg)
+  rng = jax.random.PRNGKey(1)
+  t_decode = _time(lambda: sampler(params, prompts, rng).tokens, repeats=5)
+  one = sampling.Sampler(cfg, scfg.__class__(max_new_tokens=1, buckets=(prompt_len,)))
+  t_prefill = _time(lambda: one(params, prompts, rng).tokens, repeats=5)
+
+  # The baseline a cache-less sampler pays per step: a full forward over the fixed-width
+  # buffer, then sampling from the last position. Every step costs the same, so timing a
+  # few steps gives its exact per-token rate.
+  width = prompt_len + new_tokens
+
+  @jax.jit
+  def recompute_step(params, tokens, mask, length, key):
+    logits = models.forward(cfg, params, tokens, input_mask=mask)
+    last = jnp.take_along_axis(logits, (length - 1)[:, None, None], axis=1)[:, 0]
+    tok, _ = sampling.sample_token(last, key, scfg)
+    return tokens.at[jnp.arange(batch), length].set(tok)
+
+  buf = jnp.asarray(np.pad(prompts, ((0, 0), (0, new_tokens))), jnp.int32)
+  length = jnp.full((batch,), prompt_len + new_tokens // 2, jnp.int32)
+  mask = jnp.arange(width)[None] < length[:, None]
+  t_step = _time(recompute_step, params, buf, mask, length, rng, repeats=3)
+
+  # Share of one decode step spent drawing the token from the 32k vocabulary.
+  logits = jax.random.normal(rng, (batch, cfg.vocab_size))
+  draw = jax.jit(lambda l, k: sampling.sample_token(l, k, scfg))
+  t_draw = _time(draw, logits, rng, repeats=50)
+  decode_step = (t_decode - t_prefill) / (new_tokens - 1)
+  return {
+      "decode_tokens_per_s": batch * new_tokens / t_decode,
+      "decode_step_ms": 1e3 * decode_step,
+      "prefill_seconds": t_prefill,
+      "recompute_tokens_per_s": batch / t_step,
+      "kv_cache_speedup": (batch * new_tokens / t_decode) / (batch / t_step),
+      "sampling_share_of_decode_step": t_draw / decode_step,
+  }
+
+
+def logprob_memory(cfg, batch=8, seq=512):
+  """Temp bytes of the compiled chunked vs. full [B, T, V] log-prob computation."""
+  params = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
+  tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+
+  def temp(fn):
+    return jax.jit(fn).lower(params, tokens).compile().memory_analysis().temp_size_in_bytes
+
+  chunked = temp(lambda p, t: logprobs.token_logprobs(cfg, p, t))
+  full = temp(lambda p, t: logprobs.full_token_logprobs(cfg, p, t))
+  return {"logprob_temp_bytes_chunked": int(chunked), "logprob_temp_bytes_full": int(full),
+          "logprob_memory_ratio": full / chunked}
+
+
+def prefill_benchmark(cfg, params, peak, batch=8, seq=512):
+  """Teacher-style prefill: score every token of [B, T] (the head runs on all positions)."""
+  tokens = jax.random.randint(jax.random.PRNGKey(2), (batch, seq), 0, cfg.vocab_size)
+  f = jax.jit(lambda p, t: logprobs.token_logprobs(cfg, p, t))
+  t = _time(f, params, tokens, repeats=5)
+  n = cfg.num_params(include_embedding=False)
+  return {"prefill_tokens_per_s": batch * seq / t,
+          "prefill_mfu": 2 * n * batch * seq / t / peak}
+
+
+def run() -> dict:
+  cfg = bench_config()
+  params = models.init_params(cfg, jax.random.PRNGKey(0))
+  peak = matmul_peak_flops()
+  out = {"device": f"{jax.device_count()}x {jax.devices()[0].device_kind}",
+         "jax": jax.__version__, "matmul_peak_flops": peak}
+  out.update(decode_benchmark(cfg, params))
+  out.update(logprob_memory(cfg))
+  out.update(prefill_benchmark(cfg, params, peak))
+  return out
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__)
+  ap.add_argument("--json", action="store_true", help="print one JSON object")
+  args = ap.parse_args()
+  result = run()
+  if args.json:
+    print(json.dumps(result))
+  else:
+    for k, v in result.items():
+      print(f"{k:32s} {v}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,237 @@
+"""TFDS builders for the toy domains and a resumable, deterministic batch iterator.
+
+One builder, `mopd_tasks`, with a config per domain (`mopd_tasks/gen`, `/agt`, `/cod`; custom
+seeds and sizes get their own config name, hence their own folder). Examples are generated
+procedurally from the seed by `get_task(domain).generate` and stored as one JSON string feature
+(`Example.to_json`) in `array_record` files:
+
+    <data_dir>/mopd_tasks/<config>/1.0.0/mopd_tasks-{train,validation,test}.array_record-*
+
+Building and reading need no TensorFlow (checked with tensorflow-datasets 4.9.10, TensorFlow
+not installed): `GeneratorBasedBuilder.download_and_prepare(file_format="array_record")` writes
+the files itself and `as_data_source()` reads them through `array_record`. Shuffling at write
+time is disabled, so record i of a split is the i-th generated example.
+
+Splits: train, validation and test are generated from different streams (seed*3 + 0/1/2) and
+their prompts are disjoint: validation skips every train prompt, test every train or
+validation prompt.
+
+    source = load_split("gen", "train", data_dir)           # random access, Example items
+    it = ResumableIterator(source, batch_size=32, seed=0)
+    batch = next(it)                                        # list[Example]
+    state = it.state()                                      # JSON-serialisable
+    it2 = ResumableIterator(source, 32, seed=0); it2.restore(state)   # same next batches
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from typing import Any, Sequence
+
+from etils import epath
+import numpy as np
+import tensorflow_datasets as tfds
+
+from mopd_jax.tasks import base, get_task
+
+SPLITS = ("train", "validation", "test")
+# (train, validation, test) examples per domain in the default configs.
+DEFAULT_SIZES = (4000, 300, 300)
+FILE_FORMAT = "array_record"
+
+
+@dataclasses.dataclass(eq=False)
+class TaskConfig(tfds.core.BuilderConfig):
+  """Which domain, from which seed, how many examples per split."""
+  domain: str = "gen"
+  seed: int = 0
+  num_train: int = DEFAULT_SIZES[0]
+  num_validation: int = DEFAULT_SIZES[1]
+  num_test: int = DEFAULT_SIZES[2]
+
+
+def make_config(domain: str, seed: int = 0, sizes: Sequence[int] | None = None) -> TaskConfig:
+  """The config for (domain, seed, sizes); the defaults are the registered `mopd_tasks/<d>`."""
+  base.validate_domain(domain)
+  sizes = tuple(int(s) for s in (sizes or DEFAULT_SIZES))
+  if len(sizes) != 3 or min(sizes) < 0:
+    raise ValueError(f"sizes must be three non-negative ints (train, validation, test), got "
+                     f"{sizes!r}")
+  if not isinstance(seed, int) or seed < 0:
+    raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+  name = domain if (seed, sizes) == (0, DEFAULT_SIZES) else \
+      f"{domain}_s{seed}_{sizes[0]}_{sizes[1]}_{sizes[2]}"
+  return TaskConfig(name=name, domain=domain, seed=seed, num_train=sizes[0],
+                    num_validation=sizes[1], num_test=sizes[2],
+                    description=f"toy {domain} task, seed {seed}, sizes {sizes}")
+
+
+class MopdTasks(tfds.core.GeneratorBasedBuilder):
+  """Procedural toy tasks of mopd_jax, one config per domain."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "gen/agt/cod toy tasks with full/brief/direct solutions."}
+  BUILDER_CONFIGS = [make_config(d) for d in base.DOMAINS]
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path:
+    # tfds 4.9.10's own code_path touches `importlib_resources`, a package it only declares
+    # for Python < 3.9, whenever the builder lives in a package; this file is the answer.
+    return epath.Path(inspect.getfile(cls))
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    # DatasetInfo directly: `dataset_info_from_configs` wants metadata files next to the code.
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=__doc__.split("\n", 1)[0],
+        features=tfds.features.FeaturesDict({
+            "uid": tfds.features.Text(),
+            "example": tfds.features.Text(),  # Example.to_json()
+        }),
+        disable_shuffling=True,
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # nothing to download
+    c = self.builder_config
+    task = get_task(c.domain)
+    seen: set = set()
+    out = {}
+    for k, (split, n) in enumerate(zip(SPLITS, (c.num_train, c.num_validation, c.num_test))):
+      examples = task.generate(3 * c.seed + k, n, exclude=seen)
+      seen.update(ex.prompt for ex in examples)
+      out[split] = self._generate_examples(examples)
+    return out
+
+  def _generate_examples(self, examples):
+    for i, ex in enumerate(examples):
+      yield i, {"uid": ex.uid, "example": ex.to_json()}
+
+
+def make_builder(domain: str, data_dir: str, seed: int = 0,
+                 sizes: Sequence[int] | None = None) -> MopdTasks:
+  return MopdTasks(data_dir=str(data_dir), config=make_config(domain, seed, sizes),
+                   file_format=FILE_FORMAT)
+
+
+def prepare(domain: str, data_dir: str, seed: int = 0,
+            sizes: Sequence[int] | None = None) -> MopdTasks:
+  """Builds the dataset into `data_dir` unless it is already there; returns the builder."""
+  builder = make_builder(domain, data_dir, seed, sizes)
+  builder.download_and_prepare(file_format=FILE_FORMAT)
+  return builder
+
+
+def _to_example(item: Any) -> base.Example:
+  if isinstance(item, base.Example):
+    return item
+  if isinstance(item, dict):
+    item = item["example"]
+  if isinstance(item, np.ndarray):
+    item = item.item()
+  return base.Example.from_json(item)
+
+
+class ExampleSource:
+  """Random access to the `Example`s of a data source (e.g. TFDS `as_data_source()[split]`)."""
+
+  def __init__(self, data_source):
+    self._source = data_source
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, i: int) -> base.Example:
+    return _to_example(self._source[int(i)])
+
+  def __getitems__(self, indices: Sequence[int]) -> list:
+    idx = [int(i) for i in indices]
+    if hasattr(self._source, "__getitems__"):
+      return [_to_example(x) for x in self._source.__getitems__(idx)]
+    return [_to_example(self._source[i]) for i in idx]
+
+  def __repr__(self):
+    return f"ExampleSource({self._source!r}, len={len(self)})"
+
+
+def load_split(domain: str, split: str, data_dir: str, seed: int = 0,
+               sizes: Sequence[int] | None = None) -> ExampleSource:
+  """Random-access `Example`s of one split, building the dataset first if needed."""
+  if split not in SPLITS:
+    raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+  builder = prepare(domain, data_dir, seed, sizes)
+  return ExampleSource(builder.as_data_source(split=split))
+
+
+class ResumableIterator:
+  """Batches of `Example`s in a deterministic order whose position can be saved exactly.
+
+  The stream is epoch 0, epoch 1, ... concatenated; epoch e visits every index once, in the
+  order `permutation(seed, e)` (or 0..n-1 when `shuffle=False`). A batch may straddle two
+  epochs, so every batch is full. With `num_epochs` set the stream ends after that many epochs
+  and the last batch may be short. `state()` is a JSON-serialisable dict; `restore(state)` on
+  an iterator over the same source, batch size and seed continues with exactly the batches the
+  saved one would have produced.
+  """
+
+  def __init__(self, source, batch_size: int, seed: int, shuffle: bool = True,
+               num_epochs: int | None = None):
+    if not (isinstance(batch_size, int) and batch_size > 0):
+      raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if num_epochs is not None and not (isinstance(num_epochs, int) and num_epochs > 0):
+      raise ValueError(f"num_epochs must be None or a positive int, got {num_epochs!r}")
+    self._source = source
+    self._n = len(source)
+    if self._n == 0:
+      raise ValueError("cannot iterate over an empty data source")
+    self.batch_size, self.seed, self.shuffle, self.num_epochs = batch_size, seed, shuffle, \
+        num_epochs
+    self._epoch, self._pos = 0, 0
+    self._order_cache = (None, None)
+
+  def _order(self, epoch: int) -> np.ndarray:
+    if self._order_cache[0] != epoch:
+      if self.shuffle:
+        order = base.rng_for(self.seed, 7, epoch).permutation(self._n)
+      else:
+        order = np.arange(self._n)
+      self._order_cache = (epoch, order)
+    return self._order_cache[1]
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> list:
+    idx = []
+    while len(idx) < self.batch_size:
+      if self.num_epochs is not None and self._epoch >= self.num_epochs:
+        break
+      take = min(self.batch_size - len(idx), self._n - self._pos)
+      idx.extend(self._order(self._epoch)[self._pos:self._pos + take].tolist())
+      self._pos += take
+      if self._pos == self._n:
+        self._epoch, self._pos = self._epoch + 1, 0
+    if not idx:
+      raise StopIteration
+    if hasattr(self._source, "__getitems__"):
+      return list(self._source.__getitems__(idx))
+    return [self._source[i] for i in idx]
+
+  def state(self) -> dict:
+    return dict(epoch=self._epoch, position=self._pos, seed=self.seed, shuffle=self.shuffle,
+                batch_size=self.batch_size, num_examples=self._n)
+
+  def restore(self, state: dict) -> None:
+    """Continues from a `state()`; ValueError if it belongs to a different stream."""
+    if isinstance(state, (str, bytes)):
+      state = json.loads(state)
+    for key in ("seed", "shuffle", "num_examples"):
+      if key in state and state[key] != getattr(self, "_n" if key == "num_examples" else key):
+        raise ValueError(f"state has {key}={state[key]!r}, this iterator has "
+                         f"{getattr(self, '_n' if key == 'num_examples' else key)!r}")
+    epoch, pos = int(state["epoch"]), int(state["position"])
+    if epoch < 0 or not 0 <= pos < self._n:
+      raise ValueError(f"bad iterator state {state!r}")
+    self._epoch, self._pos = epoch, pos

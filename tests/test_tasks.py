@@ -1,0 +1,429 @@
+"""The task interface, the three toy domains, the TFDS datasets and the JSONL reader."""
+import json
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from mopd_jax import tasks
+from mopd_jax.tasks import base, cod, datasets, jsonl, sandbox
+from mopd_jax.tokenizer import CharTokenizer
+
+TOK = CharTokenizer()
+N = 400  # examples per domain in the generator tests
+TAUS = dict(max=1.0, high=0.55, low=0.25)  # the toy config's values at the time of writing
+# Length caps that keep toy sequences short (characters; a special token counts once).
+MAX_PROMPT, MAX_LEN = 48, dict(full=90, brief=56, direct=15)
+
+
+@pytest.fixture(scope="module", params=tasks.DOMAINS)
+def domain_examples(request):
+  task = tasks.get_task(request.param)
+  return task, task.generate(seed=0, n=N)
+
+
+def ntok(text):
+  return len(TOK.encode(text))
+
+
+def wrong_response(ex):
+  """A response with the right shape and a wrong final answer."""
+  if ex.domain == "gen":
+    return ex.solutions["full"].rsplit("#", 1)[0] + "#" + str(int(ex.answer) + 1)
+  if ex.domain == "agt":
+    other = next(n for n in sorted(ex.meta["boss"]) if n != ex.answer)
+    return ex.solutions["full"].rsplit("#", 1)[0] + "#" + other
+  a, b = ex.meta["a"], ex.meta["b"]
+  return "#" + cod.canonical_expr(a, b + 1)
+
+
+# --- the interface ----------------------------------------------------------------------------
+def test_registry_and_names():
+  for d in tasks.DOMAINS:
+    t = tasks.get_task(d)
+    assert t.name == d and (t.environment is not None) == (d == "agt")
+  assert tasks.get_task("gen") is not tasks.get_task("gen")  # fresh counters per instance
+  with pytest.raises(ValueError, match="unknown domain"):
+    tasks.get_task("math")
+  with pytest.raises(ValueError, match="unknown effort"):
+    tasks.validate_effort("medium")
+  assert tasks.validate_effort("max") == "max"
+  ex = tasks.get_task("gen").generate(0, 1)[0]
+  with pytest.raises(ValueError, match="unknown effort"):
+    tasks.effort_budget(ex, "turbo", TAUS)
+  with pytest.raises(ValueError, match="no tau configured"):
+    tasks.effort_budget(ex, "low", dict(max=1.0))
+  assert tasks.effort_budget(ex, "max", TAUS) == ex.b0
+  with pytest.raises(ValueError, match="tau"):
+    tasks.budget(ex, 0.0)
+
+
+def test_generation_is_deterministic_with_distinct_prompts(domain_examples):
+  task, exs = domain_examples
+  again = tasks.get_task(task.name).generate(seed=0, n=N)
+  assert [e.to_json() for e in exs] == [e.to_json() for e in again]
+  other = task.generate(seed=1, n=50)
+  assert [e.prompt for e in other] != [e.prompt for e in exs[:50]]
+  assert len({e.prompt for e in exs}) == N
+  assert len({e.uid for e in exs}) == N
+  excluded = task.generate(seed=0, n=20, exclude={e.prompt for e in exs[:10]})
+  assert not {e.prompt for e in excluded} & {e.prompt for e in exs[:10]}
+
+
+def test_examples_are_json_and_fit_the_toy_model(domain_examples):
+  task, exs = domain_examples
+  for ex in exs:
+    assert base.Example.from_json(ex.to_json()) == ex
+    assert ex.domain == task.name and set(ex.solutions) == set(tasks.STYLES)
+    for text in [ex.prompt, ex.answer, *ex.solutions.values()]:
+      TOK.encode(text)  # raises on a character outside the charset
+    assert len(ex.prompt) <= MAX_PROMPT, ex.prompt
+    for style, cap in MAX_LEN.items():
+      assert ntok(ex.solutions[style]) <= cap, (style, ex.solutions[style])
+      assert ex.solutions[style].endswith("#" + ex.answer)
+
+
+def test_every_style_verifies_and_wrong_answers_do_not(domain_examples):
+  task, exs = domain_examples
+  sub = exs[:60]
+  for ex in sub:
+    for style in tasks.STYLES:
+      assert task.verify(ex, ex.solutions[style]) == 1.0, (style, ex.solutions[style])
+    assert task.verify(ex, wrong_response(ex)) == 0.0, wrong_response(ex)
+    assert task.verify(ex, "") == 0.0
+    assert task.verify(ex, "no answer marker " + ex.answer) == 0.0
+    # The answer is parsed from the last `#`; an EOS and what follows are ignored.
+    assert task.verify(ex, ex.solutions["direct"] + "<eos><pad><pad>") == 1.0
+    assert task.verify(ex, wrong_response(ex) + "\n" + ex.solutions["direct"]) == 1.0
+    assert task.verify(ex, ex.solutions["direct"] + "\n" + wrong_response(ex)) == 0.0
+  assert task.num_verify_errors == 0
+  if task.name == "cod":
+    assert task.num_sandbox_runs == 0  # every generated or wrong response took the fast path
+
+
+def test_lengths_order_styles_and_budgets_select_them(domain_examples):
+  task, exs = domain_examples
+  lens = {s: np.array([ntok(e.solutions[s]) for e in exs]) for s in tasks.STYLES}
+  assert np.all(lens["full"] > lens["brief"]) and np.all(lens["brief"] > lens["direct"])
+  assert lens["full"].mean() > 1.8 * lens["brief"].mean() > 1.8 * lens["direct"].mean()
+  b0 = np.array([e.b0 for e in exs])
+  assert np.all(lens["full"] + 1 <= b0)  # + EOS
+  fits = lambda s, tau: np.mean([ntok(e.solutions[s]) + 1 <= tasks.budget(e, tau)
+                                 for e in exs])
+  assert fits("full", TAUS["max"]) == 1.0
+  assert fits("full", TAUS["high"]) == 0.0 and fits("full", TAUS["low"]) == 0.0
+  assert fits("brief", TAUS["low"]) == 0.0
+  assert fits("direct", TAUS["low"]) == 1.0
+  # agt's brief grows by one call per stale memo fact; most still fit the high budget.
+  assert fits("brief", TAUS["high"]) >= (0.75 if task.name == "agt" else 1.0)
+
+
+def test_verifier_exceptions_score_zero_and_are_counted():
+  gen = tasks.get_task("gen")
+  ex = gen.generate(0, 1)[0]
+  broken = base.Example(uid="x", domain="gen", prompt="1+1=?", b0=5, answer="not a number")
+  assert gen.verify(broken, "#2") == 0.0
+  assert gen.num_verify_errors == 1 and "ValueError" in gen.last_verify_error
+  assert gen.verify(ex, None) == 0.0 and gen.verify(ex, 12345) == 0.0  # not a str
+  c = tasks.get_task("cod")
+  no_tests = base.Example(uid="y", domain="cod", prompt="f(1)=2", b0=9, answer="1*x+1")
+  assert c.verify(no_tests, "#1*x+1") == 0.0 and c.num_verify_errors == 1
+
+  class Flaky(base.Task):
+    name = "flaky"
+
+    def _verify(self, example, response):
+      return {"nan": float("nan"), "big": 2.0}.get(response) or 1 / 0
+
+  f = Flaky()
+  assert [f.verify(ex, r) for r in ("nan", "big", "zero")] == [0.0, 0.0, 0.0]
+  assert f.counters() == dict(verify_calls=3, verify_errors=3)
+
+
+# --- bad input ------------------------------------------------------------------------------
+def test_bad_examples_are_refused():
+  kw = dict(uid="u", domain="gen", b0=10, answer="1")
+  with pytest.raises(tasks.DataError, match="empty prompt"):
+    base.Example(prompt="  \n", **kw)
+  with pytest.raises(tasks.DataError, match="not valid UTF-8"):
+    base.Example(prompt="abc\udcff", **kw)  # a non-UTF-8 byte smuggled in by surrogateescape
+  with pytest.raises(tasks.DataError, match="not valid UTF-8"):
+    tasks.check_text(b"\xff\xfe", "prompt")
+  assert tasks.check_text("ok".encode(), "prompt") == "ok"
+  with pytest.raises(ValueError, match="unknown domain"):
+    base.Example(prompt="p", **{**kw, "domain": "math"})
+  with pytest.raises(tasks.DataError, match="unknown style"):
+    base.Example(prompt="p", solutions={"long": "x"}, **kw)
+  with pytest.raises(tasks.DataError, match="b0"):
+    base.Example(prompt="p", **{**kw, "b0": 0})
+
+
+def test_prompt_length_error_or_counted_skip():
+  exs = tasks.get_task("agt").generate(0, 30)
+  cap = max(len(e.prompt) for e in exs) - 1
+  with pytest.raises(tasks.DataError, match="over the maximum"):
+    tasks.check_prompt_length(exs, cap, on_too_long="error")
+  kept, skipped = tasks.check_prompt_length(exs, cap, on_too_long="skip")
+  assert 0 < skipped < 30 and len(kept) + skipped == 30
+  assert all(len(e.prompt) <= cap for e in kept)
+  assert all(e in exs for e in kept)  # dropped whole, never truncated
+  kept, skipped = tasks.check_prompt_length(exs, cap, tokenizer=TOK, on_too_long="skip")
+  assert all(ntok(e.prompt) <= cap for e in kept)
+  assert tasks.check_prompt_length(exs, None) == (exs, 0)
+  with pytest.raises(ValueError, match="on_too_long"):
+    tasks.check_prompt_length(exs, cap, on_too_long="truncate")
+
+
+# --- agt: the environment ---------------------------------------------------------------------
+def test_agt_environment_replays_the_full_solution():
+  task = tasks.get_task("agt")
+  env = task.environment
+  fewer = 0
+  for ex in task.generate(3, 50):
+    for style in ("full", "brief"):
+      sol = ex.solutions[style]
+      # What a rollout does: decode to `</call>`, ask the environment, insert its answer.
+      pieces = re.findall(r"<call>(.*?)</call>(<obs>.*?</obs>)", sol)
+      assert len(pieces) == sol.count("<call>")
+      for call, obs in pieces:
+        assert env.step(ex, call) == obs
+    assert ex.solutions["full"].count("<call>") == len(ex.meta["chain"]) - 1
+    # Brief calls only the hops the memo does not answer correctly (all of them if every
+    # memo fact on the chain is stale).
+    calls = {s: ex.solutions[s].count("<call>") for s in tasks.STYLES}
+    assert calls["full"] >= calls["brief"] >= 1 and calls["direct"] == 0
+    fewer += calls["brief"] < calls["full"]
+  assert fewer >= 40
+
+
+def test_agt_environment_never_raises():
+  task = tasks.get_task("agt")
+  ex = task.generate(0, 1)[0]
+  env = task.environment
+  root = next(n for n, b in ex.meta["boss"].items() if b is None)
+  start = ex.meta["chain"][0]
+  assert env.step(ex, f"<call>boss({start})</call>") == f"<obs>{ex.meta['chain'][1]}</obs>"
+  assert env.step(ex, f" boss( {start} ) ") == f"<obs>{ex.meta['chain'][1]}</obs>"
+  assert env.step(ex, f"boss({root})") == "<obs>none</obs>"
+  assert env.step(ex, "boss(zzz)") == "<obs>error: unknown name</obs>"
+  for bad in ("", "boss()", "fire(ann)", "boss(ann", "boss(ann);boss(bob)", "x" * 10_000,
+              "boss(\udcff)", None, 17):
+    assert env.step(ex, bad) == "<obs>error: bad call</obs>", bad
+  no_world = base.Example(uid="z", domain="agt", prompt="boss(ann)?", b0=9, answer="bob")
+  assert env.step(no_world, "boss(ann)") == "<obs>error: bad call</obs>"
+  for e in task.generate(0, 50):  # every error observation is in the toy charset
+    TOK.encode(env.step(e, "boss(zzz)") + env.step(e, "?"))
+
+
+def test_agt_memo_is_a_partial_possibly_stale_cache():
+  exs = tasks.get_task("agt").generate(0, N)
+  stale = total = 0
+  for ex in exs:
+    chain, boss = ex.meta["chain"], ex.meta["boss"]
+    assert chain[-1] == ex.answer and all(boss[a] == b for a, b in zip(chain, chain[1:]))
+    covered = [(a, b) for a, b in ex.meta["memo"] if a in chain[:-1]]
+    assert len(covered) == min(2, len(chain) - 2)  # all hops but one
+    total += len(covered)
+    stale += sum(boss[a] != b for a, b in covered)
+  assert 0.15 < stale / total < 0.35
+
+
+# --- cod: fast path and sandbox ------------------------------------------------------------------
+def test_cod_fast_path_agrees_with_the_sandbox():
+  task = tasks.get_task("cod")
+  exs = task.generate(0, 3)
+  for ex in exs:
+    for expr in (ex.answer, cod.canonical_expr(ex.meta["a"], ex.meta["b"] - 1)):
+      fast = task.verify(ex, "#" + expr)
+      slow = sandbox.reward(cod.expr_program(expr), [tuple(t) for t in ex.meta["tests"]])
+      assert fast == slow
+  assert task.num_sandbox_runs == 0 and task.num_fast_path == 6
+
+
+def test_cod_other_programs_go_to_the_sandbox():
+  task = tasks.get_task("cod")
+  ex = task.generate(0, 1)[0]
+  a, b = ex.meta["a"], ex.meta["b"]
+  canonical_code = f"<code>def f(x):\n    return {cod.canonical_expr(a, b)}</code>"
+  assert task.verify(ex, "thinking...\n" + canonical_code) == 1.0
+  assert task.num_sandbox_runs == 0  # a canonical <code> body is also fast
+  assert task.verify(ex, f"#x*{a}+({b})") == 1.0  # equivalent, not canonical: sandboxed
+  assert task.verify(ex, f"#x*{a}+({b})") == 1.0  # cached
+  assert task.num_sandbox_runs == 1 and task.num_cache_hits == 1
+  loop_code = (f"<code>def f(x):\n    y = {b}\n    for _ in range(abs(x)):\n"
+               f"        y += {a} if x > 0 else -{a}\n    return y</code>")
+  assert task.verify(ex, loop_code) == 1.0
+  assert task.verify(ex, f"#x*{a}+({b})+1") == 0.0
+  for hostile in ("#__import__('os').system('touch /tmp/pwned')", "#open('/etc/passwd')",
+                  "#x\nimport os", "#x; import os", "#" + "x+" * 300 + "1", "#3*x+",
+                  "<code>import os\ndef f(x):\n    return 1</code>", "<code></code>"):
+    assert task.verify(ex, hostile) == 0.0, hostile
+  assert task.num_verify_errors == 0
+  assert cod.expr_program("x; import os") is None
+  assert cod.parse_canonical("03*x+1") is None and cod.parse_canonical("3*x+-1") is None
+  assert cod.parse_canonical("-3*x-12") == (-3, -12)
+
+
+# --- datasets ------------------------------------------------------------------------------------
+SIZES = (300, 60, 60)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  d = tmp_path_factory.mktemp("tfds")
+  for domain in tasks.DOMAINS:
+    datasets.prepare(domain, str(d), seed=0, sizes=SIZES)
+  return str(d)
+
+
+def test_tfds_builds_without_tensorflow(data_dir):
+  del data_dir
+  assert "tensorflow" not in sys.modules
+
+
+@pytest.mark.parametrize("domain", tasks.DOMAINS)
+def test_tfds_splits_are_disjoint_and_match_the_generator(data_dir, domain):
+  splits = {s: datasets.load_split(domain, s, data_dir, sizes=SIZES) for s in datasets.SPLITS}
+  assert [len(splits[s]) for s in datasets.SPLITS] == list(SIZES)
+  prompts = {s: {ex.prompt for ex in src.__getitems__(range(len(src)))}
+             for s, src in splits.items()}
+  assert [len(p) for p in prompts.values()] == list(SIZES)
+  assert not prompts["train"] & prompts["validation"]
+  assert not prompts["train"] & prompts["test"]
+  assert not prompts["validation"] & prompts["test"]
+  train = splits["train"]
+  assert isinstance(train[0], base.Example) and train[0].domain == domain
+  assert [train[i] for i in range(5)] == tasks.get_task(domain).generate(0, 5)  # in order
+
+
+def test_tfds_is_deterministic(data_dir, tmp_path):
+  other = datasets.load_split("cod", "test", str(tmp_path), sizes=SIZES)
+  mine = datasets.load_split("cod", "test", data_dir, sizes=SIZES)
+  assert [e.to_json() for e in other.__getitems__(range(60))] == \
+      [e.to_json() for e in mine.__getitems__(range(60))]
+  assert datasets.make_config("gen").name == "gen"
+  assert datasets.make_config("gen", seed=1).name != datasets.make_config("gen", seed=2).name
+  with pytest.raises(ValueError, match="unknown domain"):
+    datasets.make_config("math")
+  with pytest.raises(ValueError, match="unknown split"):
+    datasets.load_split("gen", "dev", data_dir, sizes=SIZES)
+
+
+def _uids(batches):
+  return [[e.uid for e in b] for b in batches]
+
+
+def test_resumable_iterator_restores_exactly(data_dir):
+  src = datasets.load_split("gen", "validation", data_dir, sizes=SIZES)  # 60 examples
+  it = datasets.ResumableIterator(src, batch_size=7, seed=3)
+  first = _uids(next(it) for _ in range(4))
+  state = json.loads(json.dumps(it.state()))  # must survive a JSON checkpoint
+  assert state["epoch"] == 0 and state["position"] == 28
+  rest = _uids(next(it) for _ in range(20))  # crosses two epoch boundaries
+  again = datasets.ResumableIterator(src, batch_size=7, seed=3)
+  again.restore(state)
+  assert _uids(next(again) for _ in range(20)) == rest
+  # Batches are full; each epoch is a permutation; epochs differ; seeds differ.
+  flat = sum(first + rest, [])
+  assert all(len(b) == 7 for b in first + rest)
+  assert sorted(flat[:60]) == sorted(flat[60:120]) == sorted(e.uid for e in
+                                                              src.__getitems__(range(60)))
+  assert flat[:60] != flat[60:120]
+  other_seed = datasets.ResumableIterator(src, batch_size=7, seed=4)
+  assert _uids([next(other_seed)]) != first[:1]
+  with pytest.raises(ValueError, match="seed"):
+    datasets.ResumableIterator(src, 7, seed=4).restore(state)
+  with pytest.raises(ValueError, match="num_examples"):
+    datasets.ResumableIterator(datasets.load_split("gen", "train", data_dir, sizes=SIZES), 7,
+                               seed=3).restore(state)
+
+
+def test_resumable_iterator_finite_and_unshuffled(data_dir):
+  src = datasets.load_split("agt", "test", data_dir, sizes=SIZES)
+  it = datasets.ResumableIterator(src, batch_size=25, seed=0, shuffle=False, num_epochs=1)
+  batches = list(it)
+  assert [len(b) for b in batches] == [25, 25, 10]
+  assert [e.uid for b in batches for e in b] == [src[i].uid for i in range(60)]
+  with pytest.raises(StopIteration):
+    next(it)
+  plain = datasets.ResumableIterator([src[i] for i in range(10)], 4, seed=0)  # any sequence
+  assert len(next(plain)) == 4
+  with pytest.raises(ValueError, match="empty"):
+    datasets.ResumableIterator([], 4, seed=0)
+  with pytest.raises(ValueError, match="batch_size"):
+    datasets.ResumableIterator(src, 0, seed=0)
+
+
+# --- JSONL ---------------------------------------------------------------------------------------
+GSM = [
+    {"prompt": "Tom has 3 apples and buys 4 more. How many?",
+     "answer": "He has 3+4=7 apples.\n#### 7"},
+    {"prompt": "A shop sells 1,200 pens a day. How many in 2 days?", "answer": "2,400",
+     "domain": "gen", "budget": 64, "id": "q2"},
+    {"prompt": "Name the capital of France.", "answer": "Paris", "domain": "agt"},
+]
+
+
+def write_lines(path, lines):
+  with open(path, "wb") as fh:
+    for line in lines:
+      fh.write(line if isinstance(line, bytes) else (line + "\n").encode())
+  return str(path)
+
+
+def test_jsonl_reads_a_gsm8k_style_file(tmp_path):
+  path = write_lines(tmp_path / "gsm.jsonl", [json.dumps(GSM[0]), "", json.dumps(GSM[1]),
+                                             "   ", json.dumps(GSM[2])])
+  data = jsonl.load_jsonl(path)
+  assert [e.uid for e in data.examples] == ["gsm.jsonl:1", "gsm.jsonl:3", "gsm.jsonl:5"]
+  assert data.num_blank == 2 and data.num_skipped_too_long == 0 and data.num_lines == 5
+  e0, e1, e2 = data.examples
+  assert (e0.domain, e0.answer, e0.solutions["full"]) == ("gen", "7", GSM[0]["answer"])
+  assert e0.b0 == int(np.ceil(1.1 * (len(GSM[0]["answer"]) + 1)))
+  assert e1.b0 == 64 and e1.meta["id"] == "q2" and e2.domain == "agt" and e2.b0 == 256
+  task = jsonl.JsonlTask()
+  assert task.verify(e0, e0.solutions["full"]) == 1.0
+  assert task.verify(e0, "so 7.0 apples\n#  7 ") == 1.0
+  assert task.verify(e0, "The answer: 7.") == 1.0
+  assert task.verify(e0, "#8") == 0.0 and task.verify(e0, "7") == 0.0
+  assert task.verify(e1, "Answer: $2,400.") == 1.0 and task.verify(e1, "#2400.00") == 1.0
+  assert task.verify(e1, "#24,00") == 1.0  # commas are dropped before comparing
+  assert task.verify(e1, "#2401") == 0.0
+  assert task.verify(e2, "#  paris") == 1.0 and task.verify(e2, "#Lyon") == 0.0
+  assert task.verify(e2, "#") == 0.0
+  assert task.num_verify_errors == 0
+  with_tok = jsonl.load_jsonl(path, tokenizer=TOK)
+  assert with_tok.examples[0].b0 == tasks.compute_b0(GSM[0]["answer"])
+
+
+@pytest.mark.parametrize("line,message", [
+    ('{"prompt": "p", "answer": "1"', "malformed JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"answer": "1"}', "missing field 'prompt'"),
+    ('{"prompt": "p"}', "missing field 'answer'"),
+    ('{"prompt": 3, "answer": "1"}', "'prompt' must be a string"),
+    ('{"prompt": "p", "answer": null}', "'answer' must be"),
+    ('{"prompt": "  ", "answer": "1"}', "empty prompt"),
+    ('{"prompt": "p", "answer": "1", "domain": "math"}', "unknown domain"),
+    ('{"prompt": "p", "answer": "1", "budget": 0}', "'budget' must be a positive int"),
+    (b'{"prompt": "caf\xe9", "answer": "1"}\n', "not valid UTF-8"),
+    ('{"prompt": "bad \\udcff", "answer": "1"}', "prompt is not valid UTF-8"),
+])
+def test_jsonl_errors_name_file_and_line(tmp_path, line, message):
+  path = write_lines(tmp_path / "bad.jsonl", [json.dumps(GSM[0]), "", line, json.dumps(GSM[1])])
+  with pytest.raises(tasks.DataError, match=re.escape(f"bad.jsonl:3: {message}")):
+    jsonl.load_jsonl(path)
+
+
+def test_jsonl_too_long_prompts_error_or_are_counted(tmp_path):
+  path = write_lines(tmp_path / "long.jsonl", [json.dumps(r) for r in GSM])
+  with pytest.raises(tasks.DataError, match=r"long.jsonl:2: prompt has 50 characters"):
+    jsonl.load_jsonl(path, max_prompt_len=45)
+  data = jsonl.load_jsonl(path, max_prompt_len=45, on_too_long="skip")
+  assert data.num_skipped_too_long == 1 and data.skipped_lines == [2]
+  assert [e.prompt for e in data.examples] == [GSM[0]["prompt"], GSM[2]["prompt"]]  # untouched
+  with pytest.raises(ValueError, match="on_too_long"):
+    jsonl.load_jsonl(path, on_too_long="truncate")
+  with pytest.raises(ValueError, match="unknown domain"):
+    jsonl.load_jsonl(path, default_domain="math")
