@@ -402,3 +402,21 @@ __all__ = [
     "mopd_reward", "mopd_loss", "mopd_advantages", "pg_loss",
     "sequence_logprobs", "pmd_loss", "grpo_advantages", "topk_kl_loss",
 ]
+
+
+# ----------------------------------------------------------------------------
+# Supervised fine-tuning.
+# ----------------------------------------------------------------------------
+
+
+def nll_loss(logprobs, loss_mask) -> tuple[Array, Metrics]:
+  """SFT negative log-likelihood, normalised per row like every loss here.
+
+  Prompt tokens are outside ``loss_mask`` and so are never trained on.
+  """
+  _same_shapes(2, logprobs=logprobs, loss_mask=loss_mask)
+  mask = _bool(loss_mask)
+  lp = jnp.where(mask, _f32(logprobs), 0.0)
+  value, n_tok, n_rows = _row_normalised_mean(-lp, mask)
+  return value, _stop({"nll": _token_mean(-lp, mask), "num_tokens": n_tok,
+                       "num_rows": n_rows})

@@ -81,20 +81,17 @@ def logical_to_spec(logical: P, shape, mesh: Mesh, rules=DEFAULT_RULES) -> P:
 
 
 def param_shardings(cfg: models.ModelConfig, mesh: Mesh, rules=DEFAULT_RULES,
-                    leading_axes: tuple = ()):
-  """NamedSharding of every param; `leading_axes=("teacher",)` for a stacked bank."""
+                    num_stacked: Optional[int] = None):
+  """NamedSharding of every param. `num_stacked=K`: params stacked on a leading `teacher`
+  axis of size K (the teacher bank)."""
   logical = models.param_logical_axes(cfg)
   shapes = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
 
   def one(spec, shape):
-    lead = tuple(None for _ in leading_axes)
-    full = P(*leading_axes, *spec)
-    dims = (1,) * len(leading_axes) + tuple(shape.shape)
-    mapped = logical_to_spec(full, dims if not leading_axes else
-                             (mesh.shape.get(leading_axes[0], 1),) + tuple(shape.shape),
-                             mesh, rules)
-    del lead
-    return NamedSharding(mesh, mapped)
+    if num_stacked is None:
+      return NamedSharding(mesh, logical_to_spec(spec, shape.shape, mesh, rules))
+    return NamedSharding(mesh, logical_to_spec(P("teacher", *spec),
+                                               (num_stacked,) + tuple(shape.shape), mesh, rules))
 
   return jax.tree.map(one, logical, shapes, is_leaf=lambda x: isinstance(x, P))
 

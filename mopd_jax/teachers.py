@@ -1,0 +1,202 @@
+"""The bank of frozen teachers and the (domain, effort) -> teacher router.
+
+K teachers of one architecture are held as ONE stacked param pytree (leading axis = teacher
+index), so scoring is a `vmap` over that axis and the axis can be sharded over a `teacher`
+mesh axis: each teacher then lives on its own slice of devices. The bank is never part of
+the optimizer state or of the student checkpoint, and every scoring path stops gradients.
+
+Two scoring layouts:
+  * stratified (`score_stratified`, the MOPD default): the batch is laid out [K, b, T] with
+    b rows per teacher (`stratify` builds it); one `vmap` over teachers, compute O(K*b),
+    params read once, shardable over the `teacher` axis.
+  * routed (`teacher_logprobs`): a flat [B, T] batch with any mix of teacher ids, each row
+    scored by its own teacher. Implemented as a scan over teachers that scores every row and
+    keeps the rows it owns, so memory stays O(one teacher) but compute is O(K*B): use it for
+    small banks, evaluation and unbalanced batches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Mapping, Optional, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mopd_jax import logprobs, models
+from mopd_jax.tokenizer import EFFORTS
+
+DOMAINS = ("gen", "agt", "cod")
+DEFAULT_NAMES = tuple(f"{d}/{e}" for d, e in itertools.product(DOMAINS, EFFORTS))
+
+
+@dataclasses.dataclass(frozen=True)
+class Router:
+  """Names like "gen/max" -> teacher index; domains and efforts are any strings."""
+
+  names: tuple
+
+  def __post_init__(self):
+    for n in self.names:
+      if n.count("/") != 1:
+        raise ValueError(f"teacher name {n!r} must be 'domain/effort'")
+    if len(set(self.names)) != len(self.names):
+      raise ValueError(f"duplicate teacher names in {self.names}")
+
+  @property
+  def table(self) -> dict:
+    return {tuple(n.split("/")): i for i, n in enumerate(self.names)}
+
+  def index(self, domain: str, effort: str) -> int:
+    try:
+      return self.table[(domain, effort)]
+    except KeyError:
+      raise ValueError(f"no teacher for (domain={domain!r}, effort={effort!r}); "
+                       f"bank has {list(self.names)}") from None
+
+  def route(self, domains: Sequence[str], efforts: Sequence[str]) -> np.ndarray:
+    if len(domains) != len(efforts):
+      raise ValueError(f"{len(domains)} domains but {len(efforts)} efforts")
+    return np.asarray([self.index(d, e) for d, e in zip(domains, efforts)], np.int32)
+
+
+@flax.struct.dataclass
+class TeacherBank:
+  params: dict  # stacked: every leaf has a leading axis of size K
+  model_cfg: models.ModelConfig = flax.struct.field(pytree_node=False)
+  router: Router = flax.struct.field(pytree_node=False)
+
+  @property
+  def num_teachers(self) -> int:
+    return len(self.router.names)
+
+
+def check_compatible(student_cfg: models.ModelConfig, teacher_cfg: models.ModelConfig,
+                     what: str = "teacher") -> None:
+  """Teachers may be larger than the student but must share family and vocabulary."""
+  if teacher_cfg.vocab_size != student_cfg.vocab_size:
+    raise ValueError(f"{what} vocabulary size {teacher_cfg.vocab_size} differs from the "
+                     f"student's vocabulary size {student_cfg.vocab_size}")
+  if teacher_cfg.family != student_cfg.family:
+    raise ValueError(f"{what} architecture family {teacher_cfg.family!r} differs from the "
+                     f"student's {student_cfg.family!r}")
+
+
+def build_bank(teacher_cfg: models.ModelConfig, teachers: Mapping[str, dict] | Sequence[dict],
+               names: Optional[Sequence[str]] = None,
+               student_cfg: Optional[models.ModelConfig] = None,
+               sharding=None) -> TeacherBank:
+  """Stack K param pytrees into a bank. `teachers`: {name: params} or a list with `names`.
+
+  `sharding`: optional pytree of shardings for the stacked params (see
+  `sharding.param_shardings(..., leading_axes=("teacher",))`).
+  """
+  if isinstance(teachers, Mapping):
+    names, plist = tuple(teachers), list(teachers.values())
+  else:
+    plist = list(teachers)
+    names = tuple(DEFAULT_NAMES if names is None else names)
+  if len(plist) != len(names):
+    raise ValueError(f"{len(plist)} teacher param trees but {len(names)} names")
+  if not plist:
+    raise ValueError("a teacher bank needs at least one teacher")
+  if student_cfg is not None:
+    check_compatible(student_cfg, teacher_cfg)
+  want = jax.eval_shape(lambda: models.init_params(teacher_cfg, jax.random.PRNGKey(0)))
+  want_struct = jax.tree.structure(want)
+  for name, p in zip(names, plist):
+    if jax.tree.structure(p) != want_struct:
+      raise ValueError(f"teacher {name!r} params do not match the teacher architecture")
+    for w, x in zip(jax.tree.leaves(want), jax.tree.leaves(p)):
+      if tuple(w.shape) != tuple(x.shape):
+        raise ValueError(f"teacher {name!r} has a param of shape {tuple(x.shape)} where the "
+                         f"architecture expects {tuple(w.shape)}")
+  stacked = jax.tree.map(lambda *xs: jnp.stack([jax.lax.stop_gradient(x) for x in xs]), *plist)
+  if sharding is not None:
+    stacked = jax.device_put(stacked, sharding)
+  return TeacherBank(params=stacked, model_cfg=teacher_cfg, router=Router(tuple(names)))
+
+
+def score_stratified(bank: TeacherBank, tokens_KxbxT, input_mask_KxbxT, *,
+                     chunk_size: int = 64, top_k: int = 0, topk_ids=None):
+  """Teacher k scores rows [k]: returns [K, b, T] log-probs (and top-k if asked).
+
+  One vmap over the stacked params; no gradient flows into the teachers.
+  """
+  params = jax.lax.stop_gradient(bank.params)
+  k = bank.num_teachers
+  if tokens_KxbxT.shape[0] != k:
+    raise ValueError(f"stratified batch has {tokens_KxbxT.shape[0]} teacher groups but the "
+                     f"bank holds {k} teachers")
+
+  def one(p, t, m, ids):
+    st = logprobs.token_stats(bank.model_cfg, p, t, input_mask=m, chunk_size=chunk_size,
+                              top_k=top_k, topk_ids_BxTxK=ids)
+    return st.logprobs if not top_k else (st.logprobs, st.topk_logprobs, st.topk_ids)
+
+  if topk_ids is None:
+    return jax.vmap(lambda p, t, m: one(p, t, m, None))(params, tokens_KxbxT, input_mask_KxbxT)
+  return jax.vmap(one)(params, tokens_KxbxT, input_mask_KxbxT, topk_ids)
+
+
+def teacher_logprobs(bank: TeacherBank, teacher_ids, tokens_BxT, input_mask_BxT=None, *,
+                     chunk_size: int = 64):
+  """[B, T] log-probs, row b scored by teacher `teacher_ids[b]` (routed layout)."""
+  if input_mask_BxT is None:
+    input_mask_BxT = jnp.ones(tokens_BxT.shape, bool)
+  params = jax.lax.stop_gradient(bank.params)
+
+  def step(acc, xs):
+    k, p = xs
+    lp = logprobs.token_logprobs(bank.model_cfg, p, tokens_BxT, input_mask=input_mask_BxT,
+                                 chunk_size=chunk_size)
+    return jnp.where((teacher_ids == k)[:, None], lp, acc), None
+
+  init = jnp.zeros(tokens_BxT.shape, jnp.float32)
+  out, _ = jax.lax.scan(step, init, (jnp.arange(bank.num_teachers), params))
+  return out
+
+
+def check_teacher_ids(teacher_ids, num_teachers: int) -> None:
+  ids = np.asarray(teacher_ids)
+  bad = ids[(ids < 0) | (ids >= num_teachers)]
+  if bad.size:
+    raise ValueError(f"teacher id {int(bad[0])} outside the bank [0, {num_teachers})")
+
+
+def stratify(teacher_ids, num_teachers: int, rows_per_teacher: int):
+  """Host-side layout: returns `index [K, b]` (row of the flat batch, -1 = padding).
+
+  Row i goes to group teacher_ids[i]; each group is padded to b rows. Raises ValueError if
+  a teacher has more rows than b (the batch is not stratifiable with that b).
+  """
+  check_teacher_ids(teacher_ids, num_teachers)
+  ids = np.asarray(teacher_ids)
+  index = np.full((num_teachers, rows_per_teacher), -1, np.int64)
+  for k in range(num_teachers):
+    rows = np.flatnonzero(ids == k)
+    if len(rows) > rows_per_teacher:
+      raise ValueError(f"teacher {k} has {len(rows)} rows, more than rows_per_teacher="
+                       f"{rows_per_teacher}")
+    index[k, :len(rows)] = rows
+  return index
+
+
+def gather_stratified(x_BxT, index_Kxb, fill=0):
+  """[B, ...] -> [K, b, ...] by a stratify() index (padding rows get `fill`)."""
+  x = np.asarray(x_BxT)
+  safe = np.where(index_Kxb < 0, 0, index_Kxb)
+  out = x[safe]
+  out[index_Kxb < 0] = fill
+  return out
+
+
+def scatter_stratified(y_KxbxT, index_Kxb, batch_size: int):
+  """Inverse of gather_stratified: [K, b, ...] -> [B, ...]."""
+  y = np.asarray(y_KxbxT)
+  out = np.zeros((batch_size,) + y.shape[2:], y.dtype)
+  valid = index_Kxb >= 0
+  out[index_Kxb[valid]] = y[valid]
+  return out

@@ -1,0 +1,196 @@
+"""Train state, optimizer and the jitted, sharded train step shared by SFT, RL and MOPD.
+
+The state holds only what is trained: student params, optimizer state and the step.
+Teachers are scored before the step (their log-probs arrive inside the batch), so their
+params never enter the optimizer, the gradient or the student checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from mopd_jax import logprobs, losses, models, sharding
+
+LOSSES = ("sft", "mopd", "pg", "topk")
+
+
+@flax.struct.dataclass
+class TrainBatch:
+  """One rollout batch as the train step sees it; every per-token array is [B, T]."""
+
+  tokens: jax.Array  # int32
+  input_mask: jax.Array  # bool: real tokens (prompt, generated, observations)
+  loss_mask: jax.Array  # bool: tokens the policy generated
+  sampler_logprobs: Optional[jax.Array] = None  # f32, behaviour policy (PG ratio)
+  teacher_logprobs: Optional[jax.Array] = None  # f32, routed teacher (MOPD)
+  advantages: Optional[jax.Array] = None  # f32 [B, T] extra per-token advantage (alpha * outcome)
+  teacher_topk_logprobs: Optional[jax.Array] = None  # f32 [B, T, k] (top-k variant)
+  teacher_topk_ids: Optional[jax.Array] = None  # int32 [B, T, k]
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  lr: float = 1e-3
+  warmup_steps: int = 10
+  total_steps: int = 1000
+  end_lr_frac: float = 0.1  # cosine decays to lr * end_lr_frac
+  weight_decay: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.95
+  clip_norm: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  kind: str = "mopd"  # one of LOSSES
+  r_max: float = 5.0  # MOPD reward clip
+  eps_low: float = 0.2  # PG ratio clip, lower
+  eps_high: float = 0.28  # PG ratio clip, upper (asymmetric, "clip-higher")
+  log_ratio_clip: float = 20.0
+  chunk_size: int = 64  # sequence chunk of the log-prob scan
+
+  def __post_init__(self):
+    if self.kind not in LOSSES:
+      raise ValueError(f"unknown loss kind {self.kind!r}; known: {LOSSES}")
+    if not self.r_max > 0:
+      raise ValueError(f"r_max must be > 0, got {self.r_max}")
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: dict
+  opt_state: optax.OptState
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps,
+      decay_steps=max(cfg.total_steps, cfg.warmup_steps + 1), end_value=cfg.lr * cfg.end_lr_frac)
+  return optax.chain(
+      optax.clip_by_global_norm(cfg.clip_norm),
+      optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+
+
+def init_state(params, optimizer) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=optimizer.init(params))
+
+
+def compute_loss(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
+                 batch: TrainBatch):
+  """(loss, metrics) of the configured kind, from the student's chunked log-probs."""
+  topk = loss_cfg.kind == "topk"
+  st = logprobs.token_stats(model_cfg, params, batch.tokens, input_mask=batch.input_mask,
+                            chunk_size=loss_cfg.chunk_size,
+                            top_k=batch.teacher_topk_ids.shape[-1] if topk else 0,
+                            topk_ids_BxTxK=batch.teacher_topk_ids if topk else None)
+  lp = st.logprobs
+  if loss_cfg.kind == "sft":
+    return losses.nll_loss(lp, batch.loss_mask)
+  if loss_cfg.kind == "mopd":
+    loss, m = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
+    if batch.advantages is not None:  # outcome term: alpha * A_outcome, plain REINFORCE
+      extra, _ = losses.pg_loss(lp, jax.lax.stop_gradient(lp), batch.advantages,
+                                batch.loss_mask, eps_low=loss_cfg.eps_low,
+                                eps_high=loss_cfg.eps_high)
+      loss = loss + extra
+    return loss, m
+  if loss_cfg.kind == "pg":
+    adv = losses.mopd_reward(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
+    if batch.advantages is not None:
+      adv = adv + jnp.where(batch.loss_mask, batch.advantages, 0.0)
+    loss, m = losses.pg_loss(lp, batch.sampler_logprobs, adv, batch.loss_mask,
+                             eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
+                             log_ratio_clip=loss_cfg.log_ratio_clip)
+    _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
+    return loss, {**m, "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
+  return losses.topk_kl_loss(st.topk_logprobs, batch.teacher_topk_logprobs, batch.loss_mask)
+
+
+def train_step(model_cfg: models.ModelConfig, loss_cfg: LossConfig,
+               optimizer: optax.GradientTransformation, state: TrainState, batch: TrainBatch):
+  """One optimizer update. Non-finite loss or gradient: the update is not applied."""
+  (loss, metrics), grads = jax.value_and_grad(
+      lambda p: compute_loss(model_cfg, loss_cfg, p, batch), has_aux=True)(state.params)
+  gnorm = optax.tree.norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  # Keep the old state when anything is non-finite; the caller decides to stop or skip.
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  new_state = TrainState(step=state.step + finite.astype(jnp.int32),
+                         params=keep(params, state.params),
+                         opt_state=keep(opt_state, state.opt_state))
+  return new_state, {**metrics, "loss": loss, "grad_norm": gnorm,
+                     "finite": finite.astype(jnp.float32)}
+
+
+def state_shardings(model_cfg: models.ModelConfig, optimizer, mesh: Mesh,
+                    rules=sharding.DEFAULT_RULES) -> TrainState:
+  """Shardings of the whole train state: optimizer moments follow their params."""
+  p_sh = sharding.param_shardings(model_cfg, mesh, rules)
+  abstract = jax.eval_shape(
+      lambda: init_state(models.init_params(model_cfg, jax.random.PRNGKey(0)), optimizer))
+  rep = NamedSharding(mesh, P())
+  # Moment trees mirror the params and take their shardings; scalars (counts) replicate.
+  opt_sh = _replace_param_like(abstract.opt_state, jax.tree.map(lambda _: rep,
+                                                                abstract.opt_state),
+                               jax.tree.structure(abstract.params), p_sh)
+  return TrainState(step=rep, params=p_sh, opt_state=opt_sh)
+
+
+def _replace_param_like(tree, shard_tree, p_struct, p_sh):
+  """Walk the optimizer state; wherever a subtree has the params' structure, use p_sh."""
+  if jax.tree.structure(tree) == p_struct:
+    return p_sh
+  if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # NamedTuple states
+    return type(tree)(*(_replace_param_like(t, s, p_struct, p_sh)
+                        for t, s in zip(tree, shard_tree)))
+  if isinstance(tree, (tuple, list)):
+    return type(tree)(_replace_param_like(t, s, p_struct, p_sh) for t, s in zip(tree, shard_tree))
+  return shard_tree
+
+
+def batch_shardings(mesh: Mesh, batch: TrainBatch) -> TrainBatch:
+  return jax.tree.map(lambda x: sharding.batch_sharding(mesh, x.ndim), batch)
+
+
+class Trainer:
+  """Jitted init and step with explicit shardings, for one (model, loss, optimizer) triple."""
+
+  def __init__(self, model_cfg: models.ModelConfig, loss_cfg: LossConfig,
+               optim_cfg: OptimConfig, mesh: Mesh, rules=sharding.DEFAULT_RULES):
+    self.model_cfg, self.loss_cfg, self.mesh = model_cfg, loss_cfg, mesh
+    self.optimizer = make_optimizer(optim_cfg)
+    self.state_sharding = state_shardings(model_cfg, self.optimizer, mesh, rules)
+    rep = NamedSharding(mesh, P())
+    self._init = jax.jit(lambda params: init_state(params, self.optimizer),
+                         in_shardings=(self.state_sharding.params,),
+                         out_shardings=self.state_sharding)
+    self._step_cache = {}
+    self._rep = rep
+
+  def init(self, params) -> TrainState:
+    """A train state from student params (placed onto the mesh as needed)."""
+    return self._init(params)
+
+  def step(self, state: TrainState, batch: TrainBatch):
+    sharding.check_batch_divisible(batch.tokens.shape[0], self.mesh)
+    key = jax.tree.structure(batch)
+    if key not in self._step_cache:
+      # State in and out with the same shardings, donated: the update happens in place and
+      # the old params/moments never coexist with the new ones in memory.
+      self._step_cache[key] = jax.jit(
+          lambda s, b: train_step(self.model_cfg, self.loss_cfg, self.optimizer, s, b),
+          in_shardings=(self.state_sharding, batch_shardings(self.mesh, batch)),
+          out_shardings=(self.state_sharding, self._rep),
+          donate_argnums=(0,))
+    return self._step_cache[key](state, batch)

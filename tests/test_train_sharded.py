@@ -1,0 +1,165 @@
+"""Sharded (2x2x2 mesh of simulated CPU devices) equals single-device, for the train step,
+the sampler and the teacher bank; plus train-step behaviour and bad input."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mopd_jax import losses, models, sampling, sharding, teachers, train
+
+CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                         head_dim=8, mlp_dim=64, max_seq_len=64, qk_norm=True)
+B, T = 8, 16
+
+
+def _batch(seed=0):
+  r = np.random.RandomState(seed)
+  tokens = r.randint(0, CFG.vocab_size, (B, T)).astype(np.int32)
+  prompt = r.randint(2, 6, (B, 1))
+  pos = np.arange(T)[None]
+  lengths = r.randint(8, T + 1, (B, 1))
+  input_mask = pos < lengths
+  loss_mask = input_mask & (pos >= prompt)
+  return train.TrainBatch(
+      tokens=jnp.asarray(tokens), input_mask=jnp.asarray(input_mask),
+      loss_mask=jnp.asarray(loss_mask),
+      sampler_logprobs=jnp.asarray(-r.rand(B, T).astype(np.float32) * 3),
+      teacher_logprobs=jnp.asarray(-r.rand(B, T).astype(np.float32) * 3))
+
+
+def _mesh(**shape):
+  n = int(np.prod(list(shape.values()))) if shape else 1
+  return sharding.make_mesh(shape, jax.devices()[:n])
+
+
+@pytest.fixture(scope="module")
+def params():
+  return models.init_params(CFG, jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize("kind", ["mopd", "pg", "sft"])
+def test_sharded_step_equals_single_device(params, kind):
+  batch = _batch()
+  results = []
+  for mesh in (_mesh(), _mesh(data=2, fsdp=2, tensor=2)):
+    # Adam's first steps are ~lr * sign(g): lr 1e-3 keeps a rounding-level gradient
+    # difference from showing up as a 2*lr parameter difference.
+    tr = train.Trainer(CFG, train.LossConfig(kind=kind), train.OptimConfig(lr=1e-3,
+                                                                           warmup_steps=0),
+                       mesh)
+    state = tr.init(params)
+    grad_fn = jax.jit(jax.grad(lambda p, b: train.compute_loss(CFG, tr.loss_cfg, p, b)[0]),
+                      in_shardings=(tr.state_sharding.params, train.batch_shardings(mesh, batch)))
+    grads = jax.device_get(grad_fn(params, batch))
+    state, m = tr.step(state, batch)
+    state, m2 = tr.step(state, _batch(1))
+    results.append((jax.device_get(state.params), jax.device_get(m), jax.device_get(m2), grads))
+  (p1, m1, n1, g1), (p8, m8, n8, g8) = results
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g8)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  for k in ("loss", "grad_norm"):
+    np.testing.assert_allclose(m1[k], m8[k], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(n1[k], n8[k], atol=1e-5, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_params_are_actually_sharded(params):
+  mesh = _mesh(data=2, fsdp=2, tensor=2)
+  sh = sharding.param_shardings(CFG, mesh)
+  assert sh["layers_0"]["mlp"]["gate_proj"].spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+  p = sharding.init_sharded_params(CFG, jax.random.PRNGKey(0), mesh)
+  shard = p["layers_0"]["mlp"]["gate_proj"].addressable_shards[0].data
+  assert shard.shape == (CFG.d_model // 2, CFG.mlp_dim // 2)
+  for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(params)):  # same values as unsharded
+    np.testing.assert_array_equal(a, b)
+
+
+def test_sampled_tokens_identical_when_sharded(params):
+  mesh = _mesh(data=2, fsdp=2, tensor=2)
+  sp = jax.device_put(params, sharding.param_shardings(CFG, mesh))
+  s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=12))
+  prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]] * 2
+  a = s(params, prompts, jax.random.PRNGKey(3))
+  b = s(sp, prompts, jax.random.PRNGKey(3))
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_teacher_axis_sharded_equals_unsharded():
+  k = 4
+  plist = [models.init_params(CFG, jax.random.PRNGKey(i)) for i in range(k)]
+  names = [f"d{i}/e" for i in range(k)]
+  ref_bank = teachers.build_bank(CFG, plist, names=names)
+  mesh = _mesh(teacher=4, tensor=2)
+  sh = sharding.param_shardings(CFG, mesh, num_stacked=k)
+  bank = teachers.build_bank(CFG, plist, names=names, sharding=sh)
+  leaf = bank.params["layers_0"]["mlp"]["up_proj"]
+  assert leaf.sharding.spec[0] == "teacher"
+  assert leaf.addressable_shards[0].data.shape[0] == 1  # one teacher per slice
+  tokens = jax.random.randint(jax.random.PRNGKey(0), (k, 2, T), 0, CFG.vocab_size)
+  mask = jnp.ones(tokens.shape, bool)
+  tok_sh = jax.device_put(tokens, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+      "teacher")))
+  got = jax.jit(teachers.score_stratified)(bank, tok_sh, mask)
+  want = teachers.score_stratified(ref_bank, tokens, mask)
+  np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_pg_step_matches_mopd_step_on_policy(params):
+  """With sampler log-probs equal to the current ones the PG loss gives the MOPD gradient."""
+  from mopd_jax import logprobs
+  batch = _batch()
+  lp = logprobs.token_logprobs(CFG, params, batch.tokens, input_mask=batch.input_mask)
+  batch = batch.replace(sampler_logprobs=lp)
+  grads = {}
+  for kind in ("mopd", "pg"):
+    lc = train.LossConfig(kind=kind, eps_low=0.2, eps_high=0.2)
+    grads[kind] = jax.grad(lambda p: train.compute_loss(CFG, lc, p, batch)[0])(params)
+  for a, b in zip(jax.tree.leaves(grads["mopd"]), jax.tree.leaves(grads["pg"])):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_nonfinite_update_is_not_applied(params):
+  batch = _batch()
+  bad = batch.replace(teacher_logprobs=batch.teacher_logprobs.at[0, 10].set(jnp.nan),
+                      loss_mask=batch.loss_mask.at[0, 10].set(True))
+  tr = train.Trainer(CFG, train.LossConfig(), train.OptimConfig(), _mesh())
+  state = tr.init(params)
+  new, m = tr.step(state, bad)
+  assert float(m["finite"]) == 0.0 and int(new.step) == 0
+  for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_teacher_params_not_in_train_state(params):
+  tr = train.Trainer(CFG, train.LossConfig(), train.OptimConfig(), _mesh())
+  state = tr.init(params)
+  n_student = sum(x.size for x in jax.tree.leaves(params))
+  n_opt = sum(x.size for x in jax.tree.leaves(state.opt_state))
+  assert n_opt <= 2 * n_student + 8  # Adam moments of the student only
+
+
+@pytest.mark.parametrize("shape, match", [
+    (dict(data=3), "3 devices but 8"), (dict(data=2, model=4), "unknown mesh axes"),
+])
+def test_bad_mesh(shape, match):
+  with pytest.raises(ValueError, match=match):
+    sharding.make_mesh(shape)
+
+
+def test_batch_not_divisible(params):
+  tr = train.Trainer(CFG, train.LossConfig(), train.OptimConfig(),
+                     _mesh(data=4, fsdp=2))
+  batch = jax.tree.map(lambda x: x[:6], _batch())
+  with pytest.raises(ValueError, match="batch size 6 is not divisible"):
+    tr.step(tr.init(params), batch)
+
+
+def test_bad_loss_inputs():
+  with pytest.raises(ValueError, match="r_max"):
+    train.LossConfig(r_max=0.0)
+  with pytest.raises(ValueError, match="shape"):
+    losses.mopd_loss(jnp.zeros((2, 3)), jnp.zeros((2, 4)), jnp.ones((2, 3)), 1.0)
+  with pytest.raises(ValueError, match="outside the bank"):
+    teachers.check_teacher_ids([0, 12], 9)
