@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import logprobs, models, sampling
+from mopd_jax import logprobs, models, sampling, sharding, teachers, train
 
 
 def _time(fn, *args, repeats=5, warmup=1):
@@ -115,6 +115,40 @@ def prefill_benchmark(cfg, params, peak, batch=8, seq=512):
           "prefill_mfu": 2 * n * batch * seq / t / peak}
 
 
+def train_benchmark(cfg, params, peak, batch=8, seq=256):
+  """One MOPD train step (forward + backward + AdamW) on [B, T]; 6N flops per token."""
+  mesh = sharding.make_mesh({}, jax.devices()[:1])
+  tr = train.Trainer(cfg, train.LossConfig(kind="mopd"), train.OptimConfig(), mesh)
+  r = np.random.RandomState(0)
+  b = train.TrainBatch(
+      tokens=jnp.asarray(r.randint(0, cfg.vocab_size, (batch, seq)), jnp.int32),
+      input_mask=jnp.ones((batch, seq), bool),
+      loss_mask=jnp.asarray(np.arange(seq)[None] >= 16).repeat(batch, 0),
+      teacher_logprobs=jnp.asarray(-r.rand(batch, seq) * 3, jnp.float32))
+  state = [tr.init(params)]
+
+  def step():
+    state[0], m = tr.step(state[0], b)
+    return m["loss"]
+
+  t = _time(step, repeats=5)
+  n = cfg.num_params(include_embedding=False)
+  return {"train_tokens_per_s": batch * seq / t, "train_mfu": 6 * n * batch * seq / t / peak}
+
+
+def teacher_prefill_benchmark(cfg, num_teachers=9, rows_per_teacher=1, seq=256):
+  """Scoring one stratified batch with a 9-teacher bank (one vmap over the stacked params)."""
+  plist = [models.init_params(cfg, jax.random.PRNGKey(i)) for i in range(num_teachers)]
+  bank = teachers.build_bank(cfg, plist, names=[f"d{i}/e" for i in range(num_teachers)])
+  del plist
+  tokens = jax.random.randint(jax.random.PRNGKey(3), (num_teachers, rows_per_teacher, seq), 0,
+                              cfg.vocab_size)
+  mask = jnp.ones(tokens.shape, bool)
+  f = jax.jit(teachers.score_stratified)
+  t = _time(f, bank, tokens, mask, repeats=3)
+  return {"teacher_prefill_tokens_per_s": tokens.size / t}
+
+
 def run() -> dict:
   cfg = bench_config()
   params = models.init_params(cfg, jax.random.PRNGKey(0))
@@ -124,6 +158,8 @@ def run() -> dict:
   out.update(decode_benchmark(cfg, params))
   out.update(logprob_memory(cfg))
   out.update(prefill_benchmark(cfg, params, peak))
+  out.update(train_benchmark(cfg, params, peak))
+  out.update(teacher_prefill_benchmark(cfg))
   return out
 
 

@@ -49,6 +49,7 @@ def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, 
                             chunk_size: int = 64, with_entropy: bool = False, top_k: int = 0,
                             topk_ids_BxTxK=None) -> TokenStats:
   """Stats of each next token from final hidden states; see module docstring."""
+  cfg, params = models.materialize(cfg, params)
   b, t, d = hidden_BxTxD.shape
   h = hidden_BxTxD[:, :-1]
   tgt = tokens_BxT[:, 1:].astype(jnp.int32)
@@ -90,6 +91,7 @@ def token_stats(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None, positi
                 chunk_size: int = 64, with_entropy: bool = False, top_k: int = 0,
                 topk_ids_BxTxK=None) -> TokenStats:
   """Teacher-forced per-token log-probs (and optionally entropy, top-k) of `tokens`."""
+  cfg, params = models.materialize(cfg, params)  # QAT: quantise once for trunk and head
   h = models.hidden_states(cfg, params, tokens_BxT, input_mask=input_mask, positions=positions)
   return token_stats_from_hidden(cfg, params, h, tokens_BxT, chunk_size=chunk_size,
                                  with_entropy=with_entropy, top_k=top_k,

@@ -153,6 +153,7 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
   """Returns (final cache, rollout); the cache comes back so its donated buffer is reused."""
   b, p = prompt_tokens.shape
   n = scfg.max_new_tokens
+  model_cfg, params = models.materialize(model_cfg, params)  # QAT: quantise once, not per step
   tokens, mask = prompt_tokens, prompt_mask  # left-aligned by Sampler.prepare
   prompt_lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
   positions = models.default_positions(mask)

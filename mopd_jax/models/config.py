@@ -35,6 +35,9 @@ class ModelConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"  # compute dtype; logits and losses are always float32
   family: str = "qwen3"  # llama | qwen2 | qwen3: used by the Hugging Face import/export
+  # Quantisation-aware forward (see models/quant.py): none | int8 | int4 (group-wise).
+  quant: str = "none"
+  quant_group: int = 32
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -47,6 +50,8 @@ class ModelConfig:
                        f"num_kv_heads={self.num_kv_heads}")
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+    if self.quant not in ("none", "int8", "int4"):
+      raise ValueError(f"ModelConfig.quant={self.quant!r}; expected none, int8 or int4")
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; expected one of "

@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from mopd_jax.models import quant
 from mopd_jax.models.cache import KVCache
 from mopd_jax.models.config import ModelConfig
 
@@ -233,6 +234,15 @@ def param_logical_axes(cfg: ModelConfig) -> dict:
   return nn.get_partition_spec(boxed)
 
 
+def materialize(cfg: ModelConfig, params):
+  """(config, params) as the forward pass sees them: fake-quantised once when the config
+  asks for QAT. Callers that run the model many times on the same params (the sampler's
+  decode loop, the chunked head) call this once and pass the result on."""
+  if cfg.quant == "none":
+    return cfg, params
+  return cfg.replace(quant="none"), quant.fake_quantize(params, cfg.quant, cfg.quant_group)
+
+
 def default_positions(input_mask):
   """RoPE position of each token = number of valid tokens before it in its row."""
   return jnp.maximum(jnp.cumsum(input_mask.astype(jnp.int32), axis=-1) - 1, 0)
@@ -251,6 +261,7 @@ def hidden_states(cfg: ModelConfig, params, tokens, *, input_mask=None, position
   input_mask = input_mask.astype(bool)
   if positions is None:
     positions = default_positions(input_mask)
+  cfg, params = materialize(cfg, params)
   t = tokens.shape[1]
   h, _ = _module(cfg).apply({"params": params}, tokens, positions, input_mask,
                             jnp.arange(t, dtype=jnp.int32), None)
@@ -258,6 +269,7 @@ def hidden_states(cfg: ModelConfig, params, tokens, *, input_mask=None, position
 
 
 def logits_from_hidden(cfg: ModelConfig, params, hidden):
+  cfg, params = materialize(cfg, params)
   return _module(cfg).apply({"params": params}, hidden, method=Transformer.head)
 
 
@@ -274,6 +286,7 @@ def forward_with_cache(cfg: ModelConfig, params, tokens, positions, input_mask,
   Returns (hidden [B, T, D], updated cache). Pads inside the chunk (input_mask False) are
   written but marked invalid, so no later query attends to them.
   """
+  cfg, params = materialize(cfg, params)
   t = tokens.shape[1]
   q_slots = cache.index + jnp.arange(t, dtype=jnp.int32)
   valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, input_mask.astype(bool),
