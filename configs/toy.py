@@ -2,12 +2,14 @@
 
 Run:
     python -m experiments.run --config configs/toy.py --workdir /tmp/mopd_toy
-Smoke variant of every stage (used by the tests):
+Smoke variant of every stage (used by the tests, well under 2 minutes):
     python -m experiments.run --config configs/toy.py:fast --workdir /tmp/mopd_fast
-Override any field from the command line, e.g. `--config.sampling.temperature=0.7`.
+Override any field from the command line, e.g. `--config.rl.steps_per_effort=40`, or run a
+subset of stages reusing earlier outputs: `--config.stages=sft,rl`.
 
-Current stages: `smoke` (samples from a freshly initialised model and prints the samples;
-a few seconds). Later stages (SFT, RL teachers, MOPD, eval, report) extend this file.
+Stages, in order: data (TFDS builders) -> sft (pi_SFT, QAT) -> rl (3 domains x 3 efforts =
+9 frozen teachers) -> eval (pi_SFT and teachers on the test split). `smoke` samples from a
+freshly initialised model and prints the samples.
 """
 import ml_collections
 
@@ -19,19 +21,58 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   fast = arg == "fast"
   c = ml_collections.ConfigDict()
   c.seed = 0  # every rng in the run is derived from this
-  c.stages = "smoke"  # comma-separated subset of stages to run, in pipeline order
+  c.stages = "data,sft,rl,eval"  # comma-separated subset of stages to run, in pipeline order
+  c.log_every = 10  # console / TensorBoard interval in steps
 
   c.model = ml_collections.ConfigDict()
   c.model.preset = "toy"  # a name from mopd_jax.models.PRESETS
   c.model.num_layers = 2 if fast else 4  # override of the preset's depth
   c.model.d_model = 64 if fast else 128  # override of the preset's width
+  c.model.quant = "int4"  # QAT from SFT on: none | int8 | int4 (group-wise)
+  c.model.quant_group = 32  # weights per quantisation group
 
-  c.sampling = ml_collections.ConfigDict()
-  c.sampling.max_new_tokens = 32 if fast else 64  # generated tokens per rollout, at most
-  c.sampling.temperature = 1.0  # 0 = greedy; log-probs are of the sampled distribution
-  c.sampling.top_k = 0  # 0 = off
-  c.sampling.top_p = 1.0  # 1.0 = off
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = 1  # mesh axis sizes; their product must equal the device count
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+
+  c.data = ml_collections.ConfigDict()
+  c.data.sizes = (400, 48, 48) if fast else (4000, 300, 300)  # train / validation / test
+  c.data.dir = ""  # TFDS data_dir; empty = <workdir>/data
+
+  # Effort levels: budget of example x at effort e is floor(tau_e * b0(x)) tokens.
+  c.effort = ml_collections.ConfigDict()
+  c.effort.tau_max = 1.0
+  c.effort.tau_high = 0.55
+  c.effort.tau_low = 0.25
+
+  c.sft = ml_collections.ConfigDict()
+  c.sft.steps = 12 if fast else 450  # updates; each trains on one domain, round-robin
+  c.sft.batch_size = 16 if fast else 48  # sequences per update
+  c.sft.lr = 3e-3  # AdamW peak learning rate (warmup + cosine)
+  c.sft.warmup_steps = 2 if fast else 20
+  c.sft.effort_mode = "random"  # effort token of SFT examples: random | style (see sft.py)
+
+  c.rl = ml_collections.ConfigDict()
+  c.rl.loss = "pmd"  # pmd (Kimi K1.5/K2 policy mirror descent) | grpo (clipped ratio)
+  c.rl.steps_per_effort = 2 if fast else 20  # RL iterations per effort level and domain
+  c.rl.prompts_per_step = 4 if fast else 16  # prompts per iteration
+  c.rl.group_size = 2 if fast else 4  # K samples per prompt
+  c.rl.lr = 1e-3
+  c.rl.tau_kl = 0.5  # PMD log-ratio weight
+  c.rl.token_clip = 5.0  # PMD per-token log-ratio clip (K2.5-style regulariser); 0 = off
+  c.rl.temperature = 1.0  # sampling temperature of RL rollouts
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.max_response_tokens = 96  # hard cap on a response (generated + observations)
+  c.rollout.max_turns = 4  # tool calls per agt trajectory
+  c.rollout.width = 128  # padded sequence length of train batches (prompt + response)
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.num_examples = 16 if fast else 96  # test examples per (domain, effort) cell
+  c.eval.temperature = 0.0  # 0 = greedy
 
   c.smoke = ml_collections.ConfigDict()
-  c.smoke.prompts = ("12+34=", "<call>", "def f(x):")  # texts to complete
+  c.smoke.prompts = ("12+34=", "<call>", "f(1)=3")  # texts to complete
+  c.smoke.max_new_tokens = 32 if fast else 64
   return c

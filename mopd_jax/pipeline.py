@@ -1,13 +1,35 @@
-"""The pipeline: stages chained in order, each a library function of (config, workdir)."""
+"""The pipeline: stages chained in order, each a library function of a `Run` context.
+
+    data -> sft -> rl (3 domains x 3 efforts = 9 teachers) -> eval
+
+Every stage writes its outputs under the workdir and a `DONE.json` marker last; re-running
+with the same workdir skips finished stages, and `--config.stages=rl,eval` runs a subset
+reusing earlier outputs. Layout:
+
+    <workdir>/data/                    TFDS array_record datasets
+    <workdir>/sft/params/              pi_SFT (orbax)
+    <workdir>/rl/<domain>/teacher_<e>/ the frozen teachers (orbax), one lane per domain
+    <workdir>/teachers.json            the teacher manifest
+    <workdir>/eval.json                test-split cells of pi_SFT and every teacher
+"""
 from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import time
+from typing import Optional
 
 import jax
 import ml_collections
+import numpy as np
 
-from mopd_jax import models, sampling
-from mopd_jax.tokenizer import CharTokenizer
+from mopd_jax import checkpoint, models, rl, rollout, sampling, sft, sharding, train
+from mopd_jax.tasks import DOMAINS, base as task_base, get_task
+from mopd_jax.tokenizer import EFFORTS, CharTokenizer
 
-STAGES = ("smoke",)
+STAGES = ("smoke", "data", "sft", "rl", "eval")
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> models.ModelConfig:
@@ -15,35 +37,262 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> models.M
   return models.get_preset(config.model.preset, vocab_size=vocab_size, **overrides)
 
 
-def sampling_config(config: ml_collections.ConfigDict, tok) -> sampling.SamplingConfig:
-  s = config.sampling
-  return sampling.SamplingConfig(max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                                 top_k=s.top_k, top_p=s.top_p, stop_tokens=(tok.eos_id,),
-                                 pad_id=tok.pad_id)
+def config_hash(config: ml_collections.ConfigDict) -> str:
+  return hashlib.sha256(config.to_json(sort_keys=True).encode()).hexdigest()[:16]
 
 
-def smoke(config: ml_collections.ConfigDict, workdir=None) -> list:
+class Run:
+  """What every stage needs: config, workdir, tokenizer, model config, mesh, budgets."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self.config = config
+    self.workdir = os.path.abspath(workdir)
+    self.tok = CharTokenizer()
+    self.model_cfg = model_config(config, self.tok.vocab_size)
+    self.mesh = sharding.make_mesh(dict(config.mesh))
+    self.taus = {"max": config.effort.tau_max, "high": config.effort.tau_high,
+                 "low": config.effort.tau_low}
+    self.data_dir = config.data.dir or os.path.join(self.workdir, "data")
+
+  def path(self, *parts) -> str:
+    return os.path.join(self.workdir, *parts)
+
+  def done(self, stage: str) -> bool:
+    return os.path.exists(self.path(stage, "DONE.json"))
+
+  def mark_done(self, stage: str, info: dict) -> None:
+    os.makedirs(self.path(stage), exist_ok=True)
+    checkpoint.write_json(self.path(stage, "DONE.json"), info)
+
+  @functools.cached_property
+  def engine(self) -> rollout.RolloutEngine:
+    c = self.config
+    return rollout.RolloutEngine(self.model_cfg, self.tok,
+                                 max_response_tokens=c.rollout.max_response_tokens,
+                                 temperature=c.rl.temperature, max_turns=c.rollout.max_turns)
+
+  @functools.cached_property
+  def eval_engine(self) -> rollout.RolloutEngine:
+    c = self.config
+    return rollout.RolloutEngine(self.model_cfg, self.tok,
+                                 max_response_tokens=c.rollout.max_response_tokens,
+                                 temperature=c.eval.temperature, max_turns=c.rollout.max_turns)
+
+  def split(self, domain: str, split: str):
+    from mopd_jax.tasks import datasets
+    return datasets.load_split(domain, split, self.data_dir, seed=self.config.seed,
+                               sizes=tuple(self.config.data.sizes))
+
+  def iterator(self, domain: str, batch_size: int, salt: int):
+    from mopd_jax.tasks import datasets
+    return datasets.ResumableIterator(self.split(domain, "train"), batch_size,
+                                      seed=self.config.seed * 1000 + salt)
+
+  def params_like(self):
+    return jax.eval_shape(lambda: models.init_params(self.model_cfg, jax.random.PRNGKey(0)))
+
+
+class Progress:
+  """A progress line per stage with rate and ETA (tqdm when stderr is a terminal-like sink)."""
+
+  def __init__(self, name: str, total: int):
+    from tqdm.auto import tqdm
+    self.bar = tqdm(total=total, desc=name, unit="step", dynamic_ncols=True, mininterval=1.0)
+
+  def update(self, metrics: dict, keys=("loss", "reward", "length", "accuracy")):
+    self.bar.set_postfix({k: f"{metrics[k]:.3f}" for k in keys if k in metrics}, refresh=False)
+    self.bar.update(1)
+
+  def close(self):
+    self.bar.close()
+
+
+def width_for(trajs_or_len, multiple: int = 16, cap: Optional[int] = None) -> int:
+  n = trajs_or_len if isinstance(trajs_or_len, int) else max(
+      len(t.prompt_ids) + len(t.ids) for t in trajs_or_len)
+  w = -(-n // multiple) * multiple
+  return w if cap is None else min(w, max(cap, n))
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def smoke(run: Run) -> list:
   """Sample from a freshly initialised model and print the samples."""
-  tok = CharTokenizer()
-  cfg = model_config(config, tok.vocab_size)
-  params = models.init_params(cfg, jax.random.PRNGKey(config.seed))
-  prompts = [[tok.bos_id] + tok.encode(p) for p in config.smoke.prompts]
-  rollout = sampling.sample(cfg, params, prompts, jax.random.PRNGKey(config.seed + 1),
-                            sampling_config(config, tok))
+  c, tok = run.config, run.tok
+  params = models.init_params(run.model_cfg, jax.random.PRNGKey(c.seed))
+  prompts = [[tok.bos_id] + tok.encode(p) for p in c.smoke.prompts]
+  scfg = sampling.SamplingConfig(max_new_tokens=c.smoke.max_new_tokens,
+                                 stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
+  rollout_ = sampling.sample(run.model_cfg, params, prompts, jax.random.PRNGKey(c.seed + 1), scfg)
   texts = []
-  for b, prompt in enumerate(config.smoke.prompts):
-    gen = [int(t) for t, m in zip(rollout.tokens[b], rollout.loss_mask[b]) if m]
+  for b, prompt in enumerate(c.smoke.prompts):
+    gen = [int(t) for t, m in zip(rollout_.tokens[b], rollout_.loss_mask[b]) if m]
     texts.append(tok.decode(gen))
     print(f"[{b}] prompt={prompt!r}\n    sample={texts[-1]!r}  "
-          f"({int(rollout.lengths[b])} tokens, stopped={bool(rollout.stopped[b])})")
+          f"({int(rollout_.lengths[b])} tokens, stopped={bool(rollout_.stopped[b])})")
   return texts
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:
+def data(run: Run) -> None:
+  from mopd_jax.tasks import datasets
+  for d in DOMAINS:
+    datasets.prepare(d, run.data_dir, seed=run.config.seed, sizes=tuple(run.config.data.sizes))
+  run.mark_done("data", {"domains": list(DOMAINS), "sizes": list(run.config.data.sizes)})
+
+
+def sft_stage(run: Run) -> None:
+  """pi_SFT: round-robin over domains, one domain per update (each batch padded to its own
+  length), QAT from here on."""
+  c = run.config.sft
+  trainer = train.Trainer(run.model_cfg, train.LossConfig(kind="sft"),
+                          train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
+                                            total_steps=c.steps), run.mesh)
+  state = trainer.init(models.init_params(run.model_cfg, jax.random.PRNGKey(run.config.seed)))
+  iters = {d: run.iterator(d, c.batch_size, salt=i) for i, d in enumerate(DOMAINS)}
+  bar = Progress("sft", c.steps)
+  t0 = time.time()
+  history = []
+  for step in range(c.steps):
+    domain = DOMAINS[step % len(DOMAINS)]
+    exs = next(iters[domain])
+    rng = np.random.RandomState([run.config.seed, step])
+    width = width_for(max(len(rollout.encode_prompt(run.tok, ex, "max")) +
+                          len(run.tok.encode(ex.solutions["full"])) + 1 for ex in exs))
+    batch = sft.sft_batch(run.tok, exs, rng, c.effort_mode, width)
+    state, m = trainer.step(state, batch)
+    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    if not m["finite"]:
+      raise FloatingPointError(f"SFT step {step}: non-finite loss {m['loss']} or grad norm "
+                               f"{m['grad_norm']}")
+    history.append([step, m["loss"]])
+    bar.update(m)
+  bar.close()
+  checkpoint.save_params(run.path("sft", "params"), state.params)
+  run.mark_done("sft", {"steps": c.steps, "final_loss": history[-1][1],
+                        "seconds": time.time() - t0, "loss_curve": history})
+
+
+def _eval_budgets(run: Run, examples, effort):
+  return [task_base.budget(ex, run.taus[effort]) for ex in examples]
+
+
+def rl_stage(run: Run) -> None:
+  """Three independent lanes (one per domain) of the effort anneal max -> high -> low."""
+  c = run.config.rl
+  like = run.params_like()
+  pi_sft = checkpoint.load_params(run.path("sft", "params"), like)
+  manifest = checkpoint.read_json(run.path("teachers.json"), default={"teachers": {}})
+  for di, domain in enumerate(DOMAINS):
+    task = get_task(domain)
+    lane = run.path("rl", domain)
+    os.makedirs(lane, exist_ok=True)
+    loss_cfg = train.LossConfig(kind=c.loss, group_size=c.group_size, tau_kl=c.tau_kl,
+                                token_clip=c.token_clip or None)
+    trainer = train.Trainer(run.model_cfg, loss_cfg,
+                            train.OptimConfig(lr=c.lr, warmup_steps=0,
+                                              total_steps=3 * c.steps_per_effort), run.mesh)
+    params, parent = pi_sft, run.path("sft", "params")
+    it = run.iterator(domain, c.prompts_per_step, salt=100 + di)
+    val = [run.split(domain, "validation")[i] for i in range(
+        min(run.config.eval.num_examples, len(run.split(domain, "validation"))))]
+    for effort in rl.EFFORT_ORDER:
+      name = f"{domain}/{effort}"
+      out = os.path.join(lane, f"teacher_{effort}")
+      if name in manifest["teachers"] and os.path.exists(out):
+        params, parent = checkpoint.load_params(out, like), out
+        continue
+      state = trainer.init(params)
+      bar = Progress(f"rl {name}", c.steps_per_effort)
+      t0 = time.time()
+      state, hist = rl.run_effort(
+          trainer, state, run.engine, task, lambda step: next(it), effort=effort,
+          tau=run.taus[effort], steps=c.steps_per_effort, group_size=c.group_size,
+          width=run.config.rollout.width, seed=run.config.seed * 10 + di,
+          log=lambda step, m: bar.update(m))
+      bar.close()
+      metrics = sft.evaluate(run.eval_engine, state.params, task, val, effort,
+                             _eval_budgets(run, val, effort), jax.random.PRNGKey(7))
+      checkpoint.save_params(out, state.params)
+      manifest["teachers"][name] = {
+          "domain": domain, "effort": effort, "tau": run.taus[effort],
+          "step": c.steps_per_effort, "parent": parent, "path": out,
+          "config_hash": config_hash(run.config), "seconds": time.time() - t0,
+          "eval_validation": metrics,
+          "train_curve": [[s, m["reward"], m["length"]] for s, m in hist]}
+      checkpoint.write_json(run.path("teachers.json"), manifest)
+      params, parent = state.params, out
+  run.mark_done("rl", {"teachers": sorted(manifest["teachers"])})
+  print(teacher_table(manifest))
+
+
+def teacher_table(manifest: dict) -> str:
+  lines = ["teacher     tau   acc(val)  length  over-budget",
+           "----------  ----  --------  ------  -----------"]
+  for name, t in sorted(manifest["teachers"].items()):
+    m = t["eval_validation"]
+    lines.append(f"{name:10s}  {t['tau']:.2f}  {m['accuracy']:8.3f}  {m['mean_length']:6.1f}  "
+                 f"{m['over_budget_rate']:11.3f}")
+  return "\n".join(lines)
+
+
+def eval_stage(run: Run) -> None:
+  """pi_SFT in every (domain, effort) cell and each teacher in its own cell, test split."""
+  like = run.params_like()
+  policies = {"sft": checkpoint.load_params(run.path("sft", "params"), like)}
+  manifest = checkpoint.read_json(run.path("teachers.json"), default={"teachers": {}})
+  cells = []
+  n = run.config.eval.num_examples
+  for domain in DOMAINS:
+    task = get_task(domain)
+    test = run.split(domain, "test")
+    exs = [test[i] for i in range(min(n, len(test)))]
+    for effort in EFFORTS:
+      budgets = _eval_budgets(run, exs, effort)
+      m = sft.evaluate(run.eval_engine, policies["sft"], task, exs, effort, budgets,
+                       jax.random.PRNGKey(11))
+      cells.append({"policy": "sft", "domain": domain, "effort": effort, **m})
+      t = manifest["teachers"].get(f"{domain}/{effort}")
+      if t is not None:
+        tp = checkpoint.load_params(t["path"], like)
+        m = sft.evaluate(run.eval_engine, tp, task, exs, effort, budgets,
+                         jax.random.PRNGKey(11))
+        cells.append({"policy": "teacher", "domain": domain, "effort": effort, **m})
+  checkpoint.write_json(run.path("eval.json"), {"cells": cells})
+  run.mark_done("eval", {"num_cells": len(cells)})
+  print(cells_table(cells))
+
+
+def cells_table(cells) -> str:
+  lines = ["policy   domain effort  accuracy  length  over-budget   n",
+           "-------  ------ ------  --------  ------  -----------  ---"]
+  for c in cells:
+    lines.append(f"{c['policy']:7s}  {c['domain']:6s} {c['effort']:6s}  {c['accuracy']:8.3f}  "
+                 f"{c['mean_length']:6.1f}  {c['over_budget_rate']:11.3f}  {c['n']:3d}")
+  return "\n".join(lines)
+
+
+_STAGE_FNS = {"smoke": smoke, "data": data, "sft": sft_stage, "rl": rl_stage,
+              "eval": eval_stage}
+
+
+def run(config: ml_collections.ConfigDict, workdir: Optional[str] = None) -> None:
   stages = [s.strip() for s in config.stages.split(",") if s.strip()]
   unknown = [s for s in stages if s not in STAGES]
   if unknown:
     raise ValueError(f"unknown stage(s) {unknown}; known stages in order: {STAGES}")
+  if workdir is None and stages != ["smoke"]:
+    raise ValueError("--workdir is required for every stage but smoke")
+  ctx = Run(config, workdir or os.getcwd())
+  timings = {}
   for stage in STAGES:
-    if stage in stages:
-      globals()[stage](config, workdir)
+    if stage not in stages:
+      continue
+    if stage != "smoke" and ctx.done(stage):
+      print(f"[{stage}] already done in {ctx.workdir}; skipping")
+      continue
+    t0 = time.time()
+    _STAGE_FNS[stage](ctx)
+    timings[stage] = time.time() - t0
+    print(f"[{stage}] finished in {timings[stage]:.1f}s")
+  return timings

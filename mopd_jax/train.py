@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from mopd_jax import logprobs, losses, models, sharding
 
-LOSSES = ("sft", "mopd", "pg", "topk")
+LOSSES = ("sft", "mopd", "pg", "topk", "pmd", "grpo")
 
 
 @flax.struct.dataclass
@@ -33,6 +33,7 @@ class TrainBatch:
   advantages: Optional[jax.Array] = None  # f32 [B, T] extra per-token advantage (alpha * outcome)
   teacher_topk_logprobs: Optional[jax.Array] = None  # f32 [B, T, k] (top-k variant)
   teacher_topk_ids: Optional[jax.Array] = None  # int32 [B, T, k]
+  rewards: Optional[jax.Array] = None  # f32 [B] sequence rewards, rows prompt-major (RL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,9 @@ class LossConfig:
   eps_high: float = 0.28  # PG ratio clip, upper (asymmetric, "clip-higher")
   log_ratio_clip: float = 20.0
   chunk_size: int = 64  # sequence chunk of the log-prob scan
+  group_size: int = 1  # RL: K samples per prompt (rows [p*K:(p+1)*K] share a prompt)
+  tau_kl: float = 0.5  # PMD: weight of the log-ratio to the sampling policy
+  token_clip: Optional[float] = None  # PMD: per-token log-ratio clip (K2.5 style); None = off
 
   def __post_init__(self):
     if self.kind not in LOSSES:
@@ -112,6 +116,22 @@ def compute_loss(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
                              log_ratio_clip=loss_cfg.log_ratio_clip)
     _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
     return loss, {**m, "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
+  if loss_cfg.kind in ("pmd", "grpo"):
+    b, t = batch.tokens.shape
+    k = loss_cfg.group_size
+    if b % k:
+      raise ValueError(f"batch of {b} rows is not a whole number of groups of {k}")
+    if loss_cfg.kind == "pmd":
+      return losses.pmd_loss(lp.reshape(b // k, k, t),
+                             batch.sampler_logprobs.reshape(b // k, k, t),
+                             batch.rewards.reshape(b // k, k), loss_cfg.tau_kl,
+                             loss_mask=batch.loss_mask.reshape(b // k, k, t),
+                             token_clip=loss_cfg.token_clip)
+    adv = losses.grpo_advantages(batch.rewards.reshape(b // k, k)).reshape(b)
+    return losses.pg_loss(lp, batch.sampler_logprobs,
+                          jnp.broadcast_to(adv[:, None], (b, t)), batch.loss_mask,
+                          eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
+                          log_ratio_clip=loss_cfg.log_ratio_clip)
   return losses.topk_kl_loss(st.topk_logprobs, batch.teacher_topk_logprobs, batch.loss_mask)
 
 

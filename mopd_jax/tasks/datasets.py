@@ -112,7 +112,11 @@ class MopdTasks(tfds.core.GeneratorBasedBuilder):
 
 def make_builder(domain: str, data_dir: str, seed: int = 0,
                  sizes: Sequence[int] | None = None) -> MopdTasks:
-  return MopdTasks(data_dir=str(data_dir), config=make_config(domain, seed, sizes),
+  config = make_config(domain, seed, sizes)
+  # tfds refuses a config object that shares a registered config's name: pass the name then.
+  registered = {c.name for c in MopdTasks.BUILDER_CONFIGS}
+  return MopdTasks(data_dir=str(data_dir),
+                   config=config.name if config.name in registered else config,
                    file_format=FILE_FORMAT)
 
 

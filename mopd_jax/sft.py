@@ -1,0 +1,85 @@
+"""Cold-start SFT on all domains' mixed-style data, and the evaluation every stage shares.
+
+Effort token of an SFT example (`effort_mode`):
+  * "random" (pi_SFT of the pipeline): a uniformly random effort token, so pi_SFT learns the
+    mixture of styles and nothing about efforts; MOPD has to teach the student what each
+    effort token means.
+  * "style" (a measurement tool): full -> <max>, brief -> <high>, direct -> <low>, so one
+    model can be asked for each style; used to measure accuracy by reasoning style.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mopd_jax import models, rollout, train
+from mopd_jax.tasks import base as task_base
+from mopd_jax.tokenizer import EFFORTS
+
+STYLE_EFFORT = {"full": "max", "brief": "high", "direct": "low"}
+
+
+def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomState,
+              effort_mode: str, width: int,
+              styles: Sequence[str] = task_base.STYLES) -> train.TrainBatch:
+  trajs = []
+  for ex in examples:
+    style = styles[rng.randint(len(styles))]
+    if effort_mode == "style":
+      effort = STYLE_EFFORT[style]
+    elif effort_mode == "random":
+      effort = EFFORTS[rng.randint(len(EFFORTS))]
+    else:
+      raise ValueError(f"unknown effort_mode {effort_mode!r}; expected 'random' or 'style'")
+    trajs.append(rollout.sft_trajectory(tok, ex, effort, ex.solutions[style]))
+  arr = rollout.pad_batch(trajs, tok.pad_id, width)
+  return train.TrainBatch(tokens=jnp.asarray(arr["tokens"]),
+                          input_mask=jnp.asarray(arr["input_mask"]),
+                          loss_mask=jnp.asarray(arr["loss_mask"]))
+
+
+def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
+              next_examples: Callable[[int], list], *, steps: int, effort_mode: str,
+              width: int, seed: int, log: Optional[Callable] = None,
+              start_step: int = 0):
+  """Runs `steps` SFT updates; `next_examples(step)` returns the step's examples.
+
+  The batch rng is a pure function of (seed, step), so a resumed run sees the same data.
+  """
+  history = []
+  for step in range(start_step, steps):
+    rng = np.random.RandomState([seed, step])
+    batch = sft_batch(tok, next_examples(step), rng, effort_mode, width)
+    state, m = trainer.step(state, batch)
+    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    if not m["finite"]:
+      raise FloatingPointError(f"SFT step {step}: non-finite loss {m['loss']} or grad norm "
+                               f"{m['grad_norm']}")
+    history.append((step, m["loss"]))
+    if log is not None:
+      log(step, m)
+  return state, history
+
+
+def evaluate(engine: rollout.RolloutEngine, params, task, examples: Sequence[task_base.Example],
+             effort: str, budgets: Sequence[int], rng, batch_size: int = 64) -> dict:
+  """Accuracy, mean length and over-budget rate of greedy-or-sampled rollouts.
+
+  Accuracy counts a response only if it finished within its budget (as the RL reward does).
+  """
+  correct, lengths, over = [], [], []
+  for lo in range(0, len(examples), batch_size):
+    exs = list(examples[lo:lo + batch_size])
+    res = engine.run(params, exs, [effort] * len(exs), budgets[lo:lo + batch_size],
+                     jax.random.fold_in(rng, lo), environment=task.environment)
+    for ex, text, ob, t in zip(exs, res.texts, res.over_budget, res.trajectories):
+      correct.append(0.0 if ob else task.verify(ex, text))
+      lengths.append(t.num_tokens)
+      over.append(bool(ob))
+  return {"accuracy": float(np.mean(correct)), "mean_length": float(np.mean(lengths)),
+          "over_budget_rate": float(np.mean(over)), "n": len(examples)}
