@@ -8,7 +8,8 @@ Override any field from the command line, e.g. `--config.rl.steps_per_effort=40`
 subset of stages reusing earlier outputs: `--config.stages=sft,rl`.
 
 Stages, in order: data (TFDS builders) -> sft (pi_SFT, QAT) -> rl (3 domains x 3 efforts =
-9 frozen teachers) -> eval (pi_SFT and teachers on the test split). `smoke` samples from a
+9 frozen teachers) -> mopd (the student) -> eval (pi_SFT, teachers, student on the test
+split) -> report (report.json, report.md, PNG plots). `smoke` samples from a
 freshly initialised model and prints the samples.
 """
 import ml_collections
@@ -21,7 +22,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   fast = arg == "fast"
   c = ml_collections.ConfigDict()
   c.seed = 0  # every rng in the run is derived from this
-  c.stages = "data,sft,rl,eval"  # comma-separated subset of stages to run, in pipeline order
+  c.stages = "data,sft,rl,mopd,eval,report"  # comma-separated subset, run in pipeline order
   c.log_every = 10  # console / TensorBoard interval in steps
 
   c.model = ml_collections.ConfigDict()
@@ -62,6 +63,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.tau_kl = 0.5  # PMD log-ratio weight
   c.rl.token_clip = 5.0  # PMD per-token log-ratio clip (K2.5-style regulariser); 0 = off
   c.rl.temperature = 1.0  # sampling temperature of RL rollouts
+
+  c.mopd = ml_collections.ConfigDict()
+  c.mopd.steps = 3 if fast else 60  # student updates
+  c.mopd.prompts_per_cell = 1 if fast else 4  # b prompts per (domain, effort) cell per step
+  c.mopd.lr = 1e-3
+  c.mopd.warmup_steps = 0 if fast else 5
+  c.mopd.r_max = 5.0  # clip of the per-token reward r_t (K3 eq. 15)
+  c.mopd.loss = "mopd"  # mopd (eq. 15) | pg (clipped ratio, reward as advantage)
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.max_response_tokens = 96  # hard cap on a response (generated + observations)

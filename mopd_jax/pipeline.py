@@ -1,6 +1,6 @@
 """The pipeline: stages chained in order, each a library function of a `Run` context.
 
-    data -> sft -> rl (3 domains x 3 efforts = 9 teachers) -> eval
+    data -> sft -> rl (3 domains x 3 efforts = 9 teachers) -> mopd (student) -> eval -> report
 
 Every stage writes its outputs under the workdir and a `DONE.json` marker last; re-running
 with the same workdir skips finished stages, and `--config.stages=rl,eval` runs a subset
@@ -10,7 +10,9 @@ reusing earlier outputs. Layout:
     <workdir>/sft/params/              pi_SFT (orbax)
     <workdir>/rl/<domain>/teacher_<e>/ the frozen teachers (orbax), one lane per domain
     <workdir>/teachers.json            the teacher manifest
-    <workdir>/eval.json                test-split cells of pi_SFT and every teacher
+    <workdir>/mopd/params/             the student (orbax); mopd/history.json its curves
+    <workdir>/eval.json                test-split cells of pi_SFT, every teacher, the student
+    <workdir>/report.json, report.md, *.png
 """
 from __future__ import annotations
 
@@ -25,11 +27,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from mopd_jax import checkpoint, models, rl, rollout, sampling, sft, sharding, train
+from mopd_jax import (checkpoint, models, mopd, rl, rollout, sampling, sft, sharding, teachers,
+                      train)
 from mopd_jax.tasks import DOMAINS, base as task_base, get_task
 from mopd_jax.tokenizer import EFFORTS, CharTokenizer
 
-STAGES = ("smoke", "data", "sft", "rl", "eval")
+STAGES = ("smoke", "data", "sft", "rl", "mopd", "eval", "report")
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> models.ModelConfig:
@@ -236,10 +239,67 @@ def teacher_table(manifest: dict) -> str:
   return "\n".join(lines)
 
 
+def load_bank(run: Run) -> teachers.TeacherBank:
+  manifest = checkpoint.read_json(run.path("teachers.json"))
+  like = run.params_like()
+  missing = [n for n in teachers.DEFAULT_NAMES if n not in manifest["teachers"]]
+  if missing:
+    raise FileNotFoundError(f"teacher manifest {run.path('teachers.json')} lacks {missing}; "
+                            "run the rl stage first")
+  plist = [checkpoint.load_params(manifest["teachers"][n]["path"], like)
+           for n in teachers.DEFAULT_NAMES]
+  shard = None
+  if run.mesh.shape.get("teacher", 1) > 1:
+    shard = sharding.param_shardings(run.model_cfg, run.mesh, num_stacked=len(plist))
+  return teachers.build_bank(run.model_cfg, plist, names=teachers.DEFAULT_NAMES,
+                             student_cfg=run.model_cfg, sharding=shard)
+
+
+def mopd_stage(run: Run) -> None:
+  """The student: pi_SFT distilled from all nine teachers on its own rollouts."""
+  c = run.config.mopd
+  bank = load_bank(run)
+  student = checkpoint.load_params(run.path("sft", "params"), run.params_like())
+  loss_cfg = train.LossConfig(kind=c.loss, r_max=c.r_max)
+  trainer = train.Trainer(run.model_cfg, loss_cfg,
+                          train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
+                                            total_steps=c.steps), run.mesh)
+  state = trainer.init(student)
+  tasks = {d: get_task(d) for d in DOMAINS}
+  cells = [(d, e) for d in DOMAINS for e in EFFORTS]
+  iters = {d: run.iterator(d, c.prompts_per_cell * len(EFFORTS), salt=200 + i)
+           for i, d in enumerate(DOMAINS)}
+  score_fn = jax.jit(teachers.score_stratified)
+  bar = Progress("mopd", c.steps)
+  history = []
+  t0 = time.time()
+  for step in range(c.steps):
+    per_cell = []
+    for d in DOMAINS:
+      exs = next(iters[d])
+      for j, _ in enumerate(EFFORTS):
+        per_cell.append(exs[j * c.prompts_per_cell:(j + 1) * c.prompts_per_cell])
+    rng = jax.random.fold_in(jax.random.PRNGKey(run.config.seed + 3), step)
+    state, rec = mopd.mopd_step(trainer, state, bank, run.engine, tasks, cells, per_cell,
+                                run.taus, rng, r_max=c.r_max, score_fn=score_fn)
+    if not rec.metrics["finite"]:
+      raise FloatingPointError(f"MOPD step {step}: non-finite loss {rec.metrics['loss']} or "
+                               f"grad norm {rec.metrics['grad_norm']}")
+    history.append({"step": step, **rec.metrics, "cells": rec.cells})
+    bar.update(rec.metrics, keys=("loss", "kl", "accuracy", "length"))
+  bar.close()
+  checkpoint.save_params(run.path("mopd", "params"), state.params)
+  checkpoint.write_json(run.path("mopd", "history.json"), history)
+  run.mark_done("mopd", {"steps": c.steps, "seconds": time.time() - t0,
+                         "kl_initial": history[0]["kl"], "kl_final": history[-1]["kl"]})
+
+
 def eval_stage(run: Run) -> None:
   """pi_SFT in every (domain, effort) cell and each teacher in its own cell, test split."""
   like = run.params_like()
   policies = {"sft": checkpoint.load_params(run.path("sft", "params"), like)}
+  if os.path.exists(run.path("mopd", "params")):
+    policies["student"] = checkpoint.load_params(run.path("mopd", "params"), like)
   manifest = checkpoint.read_json(run.path("teachers.json"), default={"teachers": {}})
   cells = []
   n = run.config.eval.num_examples
@@ -252,6 +312,10 @@ def eval_stage(run: Run) -> None:
       m = sft.evaluate(run.eval_engine, policies["sft"], task, exs, effort, budgets,
                        jax.random.PRNGKey(11))
       cells.append({"policy": "sft", "domain": domain, "effort": effort, **m})
+      if "student" in policies:
+        m = sft.evaluate(run.eval_engine, policies["student"], task, exs, effort, budgets,
+                         jax.random.PRNGKey(11))
+        cells.append({"policy": "student", "domain": domain, "effort": effort, **m})
       t = manifest["teachers"].get(f"{domain}/{effort}")
       if t is not None:
         tp = checkpoint.load_params(t["path"], like)
@@ -272,8 +336,18 @@ def cells_table(cells) -> str:
   return "\n".join(lines)
 
 
+def report_stage(run: Run) -> None:
+  from mopd_jax import report
+  timings = checkpoint.read_json(run.path("timings.json"), default={"_": 0})
+  timings.pop("_", None)
+  timings["total"] = sum(timings.values())
+  rep = report.write(run.workdir, json.loads(run.config.to_json()), timings)
+  run.mark_done("report", {"kl": rep["kl"]["final"]})
+  print(f"report: {run.path('report.md')}")
+
+
 _STAGE_FNS = {"smoke": smoke, "data": data, "sft": sft_stage, "rl": rl_stage,
-              "eval": eval_stage}
+              "mopd": mopd_stage, "eval": eval_stage, "report": report_stage}
 
 
 def run(config: ml_collections.ConfigDict, workdir: Optional[str] = None) -> None:
@@ -295,4 +369,8 @@ def run(config: ml_collections.ConfigDict, workdir: Optional[str] = None) -> Non
     _STAGE_FNS[stage](ctx)
     timings[stage] = time.time() - t0
     print(f"[{stage}] finished in {timings[stage]:.1f}s")
+    if stage not in ("smoke", "report"):
+      all_t = checkpoint.read_json(ctx.path("timings.json"), default={"_": 0})
+      all_t[stage] = timings[stage]
+      checkpoint.write_json(ctx.path("timings.json"), all_t)
   return timings

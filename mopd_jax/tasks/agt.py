@@ -2,22 +2,27 @@
 
 Each example has its own hidden world: 8 people (3-letter names from a pool of 26) in a random
 tree; `boss(name)` is the only tool. The prompt asks a 2- or 3-hop question and shows a short
-*memo* of two `person>boss` facts that may help: it covers all but one hop of the question's
-chain, and each of its facts about the chain is stale (wrong) with probability `stale_prob`.
+*memo* of two `person>boss` facts: one about the *last* hop of the question's chain (stale,
+i.e. naming a wrong boss, with probability `stale_prob`) and one true fact about someone off
+the chain (a decoy; its boss is never the answer).
 
-    prompt  memo: cal>dan,ann>bob\\nboss(boss(boss(ann)))?
-    full    <call>boss(ann)</call><obs>bob</obs>\\n<call>boss(bob)</call><obs>cal</obs>\\n
-            <call>boss(cal)</call><obs>dan</obs>\\nann>bob>cal>dan\\n#dan
+    prompt  memo: gus>hal,cal>dan\nboss(boss(boss(ann)))?
+    full    <call>boss(ann)</call><obs>bob</obs>\n<call>boss(bob)</call><obs>cal</obs>\n
+            <call>boss(cal)</call><obs>dan</obs>\nann>bob>cal>dan\n#dan
             (every hop called, the memo ignored, the chain recapped)
-    brief   <call>boss(bob)</call><obs>cal</obs>\\n#dan
-            (calls only the hops the memo does not answer correctly; trusts the rest silently)
-    direct  #dan   (no call; the answer is at best a guess from the memo)
+    brief   <call>boss(ann)</call><obs>bob</obs>\n<call>boss(bob)</call><obs>cal</obs>\n#dan
+            (calls every hop but the last, then trusts the memo for the last one)
+    direct  #dan   (no call; at best a guess between the memo's two facts)
 
 The policy writes `<call>boss(ann)</call>`; the rollout pauses decoding at `</call>`, runs
 `AgtEnvironment.step(example, "boss(ann)")` on the host and inserts its answer
 `<obs>bob</obs>`; observation tokens are masked out of every loss and teacher log-prob.
-A model that copies the brief style trusts the memo without knowing which facts are stale, so
-it is less accurate than one that calls every hop; direct answers are near chance.
+
+Why the styles differ in accuracy. The reference answer is always the true one, but only full
+can *know* it: brief reads the last hop from the memo, so a model that follows the brief style
+is right only when that memo fact is not stale (about 1 - stale_prob of the time); direct does
+not know which memo fact is on the chain (that needs the calls), so it is right about half as
+often as brief.
 
 Reward: 1.0 iff the name after the last `#` is the true answer.
 """
@@ -108,16 +113,13 @@ class AgtTask(base.Task):
     if None in chain:
       raise ValueError("chain runs past the root")
     answer = chain[-1]
-    memo_map = dict(memo)
     q = start
     for _ in range(hops):
       q = f"{TOOL}({q})"
     prompt = "memo: " + ",".join(f"{a}>{b}" for a, b in memo) + "\n" + q + "?"
-    full = "".join(call_text(a) + obs_text(b) + "\n" for a, b in zip(chain, chain[1:]))
-    full += ">".join(chain) + "\n#" + answer
-    brief = "".join(call_text(a) + obs_text(b) + "\n" for a, b in zip(chain, chain[1:])
-                    if memo_map.get(a) != b)
-    brief += "#" + answer
+    calls = [call_text(a) + obs_text(b) + "\n" for a, b in zip(chain, chain[1:])]
+    full = "".join(calls) + ">".join(chain) + "\n#" + answer
+    brief = "".join(calls[:-1]) + "#" + answer  # the last hop is read from the memo
     solutions = dict(full=full, brief=brief, direct="#" + answer)
     meta = dict(boss=boss, chain=chain, memo=[list(m) for m in memo])
     return base.make_example(self.name, seed, index, prompt, answer, solutions, meta)
@@ -138,20 +140,20 @@ class AgtTask(base.Task):
       chain = [start]
       for _ in range(hops):
         chain.append(boss[chain[-1]])
-      # Memo: 2 facts; all chain hops but one (stale with prob stale_prob), then distractors.
-      covered = sorted(rng.permutation(hops)[:min(2, hops - 1)].tolist())
-      memo = []
-      for h in covered:
-        a, b = chain[h], chain[h + 1]
-        if rng.random() < self.stale_prob:
-          others = sorted(n for n in boss if n not in (a, b))
-          b = others[int(rng.integers(0, len(others)))]
-        memo.append((a, b))
-      others = sorted(n for n in boss if n not in chain[:-1] and boss[n] is not None)
-      while len(memo) < 2:
-        a = others.pop(int(rng.integers(0, len(others))))
-        memo.append((a, boss[a]))
-      memo = [memo[j] for j in rng.permutation(len(memo))]
+      answer = chain[-1]
+      # Memo fact 1: the last hop, stale (a wrong boss) with probability stale_prob.
+      last, told = chain[-2], answer
+      if rng.random() < self.stale_prob:
+        others = sorted(n for n in boss if n not in (last, answer))
+        told = others[int(rng.integers(0, len(others)))]
+      # Memo fact 2: a true fact about someone off the chain whose boss is not the answer.
+      decoys = sorted(n for n in boss if n not in chain and boss[n] is not None
+                      and boss[n] != answer)
+      if not decoys:  # rare: then any off-chain person with a boss
+        decoys = sorted(n for n in boss if n not in chain and boss[n] is not None)
+      d = decoys[int(rng.integers(0, len(decoys)))]
+      memo = [(last, told), (d, boss[d])]
+      memo = [memo[j] for j in rng.permutation(2)]
       yield self.make(boss, start, hops, memo, seed, i)
 
   def _verify(self, example: base.Example, response: str) -> float:

@@ -1,15 +1,20 @@
 """`cod`, coding: synthesise `f(x) = a*x + b` from three input/output examples.
 
-    prompt  f(0)=1,f(2)=7,f(5)=16
-    full    a=(7-1)/(2-0)=6/2=3\\nb=1-3*0=1-0=1\\n#3*x+1    derive a and b step by step
-    brief   a=3,b=1\\n#3*x+1                              the parameters only
-    direct  #3*x+1                                       the program only
+    prompt  f(2)=19,f(3)=25,f(7)=49
+    full    a=25-19=6\nb=19-6*2=19-12=7\n#6*x+7    derive a and b step by step
+    brief   a=6,b=7\n#6*x+7                        the parameters only
+    direct  #6*x+7                                 the program only
 
-The examples in the prompt are sorted by x; a in [-5, 9] minus 0, b in [-9, 9], shown x in
-[0, 9]. The hidden tests are the three shown points plus five unseen x in [-10, 20].
+The first two examples are at consecutive x = k, k+1 (so `a` is one subtraction, no division);
+the third is at any other x. a in [1, 9], b in [0, 19], shown x in [0, 8] (every shown value
+has at most two digits). Each full step is one table lookup with its operands written right
+before it (a difference, a one-digit product, a difference); brief does the same steps without
+writing the operands, and direct needs `b = f(k) - a*k` composed in one go, which the toy
+model learns far more slowly. 8 * 7 * 9 * 20 = 10080 distinct prompts. The hidden tests are
+the three shown points plus five unseen x in [-10, 20].
 
 The program. The answer after the last `#` is a Python *expression* in `x`: the verifier runs
-`def f(x):\\n    return (<expr>)` (it must parse as one expression). A response may instead hold
+`def f(x):\n    return (<expr>)` (it must parse as one expression). A response may instead hold
 a `<code>...</code>` block with a whole function `f` (the sandbox's `RESPONSE_FORMAT`); the last
 such block wins over any `#` answer. The generated styles use the expression form because a
 full `<code>def f(x): ...</code>` block alone is ~35 tokens, too long for a low-effort budget.
@@ -62,9 +67,12 @@ class CodTask(base.Task):
   name = "cod"
 
   def __init__(self, num_hidden: int = 5, timeout_s: float = 2.0, memory_mb: int = 256,
-               cache_size: int = 4096):
+               cache_size: int = 4096, a_range=(1, 9), b_range=(0, 19), max_x: int = 8):
     super().__init__()
+    if not (1 <= a_range[0] <= a_range[1] and 0 <= b_range[0] <= b_range[1] and max_x >= 2):
+      raise ValueError("need 1 <= a_lo <= a_hi, 0 <= b_lo <= b_hi and max_x >= 2")
     self.num_hidden, self.timeout_s, self.memory_mb = num_hidden, timeout_s, memory_mb
+    self.a_range, self.b_range, self.max_x = tuple(a_range), tuple(b_range), int(max_x)
     self.cache_size = cache_size
     self._cache = collections.OrderedDict()
     self.num_fast_path = 0
@@ -73,12 +81,15 @@ class CodTask(base.Task):
 
   def make(self, a: int, b: int, shown_x, hidden_x, seed: int = 0,
            index: int = 0) -> base.Example:
-    shown_x = sorted(int(v) for v in shown_x)
+    """The example for `f(x) = a*x + b`; `shown_x[1]` must be `shown_x[0] + 1` (kept in order)."""
+    a, b = int(a), int(b)
+    shown_x = [int(v) for v in shown_x]
+    if len(shown_x) < 2 or shown_x[1] != shown_x[0] + 1 or len(set(shown_x)) != len(shown_x):
+      raise ValueError(f"shown x must be distinct and start with k, k+1; got {shown_x}")
     ys = [a * v + b for v in shown_x]
-    (x1, x2), (y1, y2) = shown_x[:2], ys[:2]
+    k, (y1, y2) = shown_x[0], ys[:2]
     expr = canonical_expr(a, b)
-    full = (f"a=({y2}-{y1})/({x2}-{x1})={y2 - y1}/{x2 - x1}={a}\n"
-            f"b={y1}-{a}*{x1}={y1}-{a * x1}={b}\n#{expr}")
+    full = f"a={y2}-{y1}={a}\nb={y1}-{a}*{k}={y1}-{a * k}={b}\n#{expr}"
     solutions = dict(full=full, brief=f"a={a},b={b}\n#{expr}", direct=f"#{expr}")
     prompt = ",".join(f"f({v})={y}" for v, y in zip(shown_x, ys))
     tests = [[v, a * v + b] for v in shown_x + [int(v) for v in hidden_x]]
@@ -87,12 +98,13 @@ class CodTask(base.Task):
 
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 3)
-    a_values = [v for v in range(-5, 10) if v != 0]
     for i in itertools.count():
-      a = a_values[int(rng.integers(0, len(a_values)))]
-      b = int(rng.integers(-9, 10))
-      shown = rng.choice(10, size=3, replace=False)
-      pool = [v for v in range(-10, 21) if v not in set(shown.tolist())]
+      a = int(rng.integers(self.a_range[0], self.a_range[1] + 1))
+      b = int(rng.integers(self.b_range[0], self.b_range[1] + 1))
+      k = int(rng.integers(0, self.max_x))  # k + 1 <= max_x
+      third = [v for v in range(self.max_x + 1) if v not in (k, k + 1)]
+      shown = [k, k + 1, third[int(rng.integers(0, len(third)))]]
+      pool = [v for v in range(-10, 21) if v not in set(shown)]
       hidden = [pool[j] for j in rng.choice(len(pool), size=self.num_hidden, replace=False)]
       yield self.make(a, b, shown, hidden, seed, i)
 

@@ -1,0 +1,111 @@
+"""Multi-teacher on-policy distillation (Kimi K3 §4.1.3): one student, nine frozen teachers.
+
+One step:
+  1. draw prompts with their (domain, effort) labels: b prompts per (domain, effort) cell, so
+     the batch is stratified by teacher ([K, b, T]);
+  2. the student samples ONE trajectory per prompt with the effort token in its context
+     (multi-turn for agt); nothing is copied from a teacher;
+  3. the router sends each trajectory to teacher (d, e), which prefills it in one forward
+     pass (prompt and observation tokens masked) and returns one log-prob per token;
+  4. the student is updated with the MOPD loss (K3 eq. 15) on every generated token, and the
+     next step samples from the updated student.
+
+Diagnostics per cell: per-token KL (student vs routed teacher, on the sampled tokens),
+mean reward r_t, clip fraction, accuracy, mean length, over-budget rate at the cell's budget.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mopd_jax import rollout, teachers, train
+from mopd_jax.tasks import base as task_base
+
+
+@dataclasses.dataclass
+class StepRecord:
+  step: int
+  metrics: dict  # train-step metrics (loss, kl, reward_mean, clip_frac, grad_norm)
+  cells: dict  # "d/e" -> {kl, reward, clip_frac, accuracy, length, over_budget}
+
+
+def cell_diagnostics(names, index_Kxb, lp_s_KxbxT, lp_t_KxbxT, mask_KxbxT, r_max,
+                     accuracy_B, length_B, over_B) -> dict:
+  """Per-cell host-side diagnostics from one stratified batch."""
+  out = {}
+  for k, name in enumerate(names):
+    rows = index_Kxb[k] >= 0
+    if not rows.any():
+      continue
+    m = mask_KxbxT[k][rows]
+    d = (lp_s_KxbxT[k][rows] - lp_t_KxbxT[k][rows])[m]
+    r = np.clip(-d, -r_max, r_max)
+    flat = index_Kxb[k][rows]
+    out[name] = {"kl": float(d.mean()) if d.size else 0.0,
+                 "reward": float(r.mean()) if r.size else 0.0,
+                 "clip_frac": float((np.abs(d) > r_max).mean()) if d.size else 0.0,
+                 "accuracy": float(np.mean(accuracy_B[flat])),
+                 "length": float(np.mean(length_B[flat])),
+                 "over_budget": float(np.mean(over_B[flat]))}
+  return out
+
+
+def mopd_step(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
+              engine: rollout.RolloutEngine, tasks: dict, cells: Sequence[tuple],
+              examples_per_cell: Sequence[list], taus: dict, rng, *, r_max: float,
+              score_fn: Callable, width_multiple: int = 32):
+  """One MOPD update on b prompts per (domain, effort) cell; returns (state, record)."""
+  tok = engine.tok
+  rows, efforts, domains, teacher_ids = [], [], [], []
+  for (d, e), exs in zip(cells, examples_per_cell):
+    for ex in exs:
+      rows.append(ex)
+      efforts.append(e)
+      domains.append(d)
+      teacher_ids.append(bank.router.index(d, e))
+  b = len(examples_per_cell[0])
+  # Student rollouts: one per prompt, capped by the rollout length only (the teacher's
+  # log-probs, not a budget penalty, teach the student how long each effort should be).
+  res_by_domain = {}
+  for d in dict.fromkeys(domains):
+    idx = [i for i, dd in enumerate(domains) if dd == d]
+    res_by_domain[d] = (idx, engine.run(
+        state.params, [rows[i] for i in idx], [efforts[i] for i in idx],
+        [engine.max_response_tokens] * len(idx), jax.random.fold_in(rng, len(res_by_domain)),
+        environment=tasks[d].environment))
+  trajs = [None] * len(rows)
+  texts = [None] * len(rows)
+  for d, (idx, res) in res_by_domain.items():
+    for j, i in enumerate(idx):
+      trajs[i], texts[i] = res.trajectories[j], res.texts[j]
+  budgets = np.asarray([task_base.budget(ex, taus[e]) for ex, e in zip(rows, efforts)])
+  lengths = np.asarray([t.num_tokens for t in trajs])
+  over = np.asarray([(not t.finished) or n > bud for t, n, bud in zip(trajs, lengths, budgets)])
+  acc = np.asarray([0.0 if o else tasks[d].verify(ex, txt)
+                    for ex, d, txt, o in zip(rows, domains, texts, over)])
+
+  longest = max(len(t.prompt_ids) + t.num_tokens for t in trajs)
+  width = -(-longest // width_multiple) * width_multiple
+  arr = rollout.pad_batch(trajs, tok.pad_id, width)
+  index = teachers.stratify(np.asarray(teacher_ids), bank.num_teachers, b)
+  strat = lambda x, fill=0: jnp.asarray(teachers.gather_stratified(x, index, fill))
+  lp_t = np.asarray(score_fn(bank, strat(arr["tokens"]), strat(arr["input_mask"], False)))
+  teacher_lp = teachers.scatter_stratified(lp_t, index, len(rows))
+  batch = train.TrainBatch(tokens=jnp.asarray(arr["tokens"]),
+                           input_mask=jnp.asarray(arr["input_mask"]),
+                           loss_mask=jnp.asarray(arr["loss_mask"]),
+                           sampler_logprobs=jnp.asarray(arr["sampler_logprobs"]),
+                           teacher_logprobs=jnp.asarray(teacher_lp))
+  state, m = trainer.step(state, batch)
+  m = {k: float(v) for k, v in jax.device_get(m).items()}
+  cells_diag = cell_diagnostics(
+      bank.router.names, index, teachers.gather_stratified(arr["sampler_logprobs"], index),
+      lp_t, teachers.gather_stratified(arr["loss_mask"], index, False), r_max, acc, lengths,
+      over)
+  m.update(accuracy=float(acc.mean()), length=float(lengths.mean()),
+           over_budget=float(over.mean()))
+  return state, StepRecord(step=int(state.step), metrics=m, cells=cells_diag)

@@ -1,0 +1,129 @@
+"""The run report: report.json (machine-readable), report.md and PNG plots."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from mopd_jax import checkpoint
+from mopd_jax.tokenizer import EFFORTS
+
+DOMAINS = ("gen", "agt", "cod")
+POLICIES = ("sft", "teacher", "student")
+
+
+def build(workdir: str, config_json: dict, wall_seconds: dict) -> dict:
+  ev = checkpoint.read_json(os.path.join(workdir, "eval.json"))
+  hist_path = os.path.join(workdir, "mopd", "history.json")
+  history = checkpoint.read_json(hist_path) if os.path.exists(hist_path) else []
+  curve = [[h["step"], h["kl"]] for h in history]
+  return {
+      "cells": ev["cells"],
+      "kl": {"initial": curve[0][1] if curve else None,
+             "final": curve[-1][1] if curve else None, "curve": curve},
+      "reward_curve": [[h["step"], h["reward_mean"]] for h in history],
+      "kl_per_cell": {name: [[h["step"], h["cells"][name]["kl"]] for h in history
+                             if name in h["cells"]]
+                      for name in (history[0]["cells"] if history else {})},
+      "wall_seconds": wall_seconds,
+      "config": config_json,
+  }
+
+
+def _cell(cells, policy, domain, effort):
+  for c in cells:
+    if (c["policy"], c["domain"], c["effort"]) == (policy, domain, effort):
+      return c
+  return None
+
+
+def markdown(rep: dict) -> str:
+  cells = rep["cells"]
+  lines = ["# mopd_jax run report", "",
+           "Accuracy / mean length / over-budget rate on the test split, per (domain, effort).",
+           "", "| domain | effort | " + " | ".join(
+               f"{p} acc | {p} len" for p in POLICIES) + " |",
+           "|---|---|" + "---|---|" * len(POLICIES)]
+  for d in DOMAINS:
+    for e in EFFORTS:
+      row = [d, e]
+      for p in POLICIES:
+        c = _cell(cells, p, d, e)
+        row += ["-", "-"] if c is None else [f"{c['accuracy']:.3f}", f"{c['mean_length']:.1f}"]
+      lines.append("| " + " | ".join(row) + " |")
+  kl = rep["kl"]
+  if kl["curve"]:
+    lines += ["", f"Per-token KL student vs routed teacher: initial {kl['initial']:.4f}, "
+              f"final {kl['final']:.4f} (x{kl['initial'] / max(kl['final'], 1e-9):.1f} drop)."]
+  lines += ["", "Wall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in
+                                             rep["wall_seconds"].items()), "",
+            "![cells](cells.png)", "", "![kl](kl.png)", "", "![length](length.png)"]
+  return "\n".join(lines) + "\n"
+
+
+def plots(rep: dict, outdir: str) -> list:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  cells = rep["cells"]
+  written = []
+  fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+  for j, d in enumerate(DOMAINS):
+    for i, key in enumerate(("accuracy", "mean_length")):
+      ax = axes[i, j]
+      x = np.arange(len(EFFORTS))
+      for k, p in enumerate(POLICIES):
+        vals = [(_cell(cells, p, d, e) or {}).get(key, np.nan) for e in EFFORTS]
+        ax.bar(x + (k - 1) * 0.27, vals, 0.27, label=p)
+      ax.set_xticks(x, EFFORTS)
+      ax.set_title(f"{d}: {key}")
+      if i == 0 and j == 0:
+        ax.legend()
+  fig.tight_layout()
+  path = os.path.join(outdir, "cells.png")
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+  written.append(path)
+
+  if rep["kl"]["curve"]:
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    c = np.asarray(rep["kl"]["curve"])
+    a1.plot(c[:, 0], c[:, 1], label="all cells")
+    for name, cc in rep["kl_per_cell"].items():
+      cc = np.asarray(cc)
+      a1.plot(cc[:, 0], cc[:, 1], alpha=0.35, lw=0.8)
+    a1.set_yscale("symlog", linthresh=1e-3)
+    a1.set_title("per-token KL student vs routed teacher")
+    a1.set_xlabel("MOPD step")
+    r = np.asarray(rep["reward_curve"])
+    a2.plot(r[:, 0], r[:, 1])
+    a2.set_title("mean per-token reward r_t")
+    a2.set_xlabel("MOPD step")
+    fig.tight_layout()
+    path = os.path.join(outdir, "kl.png")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    written.append(path)
+
+  fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+  for j, d in enumerate(DOMAINS):
+    for p in POLICIES:
+      vals = [(_cell(cells, p, d, e) or {}).get("mean_length", np.nan) for e in EFFORTS]
+      axes[j].plot(EFFORTS, vals, marker="o", label=p)
+    axes[j].set_title(f"{d}: length vs effort")
+  axes[0].legend()
+  fig.tight_layout()
+  path = os.path.join(outdir, "length.png")
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+  written.append(path)
+  return written
+
+
+def write(workdir: str, config_json: dict, wall_seconds: dict) -> dict:
+  rep = build(workdir, config_json, wall_seconds)
+  checkpoint.write_json(os.path.join(workdir, "report.json"), rep)
+  with open(os.path.join(workdir, "report.md"), "w") as f:
+    f.write(markdown(rep))
+  plots(rep, workdir)
+  return rep
