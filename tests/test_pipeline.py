@@ -2,17 +2,27 @@
 re-running skips finished stages, and a subset of stages reuses earlier outputs."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from configs import toy
-from mopd_jax import pipeline
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_cli(workdir, *extra):
+  """The real entry point in a fresh process with one CPU device (the config's mesh)."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  return subprocess.run([sys.executable, "-m", "experiments.run", "--config",
+                         "configs/toy.py:fast", "--workdir", workdir, *extra],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
   wd = str(tmp_path_factory.mktemp("pipeline"))
-  pipeline.run(toy.get_config("fast"), wd)
+  proc = _run_cli(wd)
+  assert proc.returncode == 0, proc.stderr[-3000:]
   return wd
 
 
@@ -41,14 +51,12 @@ def test_report_schema(workdir):
     assert os.path.getsize(os.path.join(workdir, png)) > 1000
 
 
-def test_rerun_skips_finished_stages(workdir, capsys):
-  timings = pipeline.run(toy.get_config("fast"), workdir)
-  assert timings == {}
-  assert "already done" in capsys.readouterr().out
+def test_rerun_skips_finished_stages(workdir):
+  proc = _run_cli(workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.count("already done") == 6
 
 
 def test_unknown_stage_is_an_error(workdir):
-  cfg = toy.get_config("fast")
-  cfg.stages = "sft,distill"
-  with pytest.raises(ValueError, match="unknown stage"):
-    pipeline.run(cfg, workdir)
+  proc = _run_cli(workdir, "--config.stages=sft,distill")
+  assert proc.returncode != 0 and "unknown stage" in proc.stderr

@@ -141,18 +141,21 @@ class AgtTask(base.Task):
       for _ in range(hops):
         chain.append(boss[chain[-1]])
       answer = chain[-1]
-      # Memo fact 1: the last hop, stale (a wrong boss) with probability stale_prob.
+      # Memo fact 1: the last hop, stale (a wrong boss, off the chain) with prob. stale_prob.
       last, told = chain[-2], answer
+      off_chain = sorted(n for n in boss if n not in chain)
       if rng.random() < self.stale_prob:
-        others = sorted(n for n in boss if n not in (last, answer))
-        told = others[int(rng.integers(0, len(others)))]
-      # Memo fact 2: a true fact about someone off the chain whose boss is not the answer.
-      decoys = sorted(n for n in boss if n not in chain and boss[n] is not None
-                      and boss[n] != answer)
-      if not decoys:  # rare: then any off-chain person with a boss
-        decoys = sorted(n for n in boss if n not in chain and boss[n] is not None)
-      d = decoys[int(rng.integers(0, len(decoys)))]
-      memo = [(last, told), (d, boss[d])]
+        told = off_chain[int(rng.integers(0, len(off_chain)))]
+      # Memo fact 2, the decoy: a fact among people off the chain (never naming the stale
+      # boss): a true one when the world has one, else a made-up one.
+      facts = [(n, boss[n]) for n in off_chain if boss[n] in off_chain and told not in (n, boss[n])]
+      if facts:
+        d, decoy_boss = facts[int(rng.integers(0, len(facts)))]
+      else:
+        free = [n for n in off_chain if n != told]  # >= 3 people: 8 minus a chain of <= 4
+        j = rng.permutation(len(free))[:2]
+        d, decoy_boss = free[int(j[0])], free[int(j[1])]
+      memo = [(last, told), (d, decoy_boss)]
       memo = [memo[j] for j in rng.permutation(2)]
       yield self.make(boss, start, hops, memo, seed, i)
 
