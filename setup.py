@@ -20,8 +20,9 @@ setup(
         "absl-py>=2.5.1",
         "numpy>=2.0",
         "tqdm>=4.67",  # progress bars with ETA for every stage
-        "tokenizers>=0.23.3",
-        "matplotlib>=3.8",  # report plots  # Hugging Face tokenizer.json adapter (mopd_jax.tokenizer)
+        "tokenizers>=0.23.3",  # Hugging Face tokenizer.json adapter (mopd_jax.tokenizer)
+        "matplotlib>=3.8",  # report plots
+        "tensorboardX>=2.6.5",  # TensorBoard event files without TensorFlow
     ],
     extras_require={
         "test": ["pytest>=9.0"],

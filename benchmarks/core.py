@@ -70,7 +70,8 @@ def decode_benchmark(cfg, params, batch=8, prompt_len=64, new_tokens=128):
   def recompute_step(params, tokens, mask, length, key):
     logits = models.forward(cfg, params, tokens, input_mask=mask)
     last = jnp.take_along_axis(logits, (length - 1)[:, None, None], axis=1)[:, 0]
-    tok, _ = sampling.sample_token(last, key, scfg)
+    u = jax.random.uniform(key, (batch,), minval=1e-7)
+    tok, _ = sampling.sample_token(last, u, scfg)
     return tokens.at[jnp.arange(batch), length].set(tok)
 
   buf = jnp.asarray(np.pad(prompts, ((0, 0), (0, new_tokens))), jnp.int32)
@@ -80,7 +81,8 @@ def decode_benchmark(cfg, params, batch=8, prompt_len=64, new_tokens=128):
 
   # Share of one decode step spent drawing the token from the 32k vocabulary.
   logits = jax.random.normal(rng, (batch, cfg.vocab_size))
-  draw = jax.jit(lambda l, k: sampling.sample_token(l, k, scfg))
+  draw = jax.jit(lambda l, k: sampling.sample_token(
+      l, sampling.row_uniforms(jax.random.split(k, batch), jnp.zeros((batch,), jnp.int32)), scfg))
   t_draw = _time(draw, logits, rng, repeats=50)
   decode_step = (t_decode - t_prefill) / (new_tokens - 1)
   return {

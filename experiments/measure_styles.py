@@ -57,6 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--quant", default="int4", choices=("none", "int8", "int4"))
   p.add_argument("--max_response_tokens", type=int, default=96)
   p.add_argument("--log_every", type=int, default=50)
+  p.add_argument("--show", type=int, default=0, help="print this many responses per cell")
   p.add_argument("--out", default="", help="write the JSON report here")
   args = p.parse_args(argv)
   args.domains = [d.strip() for d in args.domains.split(",") if d.strip()]
@@ -205,6 +206,13 @@ def main(argv=None) -> dict:
                        [args.max_response_tokens] * len(test), jax.random.PRNGKey(args.seed),
                        batch_size=len(test))
       ref = float(np.mean([len(tok.encode(e.solutions[style])) + 1 for e in test]))
+      if args.show:
+        res = engine.run(state.params, test[:args.show], [sft.STYLE_EFFORT[style]] * args.show,
+                         [args.max_response_tokens] * args.show, jax.random.PRNGKey(args.seed),
+                         environment=task.environment)
+        for e, text in zip(test, res.texts):
+          print(f"  [{d}/{style}] {e.prompt!r} -> {text!r} "
+                f"({'ok' if task.verify(e, text) else 'wrong'}; ref {e.answer!r})")
       results[d][style] = {"accuracy": r["accuracy"], "mean_length": r["mean_length"],
                            "reference_length": ref, "over_budget_rate": r["over_budget_rate"]}
   eval_time = time.time() - t_eval

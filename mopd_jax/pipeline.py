@@ -27,8 +27,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from mopd_jax import (checkpoint, models, mopd, rl, rollout, sampling, sft, sharding, teachers,
-                      train)
+from mopd_jax import (checkpoint, metrics, models, mopd, rl, rollout, sampling, sft, sharding,
+                      teachers, train)
 from mopd_jax.tasks import DOMAINS, base as task_base, get_task
 from mopd_jax.tokenizer import EFFORTS, CharTokenizer
 
@@ -44,10 +44,38 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
   return hashlib.sha256(config.to_json(sort_keys=True).encode()).hexdigest()[:16]
 
 
+def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
+  """Clear errors before anything compiles (`raise`, never `assert`: python -O keeps them)."""
+  mesh = dict(config.mesh)
+  prod = int(np.prod(list(mesh.values())))
+  if prod != num_devices:
+    raise ValueError(f"mesh {mesh} has {prod} devices but {num_devices} are available")
+  e = config.effort
+  if not e.tau_max > e.tau_high > e.tau_low > 0:
+    raise ValueError(f"effort taus must be strictly ordered max > high > low > 0, got "
+                     f"max={e.tau_max}, high={e.tau_high}, low={e.tau_low}")
+  if not config.mopd.r_max > 0:
+    raise ValueError(f"mopd.r_max must be > 0, got {config.mopd.r_max}")
+  data_par = mesh.get("data", 1) * mesh.get("fsdp", 1)
+  batches = {"sft.batch_size": config.sft.batch_size,
+             "rl.prompts_per_step * rl.group_size": config.rl.prompts_per_step *
+             config.rl.group_size,
+             "mopd batch (9 cells * mopd.prompts_per_cell)": 9 * config.mopd.prompts_per_cell}
+  for name, size in batches.items():
+    if size <= 0 or size % data_par:
+      raise ValueError(f"{name} = {size} is not a positive multiple of the data x fsdp mesh "
+                       f"size {data_par}")
+  if config.mopd.loss not in ("mopd", "pg"):
+    raise ValueError(f"mopd.loss={config.mopd.loss!r}; expected 'mopd' or 'pg'")
+  if config.rl.loss not in ("pmd", "grpo"):
+    raise ValueError(f"rl.loss={config.rl.loss!r}; expected 'pmd' or 'grpo'")
+
+
 class Run:
   """What every stage needs: config, workdir, tokenizer, model config, mesh, budgets."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    validate_config(config, jax.device_count())
     self.config = config
     self.workdir = os.path.abspath(workdir)
     self.tok = CharTokenizer()
@@ -90,6 +118,9 @@ class Run:
     from mopd_jax.tasks import datasets
     return datasets.ResumableIterator(self.split(domain, "train"), batch_size,
                                       seed=self.config.seed * 1000 + salt)
+
+  def logger(self, stage: str) -> metrics.MetricsLogger:
+    return metrics.MetricsLogger(self.path("tb", stage))
 
   def params_like(self):
     return jax.eval_shape(lambda: models.init_params(self.model_cfg, jax.random.PRNGKey(0)))
@@ -154,6 +185,7 @@ def sft_stage(run: Run) -> None:
   state = trainer.init(models.init_params(run.model_cfg, jax.random.PRNGKey(run.config.seed)))
   iters = {d: run.iterator(d, c.batch_size, salt=i) for i, d in enumerate(DOMAINS)}
   bar = Progress("sft", c.steps)
+  log = run.logger("sft")
   t0 = time.time()
   history = []
   for step in range(c.steps):
@@ -170,7 +202,10 @@ def sft_stage(run: Run) -> None:
                                f"{m['grad_norm']}")
     history.append([step, m["loss"]])
     bar.update(m)
+    if step % run.config.log_every == 0 or step == c.steps - 1:
+      log.scalars(step, m)
   bar.close()
+  log.close()
   checkpoint.save_params(run.path("sft", "params"), state.params)
   run.mark_done("sft", {"steps": c.steps, "final_loss": history[-1][1],
                         "seconds": time.time() - t0, "loss_curve": history})
@@ -207,13 +242,15 @@ def rl_stage(run: Run) -> None:
         continue
       state = trainer.init(params)
       bar = Progress(f"rl {name}", c.steps_per_effort)
+      log = run.logger(f"rl_{domain}_{effort}")
       t0 = time.time()
       state, hist = rl.run_effort(
           trainer, state, run.engine, task, lambda step: next(it), effort=effort,
           tau=run.taus[effort], steps=c.steps_per_effort, group_size=c.group_size,
           width=run.config.rollout.width, seed=run.config.seed * 10 + di,
-          log=lambda step, m: bar.update(m))
+          log=lambda step, m: (bar.update(m), log.scalars(step, m)))
       bar.close()
+      log.close()
       metrics = sft.evaluate(run.eval_engine, state.params, task, val, effort,
                              _eval_budgets(run, val, effort), jax.random.PRNGKey(7))
       checkpoint.save_params(out, state.params)
@@ -271,6 +308,7 @@ def mopd_stage(run: Run) -> None:
            for i, d in enumerate(DOMAINS)}
   score_fn = jax.jit(teachers.score_stratified)
   bar = Progress("mopd", c.steps)
+  log = run.logger("mopd")
   history = []
   t0 = time.time()
   for step in range(c.steps):
@@ -287,7 +325,11 @@ def mopd_stage(run: Run) -> None:
                                f"grad norm {rec.metrics['grad_norm']}")
     history.append({"step": step, **rec.metrics, "cells": rec.cells})
     bar.update(rec.metrics, keys=("loss", "kl", "accuracy", "length"))
+    log.scalars(step, rec.metrics)
+    for name, cm in rec.cells.items():
+      log.scalars(step, cm, prefix=f"{name}/")
   bar.close()
+  log.close()
   checkpoint.save_params(run.path("mopd", "params"), state.params)
   checkpoint.write_json(run.path("mopd", "history.json"), history)
   run.mark_done("mopd", {"steps": c.steps, "seconds": time.time() - t0,

@@ -36,6 +36,7 @@ class Trajectory:
   logprobs: list  # sampler log-prob per response token (0 on observations)
   finished: bool = False  # emitted <eos>
   turns: int = 0
+  key: Optional[np.ndarray] = None  # the row's PRNG key: fixed for the whole trajectory
 
   @property
   def num_tokens(self) -> int:
@@ -77,8 +78,13 @@ class RolloutEngine:
     this many new tokens per row in this call (a partial-rollout iteration).
     """
     tok = self.tok
-    trajs = list(resume) if resume is not None else [
-        Trajectory(encode_prompt(tok, ex, e), [], [], []) for ex, e in zip(examples, efforts)]
+    if resume is not None:
+      trajs = list(resume)
+    else:
+      keys = np.asarray(jax.vmap(lambda i: jax.random.fold_in(rng, i))(
+          jnp.arange(len(examples))))
+      trajs = [Trajectory(encode_prompt(tok, ex, e), [], [], [], key=keys[i])
+               for i, (ex, e) in enumerate(zip(examples, efforts))]
     budgets = [min(int(b), self.max_response_tokens) for b in budgets]
     spent = [0] * len(trajs)
     for turn in range(self.max_turns + 1):
@@ -87,7 +93,10 @@ class RolloutEngine:
       if not active:
         break
       prompts = [trajs[i].prompt_ids + trajs[i].ids for i in active]
-      out = self.sampler(params, prompts, jax.random.fold_in(rng, turn))
+      # Each trajectory keeps its own key, and a token's draw depends on (key, position)
+      # only: a trajectory continued in segments equals one sampled in one go.
+      out = self.sampler(params, prompts, rng,
+                         row_keys=np.stack([trajs[i].key for i in active]))
       out = jax.device_get(out)
       p = out.tokens.shape[1] - self.scfg.max_new_tokens
       for row, i in enumerate(active):
@@ -160,4 +169,5 @@ def sft_trajectory(tok, example: task_base.Example, effort: str, response: str) 
     mask.append(0 if inside else 1)
     if i == tok.obs_end_id:
       inside = False
-  return Trajectory(encode_prompt(tok, example, effort), ids, mask, [0.0] * len(ids), True)
+  return Trajectory(encode_prompt(tok, example, effort), ids, mask, [0.0] * len(ids), True,
+                    key=None)

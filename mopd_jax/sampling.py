@@ -92,7 +92,7 @@ class _State:
   written: jax.Array  # [B, N] bool
   positions: jax.Array  # [B] RoPE position of `token`
   cache: KVCache
-  rng: jax.Array
+  rng: jax.Array  # [B, 2] per-row keys
 
 
 def _process_logits(logits, scfg: SamplingConfig):
@@ -134,22 +134,30 @@ def _inverse_cdf(probs, u):
   return jnp.minimum(blk * _CDF_BLOCK + idx, v - 1).astype(jnp.int32)
 
 
-def sample_token(logits, rng, scfg: SamplingConfig):
-  """One token per row and its log-prob under the sampled-from distribution."""
+def row_uniforms(row_keys, positions):
+  """One uniform per row, a pure function of (row key, sequence position of the token)."""
+  return jax.vmap(lambda k, p: jax.random.uniform(
+      jax.random.fold_in(k, p), (), jnp.float32, minval=1e-7, maxval=1.0))(row_keys, positions)
+
+
+def sample_token(logits, u, scfg: SamplingConfig):
+  """One token per row and its log-prob under the sampled-from distribution.
+
+  `u` [B]: each row's uniform draw in (0, 1) (see `row_uniforms`).
+  """
   if scfg.is_greedy:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.zeros(logits.shape[:1], jnp.float32)
   logits = _process_logits(logits, scfg)
   m = jnp.max(logits, axis=-1, keepdims=True)
   unnorm = jnp.exp(logits - m)
   total = jnp.sum(unnorm, axis=-1)
-  u = jax.random.uniform(rng, logits.shape[:1], jnp.float32, minval=1e-7, maxval=1.0)
   tok = _inverse_cdf(unnorm, u)
   picked = jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0]
   return tok, picked - m[:, 0] - jnp.log(total)
 
 
 def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCache,
-              prompt_tokens, prompt_mask, rng):
+              prompt_tokens, prompt_mask, row_keys):
   """Returns (final cache, rollout); the cache comes back so its donated buffer is reused."""
   b, p = prompt_tokens.shape
   n = scfg.max_new_tokens
@@ -159,14 +167,16 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
   positions = models.default_positions(mask)
   hidden, cache = models.forward_with_cache(model_cfg, params, tokens, positions, mask, cache)
   logits = models.logits_from_hidden(model_cfg, params, hidden[:, -1])
-  # Step i's key is fold_in(rng, i): a row's draw does not depend on the padding or batch.
-  tok, lp = sample_token(logits, jax.random.fold_in(rng, 0), scfg)
+  # The draw for the token at sequence position p of a row is fold_in(row key, p): it depends
+  # on neither the padding, the batch, nor how the trajectory was split into segments
+  # (partial rollouts re-prefill the same prefix and continue with identical draws).
+  tok, lp = sample_token(logits, row_uniforms(row_keys, prompt_lengths), scfg)
   stop_ids = jnp.asarray(scfg.stop_tokens or (-1,), jnp.int32)
 
   state = _State(step=jnp.zeros((), jnp.int32), token=tok, logprob=lp,
                  done=jnp.zeros((b,), bool), tokens=jnp.full((b, n), scfg.pad_id, jnp.int32),
                  logprobs=jnp.zeros((b, n), jnp.float32), written=jnp.zeros((b, n), bool),
-                 positions=prompt_lengths, cache=cache, rng=rng)
+                 positions=prompt_lengths, cache=cache, rng=row_keys)
 
   def cond(s: _State):
     return (s.step < n) & ~jnp.all(s.done)
@@ -182,7 +192,7 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
     hidden, cache = models.forward_with_cache(model_cfg, params, tok[:, None],
                                               s.positions[:, None], live[:, None], s.cache)
     logits = models.logits_from_hidden(model_cfg, params, hidden[:, 0])
-    nxt, nlp = sample_token(logits, jax.random.fold_in(s.rng, s.step + 1), scfg)
+    nxt, nlp = sample_token(logits, row_uniforms(s.rng, s.positions + 1), scfg)
     return _State(step=s.step + 1, token=nxt, logprob=nlp, done=done, tokens=tokens,
                   logprobs=logprobs, written=written, positions=s.positions + live,
                   cache=cache, rng=s.rng)
@@ -235,8 +245,8 @@ class Sampler:
                max_traces: Optional[int] = None):
     self.model_cfg = model_cfg
     self.scfg = scfg
-    def fn(params, cache, prompt_tokens, prompt_mask, rng):
-      return _generate(model_cfg, scfg, params, cache, prompt_tokens, prompt_mask, rng)
+    def fn(params, cache, prompt_tokens, prompt_mask, row_keys):
+      return _generate(model_cfg, scfg, params, cache, prompt_tokens, prompt_mask, row_keys)
 
     if max_traces is not None:
       fn = chex.assert_max_traces(fn, n=max_traces)
@@ -294,11 +304,18 @@ class Sampler:
     mask = np.arange(width)[None, :] >= (width - lengths)[:, None]
     return jnp.asarray(tokens, jnp.int32), jnp.asarray(mask)
 
-  def __call__(self, params, prompts, rng, prompt_mask=None) -> Rollout:
+  def __call__(self, params, prompts, rng, prompt_mask=None, row_keys=None) -> Rollout:
+    """`rng`: one key, split per row as fold_in(rng, row); or pass `row_keys` [B, 2] to pin
+    each row's random stream (partial rollouts, batch-independent sampling)."""
     tokens, mask = self.prepare(prompts, prompt_mask)
     b, p = tokens.shape
     cache = models.init_cache(self.model_cfg, b, p + self.scfg.max_new_tokens)
-    _, rollout = self._fn(params, cache, tokens, mask, rng)
+    if row_keys is None:
+      row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(b))
+    row_keys = jnp.asarray(row_keys)
+    if row_keys.shape[0] != b:
+      raise ValueError(f"{row_keys.shape[0]} row keys for a batch of {b} prompts")
+    _, rollout = self._fn(params, cache, tokens, mask, row_keys)
     return rollout
 
 

@@ -1,0 +1,47 @@
+"""Config validation: clear errors before compilation, also under `python -O`."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CASES = [
+    ("c.mesh.data = 2", "mesh"),
+    ("c.effort.tau_high = 1.5", "strictly ordered"),
+    ("c.effort.tau_low = 0.6", "strictly ordered"),
+    ("c.mopd.r_max = 0.0", "r_max"),
+    ("c.mopd.loss = 'kl'", "mopd.loss"),
+]
+
+
+@pytest.mark.parametrize("change, match", CASES)
+def test_bad_config_raises_under_python_O(change, match):
+  code = ("from configs import toy\nfrom mopd_jax import pipeline\n"
+          f"c = toy.get_config('fast')\n{change}\n"
+          "try:\n  pipeline.validate_config(c, 1)\nexcept ValueError as e:\n"
+          "  print('ValueError:', e)\nelse:\n  print('no error')\n")
+  out = subprocess.run([sys.executable, "-O", "-c", code], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+  assert "ValueError:" in out.stdout and match in out.stdout, out.stdout + out.stderr
+
+
+def test_unknown_key_and_wrong_type_are_rejected():
+  from configs import toy
+  c = toy.get_config("fast")
+  c.lock()
+  with pytest.raises(AttributeError):
+    c.sft.stepz = 3
+  with pytest.raises(TypeError):
+    c.sft.steps = "many"
+
+
+def test_batch_not_divisible_by_data_axis():
+  from configs import toy
+  from mopd_jax import pipeline
+  c = toy.get_config("fast")
+  c.mesh.data = 2
+  with pytest.raises(ValueError, match="multiple of the data x fsdp"):
+    pipeline.validate_config(c, 2)
