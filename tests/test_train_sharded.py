@@ -7,7 +7,7 @@ import pytest
 
 from mopd_jax import losses, models, sampling, sharding, teachers, train
 
-CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2,
                          head_dim=8, mlp_dim=64, max_seq_len=64, qk_norm=True)
 B, T = 8, 16
 
@@ -37,7 +37,7 @@ def params():
   return models.init_params(CFG, jax.random.PRNGKey(0))
 
 
-@pytest.mark.parametrize("kind", ["mopd", "pg", "sft"])
+@pytest.mark.parametrize("kind", ["mopd", "sft"])
 def test_sharded_step_equals_single_device(params, kind):
   batch = _batch()
   results = []

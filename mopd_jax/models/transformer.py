@@ -11,6 +11,7 @@ and cached decode, which is what makes "cached decode == recompute" hold by cons
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -225,7 +226,15 @@ def init_params(cfg: ModelConfig, rng, out_shardings=None) -> dict:
   Jitted, so that with `out_shardings` (a pytree of shardings, see `mopd_jax.sharding`) each
   device only ever materialises its own shard.
   """
+  if out_shardings is None:
+    return _jitted_init(cfg)(rng)
   return jax.jit(lambda r: nn.meta.unbox(_boxed_init(cfg, r)), out_shardings=out_shardings)(rng)
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted_init(cfg: ModelConfig):
+  """One compiled initialiser per config (a fresh lambda per call would recompile)."""
+  return jax.jit(lambda r: nn.meta.unbox(_boxed_init(cfg, r)))
 
 
 def param_logical_axes(cfg: ModelConfig) -> dict:

@@ -1,0 +1,340 @@
+"""Hugging Face import/export (mopd_jax.hf) against the reference implementation.
+
+Parity with `transformers` (logits, greedy generations, export -> reload) needs torch and
+transformers (the `test` extra); those tests skip cleanly without them. Loading, sharded
+loading on the 8 simulated devices, the error cases and the qwen3_mopd config run without.
+"""
+import inspect
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from safetensors.numpy import load_file, save_file
+
+from mopd_jax import hf, models, sampling, sharding
+
+ATOL = 1e-4
+NEW_TOKENS = 32
+VOCAB = 96
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+              # a wide init makes the random model's logits peaked, so greedy ties can't flip
+              initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+LLAMA3_SCALING = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                      original_max_position_embeddings=16)
+CASES = {
+    # GQA 4:2 everywhere; llama: untied head + llama3 rope scaling; qwen2: tied + q/k/v bias;
+    # qwen3: tied (as Qwen3-0.6B/1.7B) + QK-norm + head_dim != d_model / heads.
+    "llama": ("LlamaConfig", dict(tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=5e5,
+                                  rope_scaling=LLAMA3_SCALING)),
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1e4)),
+    "qwen3": ("Qwen3Config", dict(tie_word_embeddings=True, head_dim=32, rope_theta=1e6)),
+}
+MAX_DIFF = {}  # family -> max |logit difference| (printed at the end with -s)
+
+
+def _tokens(batch, length, seed=0):
+  return np.random.RandomState(seed).randint(0, VOCAB, (batch, length))
+
+
+def _save_pretrained(model, path, **kw):
+  if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
+    kw["safe_serialization"] = True  # transformers v4; v5 always writes safetensors
+  model.save_pretrained(path, **kw)
+
+
+@pytest.fixture(scope="module")
+def ref():
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  torch.set_num_threads(1)
+  return torch, transformers
+
+
+@pytest.fixture(scope="module")
+def hf_models(ref, tmp_path_factory):
+  """family -> (torch model, checkpoint dir) of small random fp32 models, saved by HF."""
+  torch, transformers = ref
+  out = {}
+  for family, (cls, kw) in CASES.items():
+    torch.manual_seed(0)
+    config = getattr(transformers, cls)(**COMMON, **kw)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # make every norm scale and bias matter
+      for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+          p.normal_(1.0, 0.3)
+        elif name.endswith(".bias"):
+          p.normal_(0.0, 0.3)
+    path = str(tmp_path_factory.mktemp(family))
+    _save_pretrained(model, path)
+    out[family] = (model, path)
+  return out
+
+
+def _ref_logits(ref, model, tokens):
+  torch, _ = ref
+  with torch.no_grad():
+    return model(torch.tensor(tokens)).logits.numpy()
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_parity_logits_generation_and_export(ref, hf_models, family, tmp_path):
+  torch, transformers = ref
+  model, path = hf_models[family]
+  cfg, params = hf.load_checkpoint(path)
+  assert cfg.family == family and cfg.num_kv_heads == 2 and cfg.param_dtype == "float32"
+  assert cfg.tie_embeddings == CASES[family][1]["tie_word_embeddings"]
+  assert cfg.qk_norm == (family == "qwen3") and cfg.attention_bias == (family == "qwen2")
+  if family == "llama":
+    assert dict(cfg.rope_scaling)["rope_type"] == "llama3" and cfg.norm_eps == 1e-5
+
+  # Logits (positions past original_max_position_embeddings=16 exercise the llama3 scaling).
+  tokens = _tokens(2, 24)
+  ours = np.asarray(models.forward(cfg, params, tokens))
+  theirs = _ref_logits(ref, model, tokens)
+  diff = float(np.abs(ours - theirs).max())
+  MAX_DIFF[family] = diff
+  print(f"\n{family}: max |logit diff| = {diff:.3g}")
+  assert diff < ATOL
+
+  # Greedy generation: 32 new tokens, token for token.
+  prompts = _tokens(2, 7, seed=1)
+  with torch.no_grad():
+    want = model.generate(torch.tensor(prompts), attention_mask=torch.ones(prompts.shape,
+                                                                            dtype=torch.long),
+                          do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                          pad_token_id=0).numpy()[:, prompts.shape[1]:]
+  sampler = sampling.Sampler(cfg, sampling.SamplingConfig(max_new_tokens=NEW_TOKENS, greedy=True))
+  rollout = sampler(params, [list(r) for r in prompts], jax.random.PRNGKey(0))
+  got = np.asarray(rollout.tokens)[:, -NEW_TOKENS:]
+  assert (np.asarray(rollout.lengths) == NEW_TOKENS).all()
+  np.testing.assert_array_equal(got, want)
+
+  # Export -> the reference reloads it with the same logits; our loader gets the same params.
+  out = str(tmp_path / "export")
+  # the qwen2 export is split into several files + an index, as transformers writes them
+  hf.save_checkpoint(cfg, params, out, max_shard_size=40_000 if family == "qwen2" else
+                     hf.DEFAULT_MAX_SHARD_BYTES)
+  written = json.load(open(os.path.join(out, "config.json")))
+  assert written["architectures"] == [hf.FAMILY_ARCHITECTURE[family]]
+  assert written["model_type"] == family
+  assert os.path.exists(os.path.join(out, "model.safetensors.index.json")) == (family == "qwen2")
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+  assert type(reloaded).__name__ == hf.FAMILY_ARCHITECTURE[family]
+  np.testing.assert_allclose(_ref_logits(ref, reloaded, tokens), ours, atol=ATOL, rtol=0)
+  cfg2, params2 = hf.load_checkpoint(out)
+  assert cfg2 == cfg
+  jax.tree.map(np.testing.assert_array_equal, params2, params)
+
+
+def test_torch_layout_on_disk(ref, hf_models):
+  """Linear weights are [out, in] in the file, exactly as transformers wrote them."""
+  _, path = hf_models["qwen2"]
+  cfg, params = hf.load_checkpoint(path)
+  theirs = load_file(os.path.join(path, "model.safetensors"))
+  q = theirs["model.layers.0.self_attn.q_proj.weight"]
+  assert q.shape == (cfg.num_heads * cfg.head_dim, cfg.d_model)
+  np.testing.assert_array_equal(
+      np.asarray(params["layers_0"]["attn"]["q_proj"]).reshape(cfg.d_model, -1).T, q)
+  np.testing.assert_array_equal(np.asarray(params["layers_1"]["mlp"]["down_proj"]).T,
+                                theirs["model.layers.1.mlp.down_proj.weight"])
+  np.testing.assert_array_equal(np.asarray(params["layers_1"]["attn"]["k_bias"]).reshape(-1),
+                                theirs["model.layers.1.self_attn.k_proj.bias"])
+
+
+def test_sharded_index_from_transformers(ref, hf_models, tmp_path):
+  model, path = hf_models["llama"]
+  sharded = str(tmp_path / "sharded")
+  _save_pretrained(model, sharded, max_shard_size="40KB")
+  files = [f for f in os.listdir(sharded) if f.endswith(".safetensors")]
+  assert len(files) > 1 and os.path.exists(os.path.join(sharded, "model.safetensors.index.json"))
+  cfg_a, a = hf.load_checkpoint(path)
+  cfg_b, b = hf.load_checkpoint(sharded)
+  assert cfg_a == cfg_b
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+# ----------------------------------------------------------------------------- no torch needed
+
+TINY = models.ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                          head_dim=16, mlp_dim=64, max_seq_len=64, qk_norm=True,
+                          tie_embeddings=False, family="qwen3")
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+  params = models.init_params(TINY, jax.random.PRNGKey(3))
+  path = str(tmp_path_factory.mktemp("tiny"))
+  hf.save_checkpoint(TINY, params, path, max_shard_size=20_000)  # several files + index
+  return path, params
+
+
+# fsdp=2 x tensor=4 on the 8 simulated devices. The default rules split vocab / heads / MLP
+# over `tensor` (kv_heads=2 does not divide by 4 and stays replicated) and embed over `fsdp`;
+# the transposed rules split every other axis, head_dim and the norms included.
+TRANSPOSED_RULES = (("vocab", "fsdp"), ("embed", "tensor"), ("heads", "fsdp"),
+                    ("kv_heads", "fsdp"), ("mlp", "fsdp"), ("head_dim", "tensor"),
+                    ("norm", "tensor"))
+
+
+@pytest.mark.parametrize("rules", ["default", "transposed"])
+def test_mesh_targeted_load_reads_only_shards(tiny_ckpt, rules, monkeypatch):
+  path, params = tiny_ckpt
+  mesh = sharding.make_mesh({"fsdp": 2, "tensor": 4})
+  want = (sharding.param_shardings(TINY, mesh) if rules == "default" else
+          sharding.param_shardings(TINY, mesh, TRANSPOSED_RULES))
+  reads = []
+  real = hf._read_slice
+
+  def spy(handle, name, slices):
+    block = real(handle, name, slices)
+    reads.append((name, block.size))
+    return block
+  monkeypatch.setattr(hf, "_read_slice", spy)
+  cfg, loaded = hf.load_checkpoint(path, sharding=want)
+  assert cfg == TINY
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
+  jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(
+      f"{x.sharding} != {s}"), loaded, want)
+  # Every tensor whose sharding splits it was only ever read a shard at a time.
+  full = {name: int(np.prod(hf._hf_shape(kind, shape)))
+          for ours, name, kind, shape in hf._param_specs(TINY)}
+  split = {name for ours, name, _, _ in hf._param_specs(TINY)
+           if any(a is not None for a in hf._get(want, ours).spec)}
+  assert len(split) > 10
+  for name, size in reads:
+    if name in split:
+      assert size < full[name], f"{name} was read whole"
+
+
+def test_mesh_argument_and_dtype(tiny_ckpt):
+  path, params = tiny_ckpt
+  mesh = sharding.make_mesh({"fsdp": 2, "tensor": 4})
+  cfg, loaded = hf.load_checkpoint(path, sharding=mesh, dtype="bfloat16")
+  assert cfg.param_dtype == cfg.dtype == "bfloat16"
+  q = loaded["layers_0"]["attn"]["q_proj"]
+  assert q.dtype == jax.numpy.bfloat16 and q.sharding.spec == P("fsdp", "tensor", None)
+  np.testing.assert_array_equal(np.asarray(q), np.asarray(params["layers_0"]["attn"]["q_proj"],
+                                                          jax.numpy.bfloat16))
+  # bf16 on disk, loaded as such by default
+  one = NamedSharding(mesh, P())
+  cfg16, p16 = hf.load_checkpoint(path, sharding=one, dtype="bfloat16")
+  assert p16["embed"].sharding == one
+
+
+def test_bfloat16_round_trip(tiny_ckpt, tmp_path):
+  path, _ = tiny_ckpt
+  cfg, params = hf.load_checkpoint(path, dtype="bfloat16")
+  hf.save_checkpoint(cfg, params, str(tmp_path))
+  assert json.load(open(tmp_path / "config.json"))["torch_dtype"] == "bfloat16"
+  cfg2, params2 = hf.load_checkpoint(str(tmp_path))  # dtype from config.json
+  assert cfg2 == cfg and params2["embed"].dtype == jax.numpy.bfloat16
+  jax.tree.map(np.testing.assert_array_equal, params2, params)
+
+
+def _copy(src, dst):
+  shutil.copytree(src, dst)
+  return str(dst)
+
+
+def test_rejects_pickle_checkpoints(tiny_ckpt, tmp_path):
+  path, _ = tiny_ckpt
+  shutil.copy(os.path.join(path, "config.json"), tmp_path)
+  (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
+  with pytest.raises(ValueError, match=r"pickle.*pytorch_model\.bin|pytorch_model\.bin.*pickle"):
+    hf.load_checkpoint(str(tmp_path))
+
+
+def test_unsupported_architecture(tiny_ckpt, tmp_path):
+  path = _copy(tiny_ckpt[0], tmp_path / "m")
+  c = json.load(open(os.path.join(path, "config.json")))
+  c["architectures"], c["model_type"] = ["MistralForCausalLM"], "mistral"
+  json.dump(c, open(os.path.join(path, "config.json"), "w"))
+  with pytest.raises(ValueError, match="MistralForCausalLM"):
+    hf.load_checkpoint(path)
+  c["architectures"], c["model_type"] = ["Qwen3ForCausalLM"], "qwen3"
+  c["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+  json.dump(c, open(os.path.join(path, "config.json"), "w"))
+  with pytest.raises(ValueError, match="yarn"):
+    hf.load_checkpoint(path)
+  with pytest.raises(ValueError, match="qk_norm"):
+    hf.save_checkpoint(TINY.replace(qk_norm=False), {}, str(tmp_path / "x"))
+  with pytest.raises(ValueError, match="no config.json"):
+    hf.load_checkpoint(str(tmp_path / "nowhere"))
+
+
+def test_missing_and_misshapen_tensors(tiny_ckpt, tmp_path):
+  path = _copy(tiny_ckpt[0], tmp_path / "m")
+  index = json.load(open(os.path.join(path, "model.safetensors.index.json")))
+  victim = "model.layers.1.self_attn.k_norm.weight"
+  fname = os.path.join(path, index["weight_map"][victim])
+  tensors = load_file(fname)
+  good = dict(tensors)
+  del tensors[victim]
+  save_file(tensors, fname)
+  del index["weight_map"][victim]
+  json.dump(index, open(os.path.join(path, "model.safetensors.index.json"), "w"))
+  with pytest.raises(ValueError, match=victim.replace(".", r"\.")):
+    hf.load_checkpoint(path)
+  good[victim] = good[victim][:8]
+  save_file(good, fname)
+  index["weight_map"][victim] = os.path.basename(fname)
+  json.dump(index, open(os.path.join(path, "model.safetensors.index.json"), "w"))
+  with pytest.raises(ValueError, match=r"k_norm.*shape \[8\]"):
+    hf.load_checkpoint(path)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def test_qwen3_mopd_config(tiny_ckpt):
+  import configs.qwen3_mopd as q
+  from mopd_jax import pipeline
+  from mopd_jax.tokenizer import CharTokenizer
+
+  full = q.get_config()
+  assert full.model.preset == "qwen3-0.6b" and full.teacher.preset == "qwen3-1.7b"
+  assert full.model.hf_path == "" and full.model.tokenizer_path == ""
+  assert len(full.teacher.hf_paths) in (0, 9)
+  with pytest.raises(ValueError, match="huge"):
+    q.get_config("huge")
+  for name in ("seed", "stages", "model", "mesh", "data", "effort", "sft", "rl", "mopd",
+               "rollout", "eval", "smoke", "teacher"):
+    assert name in full, name
+
+  tiny = q.get_config("tiny")
+  vocab = CharTokenizer().vocab_size
+  pipeline.validate_config(tiny, 1)
+  # The model block minus its checkpoint/tokenizer paths is what pipeline.model_config builds.
+  view = tiny.copy_and_resolve_references()
+  with view.unlocked():
+    for key in hf.BLOCK_KEYS[1:]:
+      if key in view.model:
+        del view.model[key]
+  cfg = pipeline.model_config(view, vocab)
+  assert cfg == hf.resolve_model_config(tiny.model, vocab)
+  assert (cfg.d_model, cfg.num_layers, cfg.vocab_size) == (64, 2, vocab)
+  assert cfg.family == "qwen3" and cfg.qk_norm and cfg.param_dtype == "float32"
+  params = models.init_params(cfg, jax.random.PRNGKey(0))
+  assert models.forward(cfg, params, np.ones((1, 5), np.int32)).shape == (1, 5, vocab)
+  teacher = hf.resolve_model_config(tiny.teacher, vocab)
+  assert teacher.family == "qwen3" and teacher.num_layers == 4 and teacher.vocab_size == vocab
+  full_teacher = hf.resolve_model_config(full.teacher, 151_936)
+  assert full_teacher == models.get_preset("qwen3-1.7b")
+  assert hf.resolve_model_config(full.model, 151_936).replace(quant="none") == \
+      models.get_preset("qwen3-0.6b")
+
+  # With a checkpoint, its config.json wins; overrides may not change its shape.
+  path, _ = tiny_ckpt
+  from_ckpt = hf.resolve_model_config({"preset": "toy", "quant": "int8"}, 60, hf_path=path)
+  assert from_ckpt == TINY.replace(quant="int8")
+  with pytest.raises(ValueError, match="d_model"):
+    hf.resolve_model_config({"preset": "toy", "d_model": 48}, 60, hf_path=path)
+  with pytest.raises(ValueError, match="embeds only"):
+    hf.resolve_model_config({"preset": "toy"}, 1000, hf_path=path)
