@@ -292,11 +292,52 @@ def load_bank(run: Run) -> teachers.TeacherBank:
                              student_cfg=run.model_cfg, sharding=shard)
 
 
+def teacher_sft_init(run: Run, student, bank: teachers.TeacherBank):
+  """pi_SFT further fine-tuned on trajectories of all nine teachers, each with its effort
+  token (K3 §4.1.2): rollouts of teacher (d, e) on training prompts at effort e, kept when
+  they finish within the cell's budget, then SFT on the pooled set."""
+  c = run.config.mopd
+  pool = []
+  for k, name in enumerate(bank.router.names):
+    d, e = name.split("/")
+    tparams = jax.tree.map(lambda x: x[k], bank.params)
+    exs = next(run.iterator(d, c.init_samples_per_cell, salt=300 + k))
+    res = run.engine.run(tparams, exs, [e] * len(exs), _eval_budgets(run, exs, e),
+                         jax.random.PRNGKey(run.config.seed + 400 + k),
+                         environment=get_task(d).environment)
+    pool += [t for t, over in zip(res.trajectories, res.over_budget) if not over]
+  if not pool:
+    raise RuntimeError("no teacher trajectory finished within its budget; cannot build the "
+                       "teacher-SFT initialisation")
+  trainer = train.Trainer(run.model_cfg, train.LossConfig(kind="sft"),
+                          train.OptimConfig(lr=run.config.sft.lr, warmup_steps=0,
+                                            total_steps=c.init_sft_steps), run.mesh)
+  state = trainer.init(student)
+  rng = np.random.RandomState(run.config.seed + 500)
+  bar = Progress("mopd init: teacher SFT", c.init_sft_steps)
+  width = width_for(pool)  # one width for the whole pool: one compilation
+  for step in range(c.init_sft_steps):
+    picks = [pool[i] for i in rng.randint(len(pool), size=run.config.sft.batch_size)]
+    arr = rollout.pad_batch(picks, run.tok.pad_id, width)
+    batch = train.TrainBatch(tokens=jax.numpy.asarray(arr["tokens"]),
+                             input_mask=jax.numpy.asarray(arr["input_mask"]),
+                             loss_mask=jax.numpy.asarray(arr["loss_mask"]))
+    state, m = trainer.step(state, batch)
+    bar.update({k: float(v) for k, v in jax.device_get(m).items()})
+  bar.close()
+  return state.params, len(pool)
+
+
 def mopd_stage(run: Run) -> None:
   """The student: pi_SFT distilled from all nine teachers on its own rollouts."""
   c = run.config.mopd
   bank = load_bank(run)
   student = checkpoint.load_params(run.path("sft", "params"), run.params_like())
+  if c.init not in ("sft", "teacher_sft"):
+    raise ValueError(f"mopd.init={c.init!r}; expected 'sft' or 'teacher_sft'")
+  if c.init == "teacher_sft":
+    student, pool_size = teacher_sft_init(run, student, bank)
+    print(f"[mopd] student initialised by SFT on {pool_size} teacher trajectories")
   loss_cfg = train.LossConfig(kind=c.loss, r_max=c.r_max)
   trainer = train.Trainer(run.model_cfg, loss_cfg,
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,

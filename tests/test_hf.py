@@ -167,9 +167,16 @@ TINY = models.ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, 
                           tie_embeddings=False, family="qwen3")
 
 
+def _random_params(cfg, seed=0):
+  """Random params of `cfg` without compiling anything (shapes from eval_shape)."""
+  rng = np.random.RandomState(seed)
+  shapes = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
+  return jax.tree.map(lambda s: rng.normal(size=s.shape).astype(np.float32), shapes)
+
+
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-  params = models.init_params(TINY, jax.random.PRNGKey(3))
+  params = _random_params(TINY, seed=3)
   path = str(tmp_path_factory.mktemp("tiny"))
   hf.save_checkpoint(TINY, params, path, max_shard_size=20_000)  # several files + index
   return path, params
@@ -321,8 +328,9 @@ def test_qwen3_mopd_config(tiny_ckpt):
   assert cfg == hf.resolve_model_config(tiny.model, vocab)
   assert (cfg.d_model, cfg.num_layers, cfg.vocab_size) == (64, 2, vocab)
   assert cfg.family == "qwen3" and cfg.qk_norm and cfg.param_dtype == "float32"
-  params = models.init_params(cfg, jax.random.PRNGKey(0))
-  assert models.forward(cfg, params, np.ones((1, 5), np.int32)).shape == (1, 5, vocab)
+  logits = jax.eval_shape(lambda: models.forward(
+      cfg, models.init_params(cfg, jax.random.PRNGKey(0)), np.ones((1, 5), np.int32)))
+  assert logits.shape == (1, 5, vocab)
   teacher = hf.resolve_model_config(tiny.teacher, vocab)
   assert teacher.family == "qwen3" and teacher.num_layers == 4 and teacher.vocab_size == vocab
   full_teacher = hf.resolve_model_config(full.teacher, 151_936)
