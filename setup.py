@@ -25,6 +25,6 @@ setup(
         "tensorboardX>=2.6.5",  # TensorBoard event files without TensorFlow
     ],
     extras_require={
-        "test": ["pytest>=9.0"],
+        "test": ["pytest>=9.0", "torch==2.13.0", "transformers==5.24.0"],
     },
 )

@@ -48,7 +48,6 @@ FAMILY_ARCHITECTURE = {family: arch for arch, family in ARCHITECTURES.items()}
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 # transformers' class defaults for keys a config.json may leave out.
 _DEFAULT_MAX_POS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768}
-_DEFAULT_EPS = {"llama": 1e-6, "qwen2": 1e-6, "qwen3": 1e-6}
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024 ** 3  # transformers' default max_shard_size ("5GB")
@@ -126,6 +125,11 @@ def config_from_hf(hf: dict, dtype=None) -> ModelConfig:
   if hf.get("use_sliding_window"):
     raise ValueError(f"{arch}: use_sliding_window=True is not supported")
   theta, scaling = _rope(hf, family)
+  required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "intermediate_size")
+  absent = [k for k in required if hf.get(k) is None]
+  if absent:
+    raise ValueError(f"{arch} config.json lacks {absent}")
   d, h = int(hf["hidden_size"]), int(hf["num_attention_heads"])
   if dtype is None:
     stored = hf.get("torch_dtype", hf.get("dtype"))
@@ -137,7 +141,7 @@ def config_from_hf(hf: dict, dtype=None) -> ModelConfig:
       head_dim=int(hf.get("head_dim") or d // h), mlp_dim=int(hf["intermediate_size"]),
       rope_theta=theta, rope_scaling=scaling, qk_norm=family == "qwen3",
       attention_bias=family == "qwen2", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      norm_eps=float(hf.get("rms_norm_eps", _DEFAULT_EPS[family])),
+      norm_eps=float(hf.get("rms_norm_eps", 1e-6)),  # transformers' default for all three
       max_seq_len=int(hf.get("max_position_embeddings", _DEFAULT_MAX_POS[family])),
       param_dtype=dtype, dtype=dtype, family=family)
 
@@ -379,7 +383,9 @@ class _Tensors:
         if not os.path.isfile(fname):
           raise ValueError(f"{index_file} names {os.path.basename(fname)}, which is missing")
     else:
-      files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+      single = os.path.join(path, "model.safetensors")
+      files = [single] if os.path.isfile(single) else sorted(
+          glob.glob(os.path.join(path, "*.safetensors")))
       if not files:
         pickled = sorted(os.path.basename(p) for p in glob.glob(os.path.join(path, "*"))
                          if p.endswith(_PICKLE_SUFFIXES))
@@ -505,11 +511,15 @@ def load_checkpoint(path: str, sharding=None, dtype=None) -> Tuple[ModelConfig, 
       block = _read_block(handle, name, kind, shape, ())
       value = jnp.asarray(np.asarray(block, np_dtype))
     else:
-      s = shard_of(ours)
+      blocks: Dict[tuple, np.ndarray] = {}  # a block replicated on several devices is read once
 
-      def cb(index, handle=handle, name=name, kind=kind, shape=shape):
-        return np.asarray(_read_block(handle, name, kind, shape, index), np_dtype)
-      value = jax.make_array_from_callback(shape, s, cb)
+      def cb(index, handle=handle, name=name, kind=kind, shape=shape, blocks=blocks):
+        key = tuple(_bounds(index, shape))
+        if key not in blocks:
+          blocks[key] = np.asarray(_read_block(handle, name, kind, shape, index), np_dtype)
+        return blocks[key]
+      value = jax.make_array_from_callback(shape, shard_of(ours), cb)
+      blocks.clear()
     _set(params, ours, value)
   return cfg, params
 
@@ -562,9 +572,11 @@ def save_checkpoint(model_config: ModelConfig, params, path: str, *,
   write = jax.process_index() == 0
   if write:
     os.makedirs(path, exist_ok=True)
-    for stale in glob.glob(os.path.join(path, "*.safetensors")) + glob.glob(
-        os.path.join(path, "model.safetensors.index.json")):
-      os.remove(stale)
+    # Weights of an earlier export here would be mixed into the next load: remove them.
+    for pattern in ("model.safetensors", "model-*-of-*.safetensors",
+                    "model.safetensors.index.json"):
+      for stale in glob.glob(os.path.join(path, pattern)):
+        os.remove(stale)
   n = len(groups)
   weight_map, total = {}, 0
   for k, group in enumerate(groups):

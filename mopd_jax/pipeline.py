@@ -36,8 +36,9 @@ STAGES = ("smoke", "data", "sft", "rl", "mopd", "eval", "report")
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> models.ModelConfig:
-  overrides = {k: v for k, v in config.model.items() if k != "preset"}
-  return models.get_preset(config.model.preset, vocab_size=vocab_size, **overrides)
+  """The student's ModelConfig: a preset with overrides, or a Hugging Face checkpoint's."""
+  from mopd_jax import hf
+  return hf.resolve_model_config(config.model, vocab_size)
 
 
 def config_hash(config: ml_collections.ConfigDict) -> str:

@@ -190,12 +190,24 @@ TRANSPOSED_RULES = (("vocab", "fsdp"), ("embed", "tensor"), ("heads", "fsdp"),
                     ("norm", "tensor"))
 
 
+@pytest.fixture(scope="module")
+def qwen2_ckpt(tmp_path_factory):
+  """A tied Qwen2 with q/k/v biases (the `bias` layout), exported by us."""
+  cfg = TINY.replace(family="qwen2", qk_norm=False, attention_bias=True, tie_embeddings=True)
+  params = _random_params(cfg, seed=4)
+  path = str(tmp_path_factory.mktemp("tiny_qwen2"))
+  hf.save_checkpoint(cfg, params, path)
+  return cfg, path, params
+
+
 @pytest.mark.parametrize("rules", ["default", "transposed"])
-def test_mesh_targeted_load_reads_only_shards(tiny_ckpt, rules, monkeypatch):
-  path, params = tiny_ckpt
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
+def test_mesh_targeted_load_reads_only_shards(tiny_ckpt, qwen2_ckpt, family, rules, monkeypatch):
+  cfg, (path, params) = (TINY, tiny_ckpt) if family == "qwen3" else (qwen2_ckpt[0],
+                                                                     qwen2_ckpt[1:])
   mesh = sharding.make_mesh({"fsdp": 2, "tensor": 4})
-  want = (sharding.param_shardings(TINY, mesh) if rules == "default" else
-          sharding.param_shardings(TINY, mesh, TRANSPOSED_RULES))
+  want = (sharding.param_shardings(cfg, mesh) if rules == "default" else
+          sharding.param_shardings(cfg, mesh, TRANSPOSED_RULES))
   reads = []
   real = hf._read_slice
 
@@ -204,17 +216,18 @@ def test_mesh_targeted_load_reads_only_shards(tiny_ckpt, rules, monkeypatch):
     reads.append((name, block.size))
     return block
   monkeypatch.setattr(hf, "_read_slice", spy)
-  cfg, loaded = hf.load_checkpoint(path, sharding=want)
-  assert cfg == TINY
+  got_cfg, loaded = hf.load_checkpoint(path, sharding=want)
+  assert got_cfg == cfg
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
   jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(
       f"{x.sharding} != {s}"), loaded, want)
   # Every tensor whose sharding splits it was only ever read a shard at a time.
-  full = {name: int(np.prod(hf._hf_shape(kind, shape)))
-          for ours, name, kind, shape in hf._param_specs(TINY)}
-  split = {name for ours, name, _, _ in hf._param_specs(TINY)
+  specs = hf._param_specs(cfg)
+  full = {name: int(np.prod(hf._hf_shape(kind, shape))) for _, name, kind, shape in specs}
+  split = {name for ours, name, _, _ in specs
            if any(a is not None for a in hf._get(want, ours).spec)}
   assert len(split) > 10
+  assert {name for name, _ in reads} == set(full)
   for name, size in reads:
     if name in split:
       assert size < full[name], f"{name} was read whole"
@@ -229,7 +242,7 @@ def test_mesh_argument_and_dtype(tiny_ckpt):
   assert q.dtype == jax.numpy.bfloat16 and q.sharding.spec == P("fsdp", "tensor", None)
   np.testing.assert_array_equal(np.asarray(q), np.asarray(params["layers_0"]["attn"]["q_proj"],
                                                           jax.numpy.bfloat16))
-  # bf16 on disk, loaded as such by default
+  # one Sharding for every param
   one = NamedSharding(mesh, P())
   cfg16, p16 = hf.load_checkpoint(path, sharding=one, dtype="bfloat16")
   assert p16["embed"].sharding == one
@@ -238,11 +251,47 @@ def test_mesh_argument_and_dtype(tiny_ckpt):
 def test_bfloat16_round_trip(tiny_ckpt, tmp_path):
   path, _ = tiny_ckpt
   cfg, params = hf.load_checkpoint(path, dtype="bfloat16")
-  hf.save_checkpoint(cfg, params, str(tmp_path))
+  hf.save_checkpoint(cfg, params, str(tmp_path), max_shard_size=10_000)
+  assert len(list(tmp_path.glob("*.safetensors"))) > 1
+  hf.save_checkpoint(cfg, params, str(tmp_path))  # replaces the sharded export
+  assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]
   assert json.load(open(tmp_path / "config.json"))["torch_dtype"] == "bfloat16"
   cfg2, params2 = hf.load_checkpoint(str(tmp_path))  # dtype from config.json
   assert cfg2 == cfg and params2["embed"].dtype == jax.numpy.bfloat16
   jax.tree.map(np.testing.assert_array_equal, params2, params)
+
+
+# The public config.json of real checkpoints (transformers v4 spelling: top-level rope_theta).
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 128256}
+
+
+def test_real_configs_match_presets():
+  assert hf.config_from_hf(QWEN3_0_6B) == models.get_preset("qwen3-0.6b")
+  assert hf.config_from_hf(dict(QWEN3_0_6B, hidden_size=2048, intermediate_size=6144)) == \
+      models.get_preset("qwen3-1.7b")
+  assert hf.config_from_hf(LLAMA_3_2_1B) == models.get_preset("llama-3.2-1b")
+  for name, preset in models.PRESETS.items():  # config.json round trip of every preset
+    cfg = models.get_preset(name)
+    assert hf.config_from_hf(json.loads(json.dumps(hf.config_to_hf(cfg)))) == cfg, name
 
 
 def _copy(src, dst):
