@@ -30,7 +30,7 @@ import numpy as np
 from mopd_jax import (checkpoint, metrics, models, mopd, rl, rollout, sampling, sft, sharding,
                       teachers, train)
 from mopd_jax.tasks import DOMAINS, base as task_base, get_task
-from mopd_jax.tokenizer import EFFORTS, CharTokenizer
+from mopd_jax.tokenizer import EFFORTS, load_tokenizer
 
 STAGES = ("smoke", "data", "sft", "rl", "mopd", "eval", "report")
 
@@ -79,7 +79,7 @@ class Run:
     validate_config(config, jax.device_count())
     self.config = config
     self.workdir = os.path.abspath(workdir)
-    self.tok = CharTokenizer()
+    self.tok = load_tokenizer(config.model.get("tokenizer_path") or "char")
     self.model_cfg = model_config(config, self.tok.vocab_size)
     self.mesh = sharding.make_mesh(dict(config.mesh))
     self.taus = {"max": config.effort.tau_max, "high": config.effort.tau_high,
@@ -152,10 +152,21 @@ def width_for(trajs_or_len, multiple: int = 16, cap: Optional[int] = None) -> in
 # ----------------------------------------------------------------------------- stages
 
 
+def initial_params(run: Run):
+  """The policy SFT starts from: a Hugging Face checkpoint (`model.hf_path`) or a fresh init."""
+  hf_path = run.config.model.get("hf_path")
+  if hf_path:
+    from mopd_jax import hf
+    _, params = hf.load_checkpoint(hf_path, sharding=sharding.param_shardings(run.model_cfg,
+                                                                               run.mesh))
+    return params
+  return models.init_params(run.model_cfg, jax.random.PRNGKey(run.config.seed))
+
+
 def smoke(run: Run) -> list:
   """Sample from a freshly initialised model and print the samples."""
   c, tok = run.config, run.tok
-  params = models.init_params(run.model_cfg, jax.random.PRNGKey(c.seed))
+  params = initial_params(run)
   prompts = [[tok.bos_id] + tok.encode(p) for p in c.smoke.prompts]
   scfg = sampling.SamplingConfig(max_new_tokens=c.smoke.max_new_tokens,
                                  stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
@@ -183,7 +194,7 @@ def sft_stage(run: Run) -> None:
   trainer = train.Trainer(run.model_cfg, train.LossConfig(kind="sft"),
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps), run.mesh)
-  state = trainer.init(models.init_params(run.model_cfg, jax.random.PRNGKey(run.config.seed)))
+  state = trainer.init(initial_params(run))
   iters = {d: run.iterator(d, c.batch_size, salt=i) for i, d in enumerate(DOMAINS)}
   bar = Progress("sft", c.steps)
   log = run.logger("sft")

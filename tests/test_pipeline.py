@@ -60,3 +60,32 @@ def test_rerun_skips_finished_stages(workdir):
 def test_unknown_stage_is_an_error(workdir):
   proc = _run_cli(workdir, "--config.stages=sft,distill")
   assert proc.returncode != 0 and "unknown stage" in proc.stderr
+
+
+def test_qwen3_tiny_config_smoke_runs(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path),
+                         "--config.stages=smoke"], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.count("sample=") == 3
+
+
+def test_student_from_hugging_face_checkpoint(tmp_path):
+  """`model.hf_path`: the run starts from a safetensors checkpoint written by our exporter."""
+  import jax
+  import configs.qwen3_mopd as q
+  from mopd_jax import hf, pipeline
+  from mopd_jax.tokenizer import CharTokenizer
+  cfg = pipeline.model_config(q.get_config("tiny"), CharTokenizer().vocab_size)
+  ckpt = tmp_path / "student"
+  hf.save_checkpoint(cfg, jax.device_get(__import__("mopd_jax").models.init_params(
+      cfg, jax.random.PRNGKey(3))), str(ckpt))
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
+                         "--config.stages=smoke", f"--config.model.hf_path={ckpt}"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.count("sample=") == 3

@@ -33,9 +33,7 @@ import re
 
 from mopd_jax.tasks import base
 
-NAMES = ("ada", "bob", "cal", "dan", "eve", "fay", "gus", "hal", "ivy", "jon", "kai", "lea",
-         "mia", "ned", "oli", "pam", "quy", "ray", "sam", "tom", "uma", "val", "wes", "xia",
-         "yan", "zoe")
+NAMES = tuple("abcdefghijklmnopqrstuvwxyz")  # one token each: lookups are single-token matches
 TOOL = "boss"
 OBS_OPEN, OBS_CLOSE = "<obs>", "</obs>"
 CALL_OPEN, CALL_CLOSE = "<call>", "</call>"
@@ -87,22 +85,17 @@ class AgtEnvironment:
 class AgtTask(base.Task):
   name = "agt"
 
-  def __init__(self, num_people: int = 8, min_hops: int = 2, max_hops: int = 3,
-               stale_prob: float = 0.25):
+  def __init__(self, num_people: int = 8, min_hops: int = 3, max_hops: int = 3,
+               stale_prob: float = 0.2):
     super().__init__()
-    if not 4 <= num_people <= len(NAMES) or not 1 <= min_hops <= max_hops <= 3:
-      raise ValueError("need 4 <= num_people <= 26 and 1 <= min_hops <= max_hops <= 3")
+    if not 2 <= min_hops <= max_hops or not 2 * max_hops + 2 <= num_people <= len(NAMES):
+      raise ValueError("need 2 <= min_hops <= max_hops and 2 * max_hops + 2 <= num_people "
+                       "<= 26")
+    if not 0.0 <= stale_prob < 1.0:
+      raise ValueError(f"stale_prob must be in [0, 1), got {stale_prob!r}")
     self.num_people, self.min_hops, self.max_hops = num_people, min_hops, max_hops
     self.stale_prob = stale_prob
     self.environment = AgtEnvironment()
-
-  def _world(self, rng) -> dict:
-    """person -> boss (None for the root); always has a chain of depth >= 3."""
-    names = [NAMES[i] for i in rng.permutation(len(NAMES))[:self.num_people]]
-    boss = {names[0]: None}
-    for i in range(1, self.num_people):
-      boss[names[i]] = names[i - 1] if i <= 3 else names[int(rng.integers(0, i))]
-    return dict(sorted(boss.items()))
 
   def make(self, boss: dict, start: str, hops: int, memo: list, seed: int = 0,
            index: int = 0) -> base.Example:
@@ -118,8 +111,9 @@ class AgtTask(base.Task):
       q = f"{TOOL}({q})"
     prompt = "memo: " + ",".join(f"{a}>{b}" for a, b in memo) + "\n" + q + "?"
     calls = [call_text(a) + obs_text(b) + "\n" for a, b in zip(chain, chain[1:])]
-    full = "".join(calls) + ">".join(chain) + "\n#" + answer
-    brief = "".join(calls[:-1]) + "#" + answer  # the last hop is read from the memo
+    full = "".join(calls) + "#" + answer
+    # Brief calls the first hop, then follows the memo; the reference writes the true chain.
+    brief = calls[0] + ">".join(chain[1:]) + "\n#" + answer
     solutions = dict(full=full, brief=brief, direct="#" + answer)
     meta = dict(boss=boss, chain=chain, memo=[list(m) for m in memo])
     return base.make_example(self.name, seed, index, prompt, answer, solutions, meta)
@@ -127,37 +121,30 @@ class AgtTask(base.Task):
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 2)
     for i in itertools.count():
-      boss = self._world(rng)
       hops = int(rng.integers(self.min_hops, self.max_hops + 1))
-      depth = {}
-      for name in boss:
-        d, p = 0, boss[name]
-        while p is not None:
-          d, p = d + 1, boss[p]
-        depth[name] = d
-      starts = sorted(n for n, d in depth.items() if d >= hops)
-      start = starts[int(rng.integers(0, len(starts)))]
-      chain = [start]
-      for _ in range(hops):
-        chain.append(boss[chain[-1]])
-      answer = chain[-1]
-      # Memo fact 1: the last hop, stale (a wrong boss, off the chain) with prob. stale_prob.
-      last, told = chain[-2], answer
-      off_chain = sorted(n for n in boss if n not in chain)
-      if rng.random() < self.stale_prob:
-        told = off_chain[int(rng.integers(0, len(off_chain)))]
-      # Memo fact 2, the decoy: a fact among people off the chain (never naming the stale
-      # boss): a true one when the world has one, else a made-up one.
-      facts = [(n, boss[n]) for n in off_chain if boss[n] in off_chain and told not in (n, boss[n])]
-      if facts:
-        d, decoy_boss = facts[int(rng.integers(0, len(facts)))]
-      else:
-        free = [n for n in off_chain if n != told]  # >= 3 people: 8 minus a chain of <= 4
-        j = rng.permutation(len(free))[:2]
-        d, decoy_boss = free[int(j[0])], free[int(j[1])]
-      memo = [(last, told), (d, decoy_boss)]
-      memo = [memo[j] for j in rng.permutation(2)]
-      yield self.make(boss, start, hops, memo, seed, i)
+      names = [NAMES[j] for j in rng.permutation(len(NAMES))[:self.num_people]]
+      # The world: the question's chain c0 > ... > c_hops (the root), a decoy path of `hops`
+      # people that joins the chain at the root, and everyone else under a random person.
+      chain, decoy, rest = names[:hops + 1], names[hops + 1:2 * hops + 1], names[2 * hops + 1:]
+      boss = {chain[-1]: None}
+      for path in (chain, decoy + chain[-1:]):
+        for a, b in zip(path, path[1:]):
+          boss[a] = b
+      for n in rest:
+        placed = [m for m in boss if m != n]
+        boss[n] = placed[int(rng.integers(0, len(placed)))]
+      boss = dict(sorted(boss.items()))
+      # The memo: hops 2.. of the chain (each stale, i.e. a wrong boss off the chain, with
+      # probability stale_prob) and the decoy path's facts, in random order.
+      off_chain = sorted(set(names) - set(chain))
+      memo = []
+      for a, b in zip(chain[1:], chain[2:]):
+        if rng.random() < self.stale_prob:
+          b = off_chain[int(rng.integers(0, len(off_chain)))]
+        memo.append((a, b))
+      memo += list(zip(decoy, decoy[1:]))
+      memo = [memo[j] for j in rng.permutation(len(memo))]
+      yield self.make(boss, chain[0], hops, memo, seed, i)
 
   def _verify(self, example: base.Example, response: str) -> float:
     got = base.final_answer(response)

@@ -1,17 +1,16 @@
-"""`cod`, coding: synthesise `f(x) = a*x + b` from three input/output examples.
+"""`cod`, coding: what affine function does a short program compute (code tracing)?
 
-    prompt  f(2)=19,f(3)=25,f(7)=49
-    full    a=25-19=6\nb=19-6*2=19-12=7\n#6*x+7    derive a and b step by step
-    brief   a=6,b=7\n#6*x+7                        the parameters only
-    direct  #6*x+7                                 the program only
+    prompt  a,b,c=4,7,2;a,b=b,a;b,c=c,b;a,c=c,a;a,b=b,a;a*x+b?
+    full    (7,4,2);(7,2,4);(4,2,7);(2,4,7)\n#2*x+4     the state (a,b,c) after every line
+    brief   (7,2,4)\n#2*x+4                             the state after the second line only
+    direct  #2*x+4                                      the program only
 
-The first two examples are at consecutive x = k, k+1 (so `a` is one subtraction, no division);
-the third is at any other x. a in [1, 9], b in [0, 19], shown x in [0, 8] (every shown value
-has at most two digits). Each full step is one table lookup with its operands written right
-before it (a difference, a one-digit product, a difference); brief does the same steps without
-writing the operands, and direct needs `b = f(k) - a*k` composed in one go, which the toy
-model learns far more slowly. 8 * 7 * 9 * 20 = 10080 distinct prompts. The hidden tests are
-the three shown points plus five unseen x in [-10, 20].
+Three variables get distinct digits 1-9, then four swap statements run; the answer is the
+function `f(x) = a*x + b` of the final values, written canonically. Why full is easy: every
+statement is 8 characters and every state is 8 characters, so each step reads the previous
+state and its statement at the *same* relative offsets and just reorders three digits. Brief
+composes two swaps at once; direct all four (swaps do not commute: no shortcut).
+504 * 3^4 = 40824 distinct prompts. The hidden tests are eight x in [-10, 20].
 
 The program. The answer after the last `#` is a Python *expression* in `x`: the verifier runs
 `def f(x):\n    return (<expr>)` (it must parse as one expression). A response may instead hold
@@ -42,6 +41,9 @@ _CANON_EXPR = re.compile(_NUM + r"\*x([+-](?:0|[1-9]\d{0,5}))")
 _CANON_CODE = re.compile(r"def f\(x\):\n[ \t]+return " + _NUM + r"\*x([+-](?:0|[1-9]\d{0,5}))\s*")
 
 
+VARS = "abc"
+
+
 def canonical_expr(a: int, b: int) -> str:
   return f"{a}*x{b:+d}"
 
@@ -66,47 +68,54 @@ def expr_program(expr: str) -> str | None:
 class CodTask(base.Task):
   name = "cod"
 
-  def __init__(self, num_hidden: int = 5, timeout_s: float = 2.0, memory_mb: int = 256,
-               cache_size: int = 4096, a_range=(1, 9), b_range=(0, 19), max_x: int = 8):
+  def __init__(self, num_hidden: int = 8, timeout_s: float = 2.0, memory_mb: int = 256,
+               cache_size: int = 4096, num_swaps: int = 4):
     super().__init__()
-    if not (1 <= a_range[0] <= a_range[1] and 0 <= b_range[0] <= b_range[1] and max_x >= 2):
-      raise ValueError("need 1 <= a_lo <= a_hi, 0 <= b_lo <= b_hi and max_x >= 2")
+    if not (1 <= num_hidden <= 31 and 1 <= num_swaps <= 8):
+      raise ValueError("need 1 <= num_hidden <= 31 and 1 <= num_swaps <= 8")
     self.num_hidden, self.timeout_s, self.memory_mb = num_hidden, timeout_s, memory_mb
-    self.a_range, self.b_range, self.max_x = tuple(a_range), tuple(b_range), int(max_x)
+    self.num_swaps = num_swaps
     self.cache_size = cache_size
     self._cache = collections.OrderedDict()
     self.num_fast_path = 0
     self.num_sandbox_runs = 0
     self.num_cache_hits = 0
 
-  def make(self, a: int, b: int, shown_x, hidden_x, seed: int = 0,
-           index: int = 0) -> base.Example:
-    """The example for `f(x) = a*x + b`; `shown_x[1]` must be `shown_x[0] + 1` (kept in order)."""
-    a, b = int(a), int(b)
-    shown_x = [int(v) for v in shown_x]
-    if len(shown_x) < 2 or shown_x[1] != shown_x[0] + 1 or len(set(shown_x)) != len(shown_x):
-      raise ValueError(f"shown x must be distinct and start with k, k+1; got {shown_x}")
-    ys = [a * v + b for v in shown_x]
-    k, (y1, y2) = shown_x[0], ys[:2]
+  def make(self, values, swaps, test_x, seed: int = 0, index: int = 0) -> base.Example:
+    """The example for initial `values` of (a, b, c), `swaps` (pairs of variable indices,
+    e.g. (0, 2) for `a,c=c,a`) and the hidden test inputs `test_x`."""
+    state = [int(v) for v in values]
+    if len(state) != 3 or not all(0 <= v <= 9 for v in state):
+      raise ValueError(f"need three one-digit values, got {values}")
+    lines, states = [], []
+    for i, j in swaps:
+      i, j = sorted((int(i), int(j)))
+      if not 0 <= i < j <= 2:
+        raise ValueError(f"bad swap {(i, j)}")
+      u, v = VARS[i], VARS[j]
+      lines.append(f"{u},{v}={v},{u}")
+      state[i], state[j] = state[j], state[i]
+      states.append("(" + ",".join(map(str, state)) + ")")
+    a, b = state[0], state[1]
     expr = canonical_expr(a, b)
-    full = f"a={y2}-{y1}={a}\nb={y1}-{a}*{k}={y1}-{a * k}={b}\n#{expr}"
-    solutions = dict(full=full, brief=f"a={a},b={b}\n#{expr}", direct=f"#{expr}")
-    prompt = ",".join(f"f({v})={y}" for v, y in zip(shown_x, ys))
-    tests = [[v, a * v + b] for v in shown_x + [int(v) for v in hidden_x]]
+    prompt = "a,b,c=" + ",".join(str(int(v)) for v in values) + ";" + ";".join(lines) + \
+        ";a*x+b?"
+    full = ";".join(states) + "\n#" + expr
+    mid = states[len(states) // 2 - 1] if len(states) >= 2 else states[0]
+    solutions = dict(full=full, brief=f"{mid}\n#{expr}", direct=f"#{expr}")
+    tests = [[int(t), a * int(t) + b] for t in test_x]
     return base.make_example(self.name, seed, index, prompt, expr, solutions,
-                             dict(a=a, b=b, tests=tests))
+                             dict(a=a, b=b, values=[int(v) for v in values],
+                                  swaps=[list(map(int, p)) for p in swaps], tests=tests))
 
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 3)
+    pairs = [(0, 1), (0, 2), (1, 2)]
     for i in itertools.count():
-      a = int(rng.integers(self.a_range[0], self.a_range[1] + 1))
-      b = int(rng.integers(self.b_range[0], self.b_range[1] + 1))
-      k = int(rng.integers(0, self.max_x))  # k + 1 <= max_x
-      third = [v for v in range(self.max_x + 1) if v not in (k, k + 1)]
-      shown = [k, k + 1, third[int(rng.integers(0, len(third)))]]
-      pool = [v for v in range(-10, 21) if v not in set(shown)]
-      hidden = [pool[j] for j in rng.choice(len(pool), size=self.num_hidden, replace=False)]
-      yield self.make(a, b, shown, hidden, seed, i)
+      values = (rng.permutation(9)[:3] + 1).tolist()
+      swaps = [pairs[int(rng.integers(0, 3))] for _ in range(self.num_swaps)]
+      test_x = (rng.permutation(31)[:self.num_hidden] - 10).tolist()
+      yield self.make(values, swaps, test_x, seed, i)
 
   # verification
   def program_of(self, response: str) -> tuple[str | None, tuple | None]:

@@ -1,16 +1,18 @@
-"""`gen`, general reasoning: the running sum of 4-5 single-digit numbers, with a scratchpad.
+"""`gen`, general reasoning: track a ball under five cups through six swaps (a shell game, like
+BIG-bench's "tracking shuffled objects").
 
-    prompt  3+5+7+2=?
-    full    3+5=8,8+7=15,15+2=17\\n#17     every addition written out (operands copied)
-    brief   8,15,17\\n#17                  only the partial sums
-    direct  #17                           the answer alone
+    prompt  ball at A, swaps AB CD BD AE DC BE
+    full    B, B, D, D, C, C\\n#C     where the ball is after every swap
+    brief   B, D\\n#C                 after every second swap
+    direct  #C                       the final cup alone
 
-Each full step is one table lookup (a number up to 45 plus one digit) with both operands
-written right before it; brief has to find the next operand in the prompt while adding; the
-direct style needs the whole 4-5 term sum in one step, which the ~1M-parameter toy model learns
-far more slowly: reasoning length buys accuracy. 9^4 + 9^5 distinct prompts (digits 1-9).
+Why full is easy: the prompt lists one swap every 3 characters and full writes one position
+every 3 characters, so each step reads the previous position and its swap at the *same*
+relative offsets, and applies one tiny rule (the ball moves iff its cup is in the swap). Brief
+composes two swaps per step; direct has to compose all six at once, and the swaps do not
+commute, so there is no shortcut. 5 * 20^6 distinct prompts.
 
-Reward: 1.0 iff the integer after the last `#` equals the sum exactly.
+Reward: 1.0 iff the cup letter after the last `#` is the ball's final cup.
 """
 from __future__ import annotations
 
@@ -18,39 +20,49 @@ import itertools
 
 from mopd_jax.tasks import base
 
+CUPS = "ABCDEFGHIJ"
+
+
+def track(start: str, swaps) -> list:
+  """The ball's cup after each swap (each swap a two-letter string)."""
+  pos, out = start, []
+  for s in swaps:
+    pos = s[1] if pos == s[0] else s[0] if pos == s[1] else pos
+    out.append(pos)
+  return out
+
 
 class GenTask(base.Task):
   name = "gen"
 
-  def __init__(self, min_terms: int = 4, max_terms: int = 5, lo: int = 1, hi: int = 9):
+  def __init__(self, num_cups: int = 5, num_swaps: int = 6):
     super().__init__()
-    if not 2 <= min_terms <= max_terms:
-      raise ValueError("need 2 <= min_terms <= max_terms")
-    if not 0 <= lo <= hi:
-      raise ValueError("need 0 <= lo <= hi")
-    self.min_terms, self.max_terms, self.lo, self.hi = min_terms, max_terms, lo, hi
+    if not 3 <= num_cups <= len(CUPS) or not 2 <= num_swaps <= 12:
+      raise ValueError(f"need 3 <= num_cups <= {len(CUPS)} and 2 <= num_swaps <= 12")
+    self.num_cups, self.num_swaps = num_cups, num_swaps
 
-  def make(self, numbers, uid_seed: int = 0, index: int = 0) -> base.Example:
-    numbers = [int(v) for v in numbers]
-    partial, steps, sums = numbers[0], [], []
-    for v in numbers[1:]:
-      steps.append(f"{partial}+{v}={partial + v}")
-      partial += v
-      sums.append(str(partial))
-    answer = str(partial)
-    solutions = dict(full=",".join(steps) + "\n#" + answer,
-                     brief=",".join(sums) + "\n#" + answer,
+  def make(self, start: str, swaps, uid_seed: int = 0, index: int = 0) -> base.Example:
+    swaps = [str(s) for s in swaps]
+    if any(len(s) != 2 or s[0] == s[1] for s in swaps):
+      raise ValueError(f"each swap must be two different cups, got {swaps}")
+    path = track(start, swaps)
+    answer = path[-1]
+    solutions = dict(full=", ".join(path) + "\n#" + answer,
+                     brief=", ".join(path[1:-1:2]) + "\n#" + answer,
                      direct="#" + answer)
-    prompt = "+".join(map(str, numbers)) + "=?"
+    prompt = f"ball at {start}, swaps " + " ".join(swaps)
     return base.make_example(self.name, uid_seed, index, prompt, answer, solutions,
-                             dict(numbers=numbers))
+                             dict(start=start, swaps=swaps, path=path))
 
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 1)
+    cups = CUPS[:self.num_cups]
     for i in itertools.count():
-      k = int(rng.integers(self.min_terms, self.max_terms + 1))
-      yield self.make(rng.integers(self.lo, self.hi + 1, size=k), seed, i)
+      start = cups[int(rng.integers(0, self.num_cups))]
+      swaps = ["".join(cups[j] for j in rng.permutation(self.num_cups)[:2])
+               for _ in range(self.num_swaps)]
+      yield self.make(start, swaps, seed, i)
 
   def _verify(self, example: base.Example, response: str) -> float:
-    got = base.parse_int(base.final_answer(response))
-    return float(got is not None and got == int(example.answer))
+    got = base.final_answer(response)
+    return float(got is not None and got == example.answer)
