@@ -23,6 +23,7 @@ setup(
         "tokenizers>=0.23.3",  # Hugging Face tokenizer.json adapter (mopd_jax.tokenizer)
         "matplotlib>=3.8",  # report plots
         "tensorboardX>=2.6.5",  # TensorBoard event files without TensorFlow
+        "jinja2>=3.1",  # chat templates of Hugging Face tokenizers (sandboxed rendering)
     ],
     extras_require={
         "test": ["pytest>=9.0", "torch==2.13.0", "transformers==5.24.0"],

@@ -106,10 +106,20 @@ class HFTokenizer:
     self.pad_id, self.bos_id, self.eos_id = (self._special_ids[s] for s in SPECIALS[:3])
     self.call_id, self.call_end_id = self._special_ids["<call>"], self._special_ids["</call>"]
     self.obs_id, self.obs_end_id = self._special_ids["<obs>"], self._special_ids["</obs>"]
+    self.chat_template = _read_chat_template(os.path.dirname(path))
 
   @property
   def vocab_size(self) -> int:
     return self._tok.get_vocab_size(with_added_tokens=True)
+
+  def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
+    """Render `messages` ([{"role", "content"}]) with the checkpoint's Jinja chat template."""
+    if not self.chat_template:
+      raise ValueError(f"{self.path}: no chat_template in tokenizer_config.json")
+    import jinja2.sandbox  # pylint: disable=g-import-not-at-top
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(self.chat_template).render(
+        messages=messages, add_generation_prompt=add_generation_prompt, **kwargs)
 
   def effort_id(self, effort: str) -> int:
     if effort not in EFFORTS:
@@ -132,6 +142,23 @@ class HFTokenizer:
       if not 0 <= i < n:
         raise ValueError(f"token id {i} outside the vocabulary [0, {n})")
     return self._tok.decode(ids, skip_special_tokens=skip_special)
+
+
+def _read_chat_template(folder: str):
+  """The `chat_template` of a `tokenizer_config.json` beside the tokenizer, or None."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  cfg_path = os.path.join(folder, "tokenizer_config.json")
+  if not os.path.isfile(cfg_path):
+    return None
+  try:
+    with open(cfg_path, encoding="utf-8") as f:
+      template = json.load(f).get("chat_template")
+  except (OSError, ValueError) as e:
+    raise ValueError(f"cannot read {cfg_path}: {e}") from None
+  if isinstance(template, list):  # several named templates: take "default"
+    template = {t.get("name"): t.get("template") for t in template}.get("default")
+  return template
 
 
 def load_tokenizer(spec: str = "char", **kwargs):

@@ -146,3 +146,23 @@ def test_same_interface(hf_path):
       assert isinstance(getattr(t, attr), int), attr
     assert callable(t.encode) and callable(t.decode) and callable(t.effort_id)
   assert tok_lib.EFFORTS == ("low", "high", "max")
+
+
+def test_hf_chat_template(hf_path, tmp_path):
+  import json
+  import os
+  import shutil
+  folder = tmp_path / "ckpt"
+  folder.mkdir()
+  src = hf_path if str(hf_path).endswith(".json") else os.path.join(hf_path, "tokenizer.json")
+  shutil.copy(src, folder / "tokenizer.json")
+  template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+              "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+  (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+  t = HFTokenizer(str(folder))
+  assert t.chat_template == template
+  out = t.apply_chat_template([{"role": "user", "content": "hi"}])
+  assert out == "<|user|>hi\n<|assistant|>"
+  assert HFTokenizer(hf_path).chat_template is None
+  with pytest.raises(ValueError, match="no chat_template"):
+    HFTokenizer(hf_path).apply_chat_template([])
