@@ -99,6 +99,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.warmup_steps = 0 if tiny else 5
   c.mopd.r_max = 5.0  # clip of the per-token reward r_t (K3 eq. 15)
   c.mopd.loss = "mopd"  # mopd (eq. 15) | pg (clipped ratio, reward as advantage)
+  # Student initialisation: sft (pi_SFT, as the MOPD paper assumes) | teacher_sft (pi_SFT
+  # further fine-tuned on trajectories of all nine teachers, each with its effort token).
+  c.mopd.init = "sft"
+  c.mopd.init_samples_per_cell = 8 if tiny else 64  # teacher rollouts per cell (teacher_sft)
+  c.mopd.init_sft_steps = 3 if tiny else 60  # SFT updates on them (teacher_sft)
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.max_response_tokens = 96 if tiny else 512  # cap on a response (generated + obs.)

@@ -120,6 +120,40 @@ class Run:
     return datasets.ResumableIterator(self.split(domain, "train"), batch_size,
                                       seed=self.config.seed * 1000 + salt)
 
+  @property
+  def teacher_hf_paths(self) -> tuple:
+    t = self.config.get("teacher")
+    return tuple(t.hf_paths) if t is not None and t.get("hf_paths") else ()
+
+  @functools.cached_property
+  def teacher_cfg(self) -> models.ModelConfig:
+    """Teachers trained by the rl stage share the student's shape; teachers brought as
+    Hugging Face checkpoints (`teacher.hf_paths`) have their own (e.g. Qwen3-1.7B)."""
+    if not self.teacher_hf_paths:
+      return self.model_cfg
+    from mopd_jax import hf
+    cfg = hf.resolve_model_config(self.config.teacher, self.tok.vocab_size,
+                                  hf_path=self.teacher_hf_paths[0])
+    teachers.check_compatible(self.model_cfg, cfg)
+    return cfg
+
+  def teacher_engine(self, sampling: bool = False) -> rollout.RolloutEngine:
+    """Rollouts of a teacher: greedy for evaluation, or at the RL temperature."""
+    if self.teacher_cfg == self.model_cfg:
+      return self.engine if sampling else self.eval_engine
+    c = self.config
+    return rollout.RolloutEngine(
+        self.teacher_cfg, self.tok, max_response_tokens=c.rollout.max_response_tokens,
+        temperature=c.rl.temperature if sampling else c.eval.temperature,
+        max_turns=c.rollout.max_turns)
+
+  def load_teacher(self, entry: dict):
+    if entry.get("format") == "hf":
+      from mopd_jax import hf
+      _, params = hf.load_checkpoint(entry["path"])
+      return params
+    return checkpoint.load_params(entry["path"], self.params_like())
+
   def logger(self, stage: str) -> metrics.MetricsLogger:
     return metrics.MetricsLogger(self.path("tb", stage))
 
@@ -230,9 +264,24 @@ def _eval_budgets(run: Run, examples, effort):
 def rl_stage(run: Run) -> None:
   """Three independent lanes (one per domain) of the effort anneal max -> high -> low."""
   c = run.config.rl
+  manifest = checkpoint.read_json(run.path("teachers.json"), default={"teachers": {}})
+  if run.teacher_hf_paths:  # teachers brought as checkpoints: register, do not train
+    if len(run.teacher_hf_paths) != len(teachers.DEFAULT_NAMES):
+      raise ValueError(f"teacher.hf_paths has {len(run.teacher_hf_paths)} entries; expected "
+                       f"{len(teachers.DEFAULT_NAMES)} in the order {teachers.DEFAULT_NAMES}")
+    for name, path in zip(teachers.DEFAULT_NAMES, run.teacher_hf_paths):
+      if not os.path.isdir(path):
+        raise FileNotFoundError(f"teacher {name}: no checkpoint directory {path}")
+      d, e = name.split("/")
+      manifest["teachers"][name] = {"domain": d, "effort": e, "tau": run.taus[e], "step": 0,
+                                    "parent": path, "path": path, "format": "hf",
+                                    "config_hash": config_hash(run.config),
+                                    "eval_validation": None}
+    checkpoint.write_json(run.path("teachers.json"), manifest)
+    run.mark_done("rl", {"teachers": sorted(manifest["teachers"]), "source": "hf"})
+    return
   like = run.params_like()
   pi_sft = checkpoint.load_params(run.path("sft", "params"), like)
-  manifest = checkpoint.read_json(run.path("teachers.json"), default={"teachers": {}})
   for di, domain in enumerate(DOMAINS):
     task = get_task(domain)
     lane = run.path("rl", domain)
@@ -283,6 +332,8 @@ def teacher_table(manifest: dict) -> str:
            "----------  ----  --------  ------  -----------"]
   for name, t in sorted(manifest["teachers"].items()):
     m = t["eval_validation"]
+    if m is None:
+      continue
     lines.append(f"{name:10s}  {t['tau']:.2f}  {m['accuracy']:8.3f}  {m['mean_length']:6.1f}  "
                  f"{m['over_budget_rate']:11.3f}")
   return "\n".join(lines)
@@ -290,17 +341,15 @@ def teacher_table(manifest: dict) -> str:
 
 def load_bank(run: Run) -> teachers.TeacherBank:
   manifest = checkpoint.read_json(run.path("teachers.json"))
-  like = run.params_like()
   missing = [n for n in teachers.DEFAULT_NAMES if n not in manifest["teachers"]]
   if missing:
     raise FileNotFoundError(f"teacher manifest {run.path('teachers.json')} lacks {missing}; "
                             "run the rl stage first")
-  plist = [checkpoint.load_params(manifest["teachers"][n]["path"], like)
-           for n in teachers.DEFAULT_NAMES]
+  plist = [run.load_teacher(manifest["teachers"][n]) for n in teachers.DEFAULT_NAMES]
   shard = None
   if run.mesh.shape.get("teacher", 1) > 1:
-    shard = sharding.param_shardings(run.model_cfg, run.mesh, num_stacked=len(plist))
-  return teachers.build_bank(run.model_cfg, plist, names=teachers.DEFAULT_NAMES,
+    shard = sharding.param_shardings(run.teacher_cfg, run.mesh, num_stacked=len(plist))
+  return teachers.build_bank(run.teacher_cfg, plist, names=teachers.DEFAULT_NAMES,
                              student_cfg=run.model_cfg, sharding=shard)
 
 
@@ -314,7 +363,8 @@ def teacher_sft_init(run: Run, student, bank: teachers.TeacherBank):
     d, e = name.split("/")
     tparams = jax.tree.map(lambda x: x[k], bank.params)
     exs = next(run.iterator(d, c.init_samples_per_cell, salt=300 + k))
-    res = run.engine.run(tparams, exs, [e] * len(exs), _eval_budgets(run, exs, e),
+    res = run.teacher_engine(sampling=True).run(tparams, exs, [e] * len(exs),
+                                                _eval_budgets(run, exs, e),
                          jax.random.PRNGKey(run.config.seed + 400 + k),
                          environment=get_task(d).environment)
     pool += [t for t, over in zip(res.trajectories, res.over_budget) if not over]
@@ -413,9 +463,8 @@ def eval_stage(run: Run) -> None:
         cells.append({"policy": "student", "domain": domain, "effort": effort, **m})
       t = manifest["teachers"].get(f"{domain}/{effort}")
       if t is not None:
-        tp = checkpoint.load_params(t["path"], like)
-        m = sft.evaluate(run.eval_engine, tp, task, exs, effort, budgets,
-                         jax.random.PRNGKey(11))
+        m = sft.evaluate(run.teacher_engine(), run.load_teacher(t), task, exs, effort,
+                         budgets, jax.random.PRNGKey(11))
         cells.append({"policy": "teacher", "domain": domain, "effort": effort, **m})
   checkpoint.write_json(run.path("eval.json"), {"cells": cells})
   run.mark_done("eval", {"num_cells": len(cells)})

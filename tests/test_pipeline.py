@@ -89,3 +89,32 @@ def test_student_from_hugging_face_checkpoint(tmp_path):
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.count("sample=") == 3
+
+
+def test_teachers_from_hugging_face_checkpoints(tmp_path):
+  """`teacher.hf_paths`: nine exported checkpoints of a deeper shape than the student are
+  registered instead of trained, and MOPD distils from them."""
+  import jax
+  import configs.qwen3_mopd as q
+  from mopd_jax import hf, models, pipeline
+  from mopd_jax.tokenizer import CharTokenizer
+  cfg = q.get_config("tiny")
+  vocab = CharTokenizer().vocab_size
+  tcfg = hf.resolve_model_config(cfg.teacher, vocab)
+  assert tcfg.num_layers != pipeline.model_config(cfg, vocab).num_layers
+  paths = []
+  for i in range(9):
+    p = tmp_path / f"t{i}"
+    hf.save_checkpoint(tcfg, jax.device_get(models.init_params(tcfg, jax.random.PRNGKey(i))),
+                       str(p))
+    paths.append(str(p))
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
+                         "--config.stages=data,sft,rl,mopd",
+                         f"--config.teacher.hf_paths=({','.join(repr(p) for p in paths)})"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  manifest = json.load(open(tmp_path / "wd" / "teachers.json"))
+  assert all(t["format"] == "hf" for t in manifest["teachers"].values())
+  assert os.path.exists(tmp_path / "wd" / "mopd" / "DONE.json")
