@@ -2,27 +2,22 @@
 
 Each example has its own hidden world: 8 people (3-letter names from a pool of 26) in a random
 tree; `boss(name)` is the only tool. The prompt asks a 2- or 3-hop question and shows a short
-*memo* of two `person>boss` facts: one about the *last* hop of the question's chain (stale,
-i.e. naming a wrong boss, with probability `stale_prob`) and one true fact about someone off
-the chain (a decoy; its boss is never the answer).
+*memo* of two `person>boss` facts that may help: it covers all but one hop of the question's
+chain, and each of its facts about the chain is stale (wrong) with probability `stale_prob`.
 
-    prompt  memo: gus>hal,cal>dan\nboss(boss(boss(ann)))?
-    full    <call>boss(ann)</call><obs>bob</obs>\n<call>boss(bob)</call><obs>cal</obs>\n
-            <call>boss(cal)</call><obs>dan</obs>\nann>bob>cal>dan\n#dan
+    prompt  memo: cal>dan,ann>bob\\nboss(boss(boss(ann)))?
+    full    <call>boss(ann)</call><obs>bob</obs>\\n<call>boss(bob)</call><obs>cal</obs>\\n
+            <call>boss(cal)</call><obs>dan</obs>\\nann>bob>cal>dan\\n#dan
             (every hop called, the memo ignored, the chain recapped)
-    brief   <call>boss(ann)</call><obs>bob</obs>\n<call>boss(bob)</call><obs>cal</obs>\n#dan
-            (calls every hop but the last, then trusts the memo for the last one)
-    direct  #dan   (no call; at best a guess between the memo's two facts)
+    brief   <call>boss(bob)</call><obs>cal</obs>\\n#dan
+            (calls only the hops the memo does not answer correctly; trusts the rest silently)
+    direct  #dan   (no call; the answer is at best a guess from the memo)
 
 The policy writes `<call>boss(ann)</call>`; the rollout pauses decoding at `</call>`, runs
 `AgtEnvironment.step(example, "boss(ann)")` on the host and inserts its answer
 `<obs>bob</obs>`; observation tokens are masked out of every loss and teacher log-prob.
-
-Why the styles differ in accuracy. The reference answer is always the true one, but only full
-can *know* it: brief reads the last hop from the memo, so a model that follows the brief style
-is right only when that memo fact is not stale (about 1 - stale_prob of the time); direct does
-not know which memo fact is on the chain (that needs the calls), so it is right about half as
-often as brief.
+A model that copies the brief style trusts the memo without knowing which facts are stale, so
+it is less accurate than one that calls every hop; direct answers are near chance.
 
 Reward: 1.0 iff the name after the last `#` is the true answer.
 """
@@ -33,7 +28,9 @@ import re
 
 from mopd_jax.tasks import base
 
-NAMES = tuple("abcdefghijklmnopqrstuvwxyz")  # one token each: lookups are single-token matches
+NAMES = ("ada", "bob", "cal", "dan", "eve", "fay", "gus", "hal", "ivy", "jon", "kai", "lea",
+         "mia", "ned", "oli", "pam", "quy", "ray", "sam", "tom", "uma", "val", "wes", "xia",
+         "yan", "zoe")
 TOOL = "boss"
 OBS_OPEN, OBS_CLOSE = "<obs>", "</obs>"
 CALL_OPEN, CALL_CLOSE = "<call>", "</call>"
@@ -85,17 +82,22 @@ class AgtEnvironment:
 class AgtTask(base.Task):
   name = "agt"
 
-  def __init__(self, num_people: int = 8, min_hops: int = 3, max_hops: int = 3,
-               stale_prob: float = 0.2):
+  def __init__(self, num_people: int = 8, min_hops: int = 2, max_hops: int = 3,
+               stale_prob: float = 0.25):
     super().__init__()
-    if not 2 <= min_hops <= max_hops or not 2 * max_hops + 2 <= num_people <= len(NAMES):
-      raise ValueError("need 2 <= min_hops <= max_hops and 2 * max_hops + 2 <= num_people "
-                       "<= 26")
-    if not 0.0 <= stale_prob < 1.0:
-      raise ValueError(f"stale_prob must be in [0, 1), got {stale_prob!r}")
+    if not 4 <= num_people <= len(NAMES) or not 1 <= min_hops <= max_hops <= 3:
+      raise ValueError("need 4 <= num_people <= 26 and 1 <= min_hops <= max_hops <= 3")
     self.num_people, self.min_hops, self.max_hops = num_people, min_hops, max_hops
     self.stale_prob = stale_prob
     self.environment = AgtEnvironment()
+
+  def _world(self, rng) -> dict:
+    """person -> boss (None for the root); always has a chain of depth >= 3."""
+    names = [NAMES[i] for i in rng.permutation(len(NAMES))[:self.num_people]]
+    boss = {names[0]: None}
+    for i in range(1, self.num_people):
+      boss[names[i]] = names[i - 1] if i <= 3 else names[int(rng.integers(0, i))]
+    return dict(sorted(boss.items()))
 
   def make(self, boss: dict, start: str, hops: int, memo: list, seed: int = 0,
            index: int = 0) -> base.Example:
@@ -106,14 +108,16 @@ class AgtTask(base.Task):
     if None in chain:
       raise ValueError("chain runs past the root")
     answer = chain[-1]
+    memo_map = dict(memo)
     q = start
     for _ in range(hops):
       q = f"{TOOL}({q})"
     prompt = "memo: " + ",".join(f"{a}>{b}" for a, b in memo) + "\n" + q + "?"
-    calls = [call_text(a) + obs_text(b) + "\n" for a, b in zip(chain, chain[1:])]
-    full = "".join(calls) + "#" + answer
-    # Brief calls the first hop, then follows the memo; the reference writes the true chain.
-    brief = calls[0] + ">".join(chain[1:]) + "\n#" + answer
+    full = "".join(call_text(a) + obs_text(b) + "\n" for a, b in zip(chain, chain[1:]))
+    full += ">".join(chain) + "\n#" + answer
+    brief = "".join(call_text(a) + obs_text(b) + "\n" for a, b in zip(chain, chain[1:])
+                    if memo_map.get(a) != b)
+    brief += "#" + answer
     solutions = dict(full=full, brief=brief, direct="#" + answer)
     meta = dict(boss=boss, chain=chain, memo=[list(m) for m in memo])
     return base.make_example(self.name, seed, index, prompt, answer, solutions, meta)
@@ -121,30 +125,34 @@ class AgtTask(base.Task):
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 2)
     for i in itertools.count():
+      boss = self._world(rng)
       hops = int(rng.integers(self.min_hops, self.max_hops + 1))
-      names = [NAMES[j] for j in rng.permutation(len(NAMES))[:self.num_people]]
-      # The world: the question's chain c0 > ... > c_hops (the root), a decoy path of `hops`
-      # people that joins the chain at the root, and everyone else under a random person.
-      chain, decoy, rest = names[:hops + 1], names[hops + 1:2 * hops + 1], names[2 * hops + 1:]
-      boss = {chain[-1]: None}
-      for path in (chain, decoy + chain[-1:]):
-        for a, b in zip(path, path[1:]):
-          boss[a] = b
-      for n in rest:
-        placed = [m for m in boss if m != n]
-        boss[n] = placed[int(rng.integers(0, len(placed)))]
-      boss = dict(sorted(boss.items()))
-      # The memo: hops 2.. of the chain (each stale, i.e. a wrong boss off the chain, with
-      # probability stale_prob) and the decoy path's facts, in random order.
-      off_chain = sorted(set(names) - set(chain))
+      depth = {}
+      for name in boss:
+        d, p = 0, boss[name]
+        while p is not None:
+          d, p = d + 1, boss[p]
+        depth[name] = d
+      starts = sorted(n for n, d in depth.items() if d >= hops)
+      start = starts[int(rng.integers(0, len(starts)))]
+      chain = [start]
+      for _ in range(hops):
+        chain.append(boss[chain[-1]])
+      # Memo: 2 facts; all chain hops but one (stale with prob stale_prob), then distractors.
+      covered = sorted(rng.permutation(hops)[:min(2, hops - 1)].tolist())
       memo = []
-      for a, b in zip(chain[1:], chain[2:]):
+      for h in covered:
+        a, b = chain[h], chain[h + 1]
         if rng.random() < self.stale_prob:
-          b = off_chain[int(rng.integers(0, len(off_chain)))]
+          others = sorted(n for n in boss if n not in (a, b))
+          b = others[int(rng.integers(0, len(others)))]
         memo.append((a, b))
-      memo += list(zip(decoy, decoy[1:]))
+      others = sorted(n for n in boss if n not in chain[:-1] and boss[n] is not None)
+      while len(memo) < 2:
+        a = others.pop(int(rng.integers(0, len(others))))
+        memo.append((a, boss[a]))
       memo = [memo[j] for j in rng.permutation(len(memo))]
-      yield self.make(boss, chain[0], hops, memo, seed, i)
+      yield self.make(boss, start, hops, memo, seed, i)
 
   def _verify(self, example: base.Example, response: str) -> float:
     got = base.final_answer(response)

@@ -1,19 +1,15 @@
-"""`cod`, coding: what affine function does a short program compute (code tracing)?
+"""`cod`, coding: synthesise `f(x) = a*x + b` from three input/output examples.
 
-    prompt  a,b,c=4,7,2;a,b=b,a;b,c=c,b;a,c=c,a;a,b=b,a;a*x+b?
-    full    (7,4,2);(7,2,4);(4,2,7);(2,4,7)\n#2*x+4     the state (a,b,c) after every line
-    brief   (7,2,4)\n#2*x+4                             the state after the second line only
-    direct  #2*x+4                                      the program only
+    prompt  f(0)=1,f(2)=7,f(5)=16
+    full    a=(7-1)/(2-0)=6/2=3\\nb=1-3*0=1-0=1\\n#3*x+1    derive a and b step by step
+    brief   a=3,b=1\\n#3*x+1                              the parameters only
+    direct  #3*x+1                                       the program only
 
-Three variables get distinct digits 1-9, then four swap statements run; the answer is the
-function `f(x) = a*x + b` of the final values, written canonically. Why full is easy: every
-statement is 8 characters and every state is 8 characters, so each step reads the previous
-state and its statement at the *same* relative offsets and just reorders three digits. Brief
-composes two swaps at once; direct all four (swaps do not commute: no shortcut).
-504 * 3^4 = 40824 distinct prompts. The hidden tests are eight x in [-10, 20].
+The examples in the prompt are sorted by x; a in [-5, 9] minus 0, b in [-9, 9], shown x in
+[0, 9]. The hidden tests are the three shown points plus five unseen x in [-10, 20].
 
 The program. The answer after the last `#` is a Python *expression* in `x`: the verifier runs
-`def f(x):\n    return (<expr>)` (it must parse as one expression). A response may instead hold
+`def f(x):\\n    return (<expr>)` (it must parse as one expression). A response may instead hold
 a `<code>...</code>` block with a whole function `f` (the sandbox's `RESPONSE_FORMAT`); the last
 such block wins over any `#` answer. The generated styles use the expression form because a
 full `<code>def f(x): ...</code>` block alone is ~35 tokens, too long for a low-effort budget.
@@ -41,9 +37,6 @@ _CANON_EXPR = re.compile(_NUM + r"\*x([+-](?:0|[1-9]\d{0,5}))")
 _CANON_CODE = re.compile(r"def f\(x\):\n[ \t]+return " + _NUM + r"\*x([+-](?:0|[1-9]\d{0,5}))\s*")
 
 
-VARS = "abc"
-
-
 def canonical_expr(a: int, b: int) -> str:
   return f"{a}*x{b:+d}"
 
@@ -68,54 +61,40 @@ def expr_program(expr: str) -> str | None:
 class CodTask(base.Task):
   name = "cod"
 
-  def __init__(self, num_hidden: int = 8, timeout_s: float = 2.0, memory_mb: int = 256,
-               cache_size: int = 4096, num_swaps: int = 4):
+  def __init__(self, num_hidden: int = 5, timeout_s: float = 2.0, memory_mb: int = 256,
+               cache_size: int = 4096):
     super().__init__()
-    if not (1 <= num_hidden <= 31 and 1 <= num_swaps <= 8):
-      raise ValueError("need 1 <= num_hidden <= 31 and 1 <= num_swaps <= 8")
     self.num_hidden, self.timeout_s, self.memory_mb = num_hidden, timeout_s, memory_mb
-    self.num_swaps = num_swaps
     self.cache_size = cache_size
     self._cache = collections.OrderedDict()
     self.num_fast_path = 0
     self.num_sandbox_runs = 0
     self.num_cache_hits = 0
 
-  def make(self, values, swaps, test_x, seed: int = 0, index: int = 0) -> base.Example:
-    """The example for initial `values` of (a, b, c), `swaps` (pairs of variable indices,
-    e.g. (0, 2) for `a,c=c,a`) and the hidden test inputs `test_x`."""
-    state = [int(v) for v in values]
-    if len(state) != 3 or not all(0 <= v <= 9 for v in state):
-      raise ValueError(f"need three one-digit values, got {values}")
-    lines, states = [], []
-    for i, j in swaps:
-      i, j = sorted((int(i), int(j)))
-      if not 0 <= i < j <= 2:
-        raise ValueError(f"bad swap {(i, j)}")
-      u, v = VARS[i], VARS[j]
-      lines.append(f"{u},{v}={v},{u}")
-      state[i], state[j] = state[j], state[i]
-      states.append("(" + ",".join(map(str, state)) + ")")
-    a, b = state[0], state[1]
+  def make(self, a: int, b: int, shown_x, hidden_x, seed: int = 0,
+           index: int = 0) -> base.Example:
+    shown_x = sorted(int(v) for v in shown_x)
+    ys = [a * v + b for v in shown_x]
+    (x1, x2), (y1, y2) = shown_x[:2], ys[:2]
     expr = canonical_expr(a, b)
-    prompt = "a,b,c=" + ",".join(str(int(v)) for v in values) + ";" + ";".join(lines) + \
-        ";a*x+b?"
-    full = ";".join(states) + "\n#" + expr
-    mid = states[len(states) // 2 - 1] if len(states) >= 2 else states[0]
-    solutions = dict(full=full, brief=f"{mid}\n#{expr}", direct=f"#{expr}")
-    tests = [[int(t), a * int(t) + b] for t in test_x]
+    full = (f"a=({y2}-{y1})/({x2}-{x1})={y2 - y1}/{x2 - x1}={a}\n"
+            f"b={y1}-{a}*{x1}={y1}-{a * x1}={b}\n#{expr}")
+    solutions = dict(full=full, brief=f"a={a},b={b}\n#{expr}", direct=f"#{expr}")
+    prompt = ",".join(f"f({v})={y}" for v, y in zip(shown_x, ys))
+    tests = [[v, a * v + b] for v in shown_x + [int(v) for v in hidden_x]]
     return base.make_example(self.name, seed, index, prompt, expr, solutions,
-                             dict(a=a, b=b, values=[int(v) for v in values],
-                                  swaps=[list(map(int, p)) for p in swaps], tests=tests))
+                             dict(a=a, b=b, tests=tests))
 
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 3)
-    pairs = [(0, 1), (0, 2), (1, 2)]
+    a_values = [v for v in range(-5, 10) if v != 0]
     for i in itertools.count():
-      values = (rng.permutation(9)[:3] + 1).tolist()
-      swaps = [pairs[int(rng.integers(0, 3))] for _ in range(self.num_swaps)]
-      test_x = (rng.permutation(31)[:self.num_hidden] - 10).tolist()
-      yield self.make(values, swaps, test_x, seed, i)
+      a = a_values[int(rng.integers(0, len(a_values)))]
+      b = int(rng.integers(-9, 10))
+      shown = rng.choice(10, size=3, replace=False)
+      pool = [v for v in range(-10, 21) if v not in set(shown.tolist())]
+      hidden = [pool[j] for j in rng.choice(len(pool), size=self.num_hidden, replace=False)]
+      yield self.make(a, b, shown, hidden, seed, i)
 
   # verification
   def program_of(self, response: str) -> tuple[str | None, tuple | None]:

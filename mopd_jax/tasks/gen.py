@@ -1,18 +1,13 @@
-"""`gen`, general reasoning: track a ball under five cups through six swaps (a shell game, like
-BIG-bench's "tracking shuffled objects").
+"""`gen`, general reasoning: the sum of 3-4 two-digit numbers, with a scratchpad.
 
-    prompt  ball at A, swaps AB CD BD AE DC BE
-    full    B, B, D, D, C, C\\n#C     where the ball is after every swap
-    brief   B, D\\n#C                 after every second swap
-    direct  #C                       the final cup alone
+    prompt  23+45+67+12=?
+    full    23+45=68,68+67=135,135+12=147\\n#147     every partial sum written out
+    brief   68,135,147\\n#147                        only the partial sums
+    direct  #147                                     the answer alone
 
-Why full is easy: the prompt lists one swap every 3 characters and full writes one position
-every 3 characters, so each step reads the previous position and its swap at the *same*
-relative offsets, and applies one tiny rule (the ball moves iff its cup is in the swap). Brief
-composes two swaps per step; direct has to compose all six at once, and the swaps do not
-commute, so there is no shortcut. 5 * 20^6 distinct prompts.
-
-Reward: 1.0 iff the cup letter after the last `#` is the ball's final cup.
+Reward: 1.0 iff the integer after the last `#` equals the sum exactly. The direct style needs
+a four-operand sum with carries in one step, which a ~1M-parameter model gets wrong far more
+often than with the scratchpad: reasoning length buys accuracy.
 """
 from __future__ import annotations
 
@@ -20,49 +15,38 @@ import itertools
 
 from mopd_jax.tasks import base
 
-CUPS = "ABCDEFGHIJ"
-
-
-def track(start: str, swaps) -> list:
-  """The ball's cup after each swap (each swap a two-letter string)."""
-  pos, out = start, []
-  for s in swaps:
-    pos = s[1] if pos == s[0] else s[0] if pos == s[1] else pos
-    out.append(pos)
-  return out
-
 
 class GenTask(base.Task):
   name = "gen"
 
-  def __init__(self, num_cups: int = 5, num_swaps: int = 6):
+  def __init__(self, min_terms: int = 3, max_terms: int = 4, lo: int = 10, hi: int = 99):
     super().__init__()
-    if not 3 <= num_cups <= len(CUPS) or not 2 <= num_swaps <= 12:
-      raise ValueError(f"need 3 <= num_cups <= {len(CUPS)} and 2 <= num_swaps <= 12")
-    self.num_cups, self.num_swaps = num_cups, num_swaps
+    if not 2 <= min_terms <= max_terms:
+      raise ValueError("need 2 <= min_terms <= max_terms")
+    self.min_terms, self.max_terms, self.lo, self.hi = min_terms, max_terms, lo, hi
 
-  def make(self, start: str, swaps, uid_seed: int = 0, index: int = 0) -> base.Example:
-    swaps = [str(s) for s in swaps]
-    if any(len(s) != 2 or s[0] == s[1] for s in swaps):
-      raise ValueError(f"each swap must be two different cups, got {swaps}")
-    path = track(start, swaps)
-    answer = path[-1]
-    solutions = dict(full=", ".join(path) + "\n#" + answer,
-                     brief=", ".join(path[1:-1:2]) + "\n#" + answer,
+  def make(self, numbers, uid_seed: int = 0, index: int = 0) -> base.Example:
+    numbers = [int(v) for v in numbers]
+    partial, steps = numbers[0], []
+    sums = []
+    for v in numbers[1:]:
+      steps.append(f"{partial}+{v}={partial + v}")
+      partial += v
+      sums.append(str(partial))
+    answer = str(partial)
+    solutions = dict(full=",".join(steps) + "\n#" + answer,
+                     brief=",".join(sums) + "\n#" + answer,
                      direct="#" + answer)
-    prompt = f"ball at {start}, swaps " + " ".join(swaps)
+    prompt = "+".join(map(str, numbers)) + "=?"
     return base.make_example(self.name, uid_seed, index, prompt, answer, solutions,
-                             dict(start=start, swaps=swaps, path=path))
+                             dict(numbers=numbers))
 
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 1)
-    cups = CUPS[:self.num_cups]
     for i in itertools.count():
-      start = cups[int(rng.integers(0, self.num_cups))]
-      swaps = ["".join(cups[j] for j in rng.permutation(self.num_cups)[:2])
-               for _ in range(self.num_swaps)]
-      yield self.make(start, swaps, seed, i)
+      k = int(rng.integers(self.min_terms, self.max_terms + 1))
+      yield self.make(rng.integers(self.lo, self.hi + 1, size=k), seed, i)
 
   def _verify(self, example: base.Example, response: str) -> float:
-    got = base.final_answer(response)
-    return float(got is not None and got == example.answer)
+    got = base.parse_int(base.final_answer(response))
+    return float(got is not None and got == int(example.answer))
