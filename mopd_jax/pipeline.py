@@ -96,19 +96,22 @@ class Run:
     os.makedirs(self.path(stage), exist_ok=True)
     checkpoint.write_json(self.path(stage, "DONE.json"), info)
 
-  @functools.cached_property
-  def engine(self) -> rollout.RolloutEngine:
-    c = self.config
-    return rollout.RolloutEngine(self.model_cfg, self.tok,
-                                 max_response_tokens=c.rollout.max_response_tokens,
-                                 temperature=c.rl.temperature, max_turns=c.rollout.max_turns)
+  @functools.lru_cache(maxsize=None)
+  def make_engine(self, model_cfg: models.ModelConfig,
+                  temperature: float) -> rollout.RolloutEngine:
+    """One rollout engine (and its compiled sampler) per (model, temperature)."""
+    c = self.config.rollout
+    return rollout.RolloutEngine(model_cfg, self.tok, max_response_tokens=c.max_response_tokens,
+                                 temperature=temperature, max_turns=c.max_turns)
 
-  @functools.cached_property
+  @property
+  def engine(self) -> rollout.RolloutEngine:
+    """The student's sampling engine (RL and MOPD rollouts)."""
+    return self.make_engine(self.model_cfg, self.config.rl.temperature)
+
+  @property
   def eval_engine(self) -> rollout.RolloutEngine:
-    c = self.config
-    return rollout.RolloutEngine(self.model_cfg, self.tok,
-                                 max_response_tokens=c.rollout.max_response_tokens,
-                                 temperature=c.eval.temperature, max_turns=c.rollout.max_turns)
+    return self.make_engine(self.model_cfg, self.config.eval.temperature)
 
   def split(self, domain: str, split: str):
     from mopd_jax.tasks import datasets
@@ -139,13 +142,9 @@ class Run:
 
   def teacher_engine(self, sampling: bool = False) -> rollout.RolloutEngine:
     """Rollouts of a teacher: greedy for evaluation, or at the RL temperature."""
-    if self.teacher_cfg == self.model_cfg:
-      return self.engine if sampling else self.eval_engine
     c = self.config
-    return rollout.RolloutEngine(
-        self.teacher_cfg, self.tok, max_response_tokens=c.rollout.max_response_tokens,
-        temperature=c.rl.temperature if sampling else c.eval.temperature,
-        max_turns=c.rollout.max_turns)
+    return self.make_engine(self.teacher_cfg,
+                            c.rl.temperature if sampling else c.eval.temperature)
 
   def load_teacher(self, entry: dict):
     if entry.get("format") == "hf":
