@@ -30,14 +30,27 @@ _TINY_SHAPE = dict(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, head_d
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  """`arg`: None for the Qwen3 run, "tiny" for random tiny shapes on CPU."""
-  if arg not in (None, "", "tiny"):
-    raise ValueError(f"unknown config variant {arg!r}; known: tiny")
+  """`arg`: None for the Qwen3 run, "tiny" for random tiny shapes on CPU, "8b" for a
+  Qwen3-8B-shape student and nine Qwen3-8B-shape teachers (memory plans, pods)."""
+  if arg not in (None, "", "tiny", "8b"):
+    raise ValueError(f"unknown config variant {arg!r}; known: tiny, 8b")
   tiny = arg == "tiny"
+  big = arg == "8b"
   c = ml_collections.ConfigDict()
   c.seed = 0  # every rng in the run is derived from this
   c.stages = "data,sft,rl,mopd,eval,report"  # comma-separated subset, run in pipeline order
   c.log_every = 10  # console / TensorBoard interval in steps
+  # A step whose loss or gradient norm is not finite is never applied. False: stop with a
+  # message naming the step and the metric; True: skip such steps and count the skips.
+  c.skip_nonfinite = False
+
+  # Per-step checkpoints of every training loop (orbax, last 2 complete steps kept, saved
+  # asynchronously). A SIGTERM always saves the step it interrupts; the interval bounds what
+  # a SIGKILL or crash loses. A Qwen3 step (rollouts + update) takes tens of seconds while an
+  # async save blocks only for the device->host copy, so every 5 steps costs little and
+  # loses at most a few minutes.
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 1 if tiny else 5  # steps between saves
 
   c.model = ml_collections.ConfigDict()
   c.model.preset = "qwen3-0.6b"  # a name from mopd_jax.models.PRESETS
@@ -46,6 +59,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if tiny:  # overrides of the preset's shape (vocab_size comes from the tokenizer)
     for name, value in _TINY_SHAPE.items():
       setattr(c.model, name, value)
+  elif big:
+    c.model.preset = "qwen3-8b"
   else:
     c.model.num_layers = 28  # override of the preset's depth (= Qwen3-0.6B's)
     c.model.d_model = 1024  # override of the preset's width (= Qwen3-0.6B's)
@@ -53,7 +68,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.quant_group = 32  # weights per quantisation group
 
   c.teacher = ml_collections.ConfigDict()
-  c.teacher.preset = "qwen3-1.7b"  # shape of the nine teachers
+  c.teacher.preset = "qwen3-8b" if big else "qwen3-1.7b"  # shape of the nine teachers
   c.teacher.hf_paths = ()  # nine checkpoint dirs in teachers.DEFAULT_NAMES order, or empty
   if tiny:  # tiny teachers: the student's shape, twice as deep
     for name, value in _TINY_SHAPE.items():
@@ -64,6 +79,37 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh.data = 1  # mesh axis sizes; their product must equal the device count
   c.mesh.fsdp = 1  # e.g. --config.mesh.fsdp=8 on 8 accelerators
   c.mesh.tensor = 1
+  c.mesh.teacher = 1  # co-located placement: split the stacked bank over this many slices
+
+  # Multi-host (jax.distributed). Empty / 0 / -1 = take the value from the environment
+  # (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID) or let JAX detect it
+  # (TPU pods, SLURM); with none of them set the run stays single-process.
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.coordinator_address = ""  # "host:port" of process 0
+  c.distributed.num_processes = 0
+  c.distributed.process_id = -1
+  c.distributed.initialize = False  # True: always call jax.distributed.initialize (pods)
+
+  # Teacher placement (mopd_jax/placement.py): colocated = the bank shares the student's
+  # devices; disaggregated = the bank lives on its own sub-mesh (the last devices) and
+  # trajectories / log-probs move with jax.device_put.
+  c.placement = ml_collections.ConfigDict()
+  c.placement.teachers = "colocated"
+  c.placement.teacher_mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1, teacher=1))
+
+  # benchmarks/memory_plan.py: shapes lowered (never run) on `devices` simulated devices.
+  c.plan = ml_collections.ConfigDict()
+  c.plan.devices = 64
+  c.plan.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=16, tensor=4, teacher=1))
+  c.plan.placement = "colocated"  # colocated | disaggregated (then teacher_mesh is used)
+  c.plan.teacher_mesh = ml_collections.ConfigDict(dict(data=1, fsdp=8, tensor=1, teacher=1))
+  c.plan.accelerator = "TPU v5p" if big else "H100"  # the chip the plan is read against
+  c.plan.accelerator_gib = 95.0 if big else 80.0  # its memory per device
+  c.plan.num_teachers = 9
+  c.plan.rows_per_teacher = 16  # b: the MOPD batch is num_teachers * b rows
+  c.plan.seq_len = 2048 if big else 1024  # T: prompt + response tokens per row
+  c.plan.prompt_len = 256  # P: prompt bucket of the sampler; decode runs T - P steps
+  c.plan.decode_batch = 144  # rows the sampler decodes at once
 
   c.data = ml_collections.ConfigDict()
   c.data.sizes = (400, 48, 48) if tiny else (4000, 300, 300)  # train / validation / test
@@ -113,6 +159,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.num_examples = 16 if tiny else 96  # test examples per (domain, effort) cell
   c.eval.temperature = 0.0  # 0 = greedy
+
+  # Profiling switch (off by default): trace steps [start_step, start_step + num_steps) of
+  # one training loop with the JAX profiler into <workdir>/profile/<loop>/. `stage`: "" (off),
+  # "sft", "rl" (the first RL run; "rl gen/high" picks one), "mopd", "mopd init: teacher SFT".
+  # E.g. --config.profile.stage=mopd --config.profile.start_step=2 --config.profile.num_steps=3
+  c.profile = ml_collections.ConfigDict()
+  c.profile.stage = ""
+  c.profile.start_step = 2  # earlier steps compile and warm up, so they are left out
+  c.profile.num_steps = 3  # traced steps (keep it short: traces grow fast)
 
   c.smoke = ml_collections.ConfigDict()
   c.smoke.prompts = ("12+34=", "<call>", "f(1)=3")  # texts to complete

@@ -4,6 +4,8 @@ Run:
     python -m experiments.run --config configs/toy.py --workdir /tmp/mopd_toy
 Smoke variant of every stage (used by the tests, well under 2 minutes):
     python -m experiments.run --config configs/toy.py:fast --workdir /tmp/mopd_fast
+Tiny variant for the reliability tests (every training loop, as few steps as possible):
+    python -m experiments.run --config configs/toy.py:tiny --workdir /tmp/mopd_tiny
 Override any field from the command line, e.g. `--config.rl.steps_per_effort=40`, or run a
 subset of stages reusing earlier outputs: `--config.stages=sft,rl`.
 
@@ -16,14 +18,26 @@ import ml_collections
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  """`arg`: None for the default toy run, "fast" for the smoke variant."""
-  if arg not in (None, "", "fast"):
-    raise ValueError(f"unknown config variant {arg!r}; known: fast")
-  fast = arg == "fast"
+  """`arg`: None for the default toy run, "fast" for the smoke variant, "tiny" for the
+  reliability tests (fast with fewer steps and examples)."""
+  if arg not in (None, "", "fast", "tiny"):
+    raise ValueError(f"unknown config variant {arg!r}; known: fast, tiny")
+  fast = arg in ("fast", "tiny")
   c = ml_collections.ConfigDict()
   c.seed = 0  # every rng in the run is derived from this
   c.stages = "data,sft,rl,mopd,eval,report"  # comma-separated subset, run in pipeline order
   c.log_every = 10  # console / TensorBoard interval in steps
+  # A step whose loss or gradient norm is not finite is never applied. False: stop with a
+  # message naming the step and the metric; True: skip such steps and count the skips.
+  c.skip_nonfinite = False
+
+  # Per-step checkpoints of every training loop (orbax, last 2 complete steps kept, saved
+  # asynchronously): a SIGTERM always saves the step it interrupts, so the interval only
+  # bounds the work a SIGKILL or crash can lose. Toy steps take about a second, so saving
+  # every 10 keeps the save cost negligible; the smoke variants save every step so that
+  # the restart paths are exercised.
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 1 if fast else 10  # steps between saves
 
   c.model = ml_collections.ConfigDict()
   c.model.preset = "toy"  # a name from mopd_jax.models.PRESETS
@@ -48,7 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.effort.tau_low = 0.25
 
   c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 12 if fast else 450  # updates; each trains on one domain, round-robin
+  c.sft.steps = 12 if fast else 600  # updates; each trains on one domain, round-robin
   c.sft.batch_size = 16 if fast else 48  # sequences per update
   c.sft.lr = 3e-3  # AdamW peak learning rate (warmup + cosine)
   c.sft.warmup_steps = 2 if fast else 20
@@ -86,7 +100,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval.num_examples = 16 if fast else 96  # test examples per (domain, effort) cell
   c.eval.temperature = 0.0  # 0 = greedy
 
+  # Profiling switch (off by default): trace steps [start_step, start_step + num_steps) of
+  # one training loop with the JAX profiler into <workdir>/profile/<loop>/. `stage`: "" (off),
+  # "sft", "rl" (the first RL run; "rl gen/high" picks one), "mopd", "mopd init: teacher SFT".
+  # E.g. --config.profile.stage=mopd --config.profile.start_step=2 --config.profile.num_steps=3
+  c.profile = ml_collections.ConfigDict()
+  c.profile.stage = ""
+  c.profile.start_step = 2  # earlier steps compile and warm up, so they are left out
+  c.profile.num_steps = 3  # traced steps (keep it short: traces grow fast)
+
   c.smoke = ml_collections.ConfigDict()
   c.smoke.prompts = ("12+34=", "<call>", "f(1)=3")  # texts to complete
   c.smoke.max_new_tokens = 32 if fast else 64
+  if arg == "tiny":  # fewest steps that still give every loop a middle to interrupt
+    # One layer and no QAT: compilation dominates a run this short and both nearly halve it.
+    c.model.num_layers = 1
+    c.model.quant = "none"
+    c.data.sizes = (96, 8, 8)
+    c.sft.steps = 4
+    c.rl.steps_per_effort = 2
+    c.mopd.steps = 2
+    c.eval.num_examples = 4
+    c.rollout.max_response_tokens = 48
   return c

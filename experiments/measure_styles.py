@@ -30,6 +30,7 @@ full in accuracy and in length.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 import time
@@ -54,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--d_model", type=int, default=0, help="override the toy preset (0 = keep)")
   p.add_argument("--num_layers", type=int, default=0, help="override the toy preset (0 = keep)")
+  p.add_argument("--model", default="", help="more preset overrides, e.g. qk_norm=0,mlp_dim=256")
   p.add_argument("--quant", default="int4", choices=("none", "int8", "int4"))
   p.add_argument("--max_response_tokens", type=int, default=96)
   p.add_argument("--log_every", type=int, default=50)
@@ -166,6 +168,9 @@ def main(argv=None) -> dict:
 
   tok = CharTokenizer()
   overrides = {k: getattr(args, k) for k in ("d_model", "num_layers") if getattr(args, k)}
+  for item in filter(None, args.model.split(",")):
+    key, value = item.split("=")
+    overrides[key.strip()] = type(getattr(models.get_preset("toy"), key.strip()))(ast.literal_eval(value))
   cfg = models.get_preset("toy", quant=args.quant, **overrides)
   data = build_data(args.domains, args.num_train, args.num_test, args.seed)
   seq_max = {d: max(sequence_tokens(tok, e, "full") for e in tr) for d, (tr, _) in data.items()}

@@ -3,6 +3,9 @@
 Thin on purpose: parse the locked config, log the devices, hand over to the library.
 Notebooks and tests call `mopd_jax.pipeline.run` directly.
 """
+import logging as pylogging
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -11,17 +14,37 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and reports.")
 
 
+class _QuietOrbax(pylogging.Filter):
+  """Drops orbax's per-save INFO lines (a dozen per checkpoint) so the progress bars stay
+  readable; its warnings and errors still show."""
+
+  def filter(self, record):
+    return record.levelno >= pylogging.WARNING or "orbax" not in record.pathname
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.get_absl_handler().addFilter(_QuietOrbax())
   import jax
 
-  from mopd_jax import pipeline
+  from mopd_jax import distributed, pipeline
+
+  # Multi-host: start jax.distributed (config.distributed or JAX_* environment variables)
+  # before the first device query below initialises a backend.
+  distributed.initialize(_CONFIG.value.get("distributed"))
 
   logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                jax.device_count(), jax.default_backend(), jax.process_index(),
                jax.process_count())
-  pipeline.run(_CONFIG.value, _WORKDIR.value)
+  from mopd_jax import checkpoint
+  try:
+    pipeline.run(_CONFIG.value, _WORKDIR.value)
+  except checkpoint.Preempted as e:
+    # Non-zero so a scheduler knows the run is unfinished; re-running resumes.
+    logging.error("preempted: %s", e)
+    print(f"PREEMPTED: {e}", file=sys.stderr, flush=True)
+    sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

@@ -141,9 +141,28 @@ def mopd_reward(student_logprobs, teacher_logprobs, loss_mask,
   return _reward(lp_s, lp_t, mask, r_max)[0]
 
 
+def truncated_importance_weights(student_logprobs, sampler_logprobs, loss_mask,
+                                 low: float, high: float) -> Array:
+  """``clip(exp(lp_S - lp_sampler), low, high)`` per token, gradient-stopped, 0 off-mask.
+
+  Corrects a batch sampled by an older student (asynchronous teacher scoring: one step
+  stale) toward the current one; the truncation bounds the variance (NeMo-RL's MOPD recipe).
+  The log-ratio is clipped before `exp` so a wild token cannot overflow.
+  """
+  if not 0.0 <= low <= 1.0 <= high:
+    raise ValueError(f"importance weight bounds must satisfy 0 <= low <= 1 <= high, got "
+                     f"low={low}, high={high}")
+  log_ratio = jax.lax.stop_gradient(_f32(student_logprobs) - _f32(sampler_logprobs))
+  w = jnp.exp(jnp.clip(log_ratio, -20.0, 20.0))
+  return jnp.where(loss_mask, jnp.clip(w, low, high), 0.0)
+
+
 def mopd_loss(student_logprobs, teacher_logprobs, loss_mask,
-              r_max: float) -> tuple[Array, Metrics]:
+              r_max: float, importance_weights=None) -> tuple[Array, Metrics]:
   """Kimi K3 eq. 15: ``-mean_i (1/|y_i|) sum_t r_t * lp_S_t``.
+
+  ``importance_weights`` [B, T] (optional, constant): per-token weights ``w_t`` of an
+  off-policy batch, giving ``-mean_i (1/|y_i|) sum_t w_t r_t lp_S_t``; None = on-policy.
 
   ``r_t = clip(sg(lp_T_t - lp_S_t), -r_max, r_max)``. The gradient is the
   REINFORCE estimator of the reverse KL to the teacher with a bounded
@@ -157,7 +176,9 @@ def mopd_loss(student_logprobs, teacher_logprobs, loss_mask,
   lp_s, lp_t, mask, r_max = _mopd_inputs(student_logprobs, teacher_logprobs,
                                          loss_mask, r_max)
   r_BxT, gap_BxT = _reward(lp_s, lp_t, mask, r_max)
-  objective, n_tokens, n_rows = _row_normalised_mean(r_BxT * lp_s, mask)
+  weighted = r_BxT if importance_weights is None else (
+      r_BxT * jax.lax.stop_gradient(_f32(importance_weights)))
+  objective, n_tokens, n_rows = _row_normalised_mean(weighted * lp_s, mask)
   metrics = {
       "kl": _token_mean(-gap_BxT, mask),
       "reward_mean": _token_mean(r_BxT, mask),

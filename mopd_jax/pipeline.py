@@ -27,8 +27,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from mopd_jax import (checkpoint, metrics, models, mopd, rl, rollout, sampling, sft, sharding,
-                      teachers, train)
+from mopd_jax import (checkpoint, metrics, models, mopd, placement, rl, rollout, sampling, sft,
+                      sharding, teachers, train)
 from mopd_jax.tasks import DOMAINS, base as task_base, get_task
 from mopd_jax.tokenizer import EFFORTS, load_tokenizer
 
@@ -48,9 +48,10 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
 def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
   """Clear errors before anything compiles (`raise`, never `assert`: python -O keeps them)."""
   mesh = dict(config.mesh)
-  prod = int(np.prod(list(mesh.values())))
+  prod = placement.num_devices(config)  # + the teachers' sub-mesh when disaggregated
   if prod != num_devices:
-    raise ValueError(f"mesh {mesh} has {prod} devices but {num_devices} are available")
+    raise ValueError(f"mesh {mesh} (with the teacher placement {config.get('placement')}) "
+                     f"has {prod} devices but {num_devices} are available")
   e = config.effort
   if not e.tau_max > e.tau_high > e.tau_low > 0:
     raise ValueError(f"effort taus must be strictly ordered max > high > low > 0, got "
@@ -70,6 +71,16 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
     raise ValueError(f"mopd.loss={config.mopd.loss!r}; expected 'mopd' or 'pg'")
   if config.rl.loss not in ("pmd", "grpo"):
     raise ValueError(f"rl.loss={config.rl.loss!r}; expected 'pmd' or 'grpo'")
+  every = checkpoint_every(config)
+  if not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
+    raise ValueError(f"checkpoint.every must be a positive int (steps between saves), got "
+                     f"{every!r}")
+
+
+def checkpoint_every(config: ml_collections.ConfigDict) -> int:
+  """Steps between per-step checkpoints (`checkpoint.every`; every step when absent)."""
+  block = config.get("checkpoint")
+  return block.get("every", 1) if block is not None else 1
 
 
 class Run:
@@ -79,9 +90,12 @@ class Run:
     validate_config(config, jax.device_count())
     self.config = config
     self.workdir = os.path.abspath(workdir)
+    from mopd_jax import profiling
+    profiling.configure(config.get("profile"), self.workdir)  # raises on a bad switch
     self.tok = load_tokenizer(config.model.get("tokenizer_path") or "char")
     self.model_cfg = model_config(config, self.tok.vocab_size)
-    self.mesh = sharding.make_mesh(dict(config.mesh))
+    # The student's mesh, and the teachers' (the same one unless disaggregated).
+    self.mesh, self.teacher_mesh = placement.config_meshes(config)
     self.taus = {"max": config.effort.tau_max, "high": config.effort.tau_high,
                  "low": config.effort.tau_low}
     self.data_dir = config.data.dir or os.path.join(self.workdir, "data")
@@ -153,6 +167,13 @@ class Run:
       return params
     return checkpoint.load_params(entry["path"], self.params_like())
 
+  def train_loop(self, name: str, directory: str, total_steps: int,
+                 data_state=dict) -> checkpoint.TrainLoop:
+    """Per-step checkpoints of one training loop under `directory` (see checkpoint.py)."""
+    return checkpoint.TrainLoop(name, directory, every=checkpoint_every(self.config),
+                                total_steps=total_steps, data_state=data_state,
+                                skip_nonfinite=bool(self.config.get("skip_nonfinite", False)))
+
   def logger(self, stage: str) -> metrics.MetricsLogger:
     return metrics.MetricsLogger(self.path("tb", stage))
 
@@ -163,16 +184,26 @@ class Run:
 class Progress:
   """A progress line per stage with rate and ETA (tqdm when stderr is a terminal-like sink)."""
 
-  def __init__(self, name: str, total: int):
+  def __init__(self, name: str, total: int, initial: int = 0):
     from tqdm.auto import tqdm
-    self.bar = tqdm(total=total, desc=name, unit="step", dynamic_ncols=True, mininterval=1.0)
+
+    from mopd_jax import profiling
+    # Every process runs the same loop; only process 0 draws the bar (like MetricsLogger).
+    self.bar = tqdm(total=total, initial=initial, desc=name, unit="step", dynamic_ncols=True,
+                    mininterval=1.0, disable=jax.process_index() != 0)
+    # The bar counts the loop's steps, so it is also where `config.profile` traces a range.
+    self.profiler = profiling.for_stage(name, initial)
 
   def update(self, metrics: dict, keys=("loss", "reward", "length", "accuracy")):
     self.bar.set_postfix({k: f"{metrics[k]:.3f}" for k in keys if k in metrics}, refresh=False)
     self.bar.update(1)
+    if self.profiler is not None:
+      self.profiler.after_step()
 
   def close(self):
     self.bar.close()
+    if self.profiler is not None:
+      self.profiler.close()
 
 
 def width_for(trajs_or_len, multiple: int = 16, cap: Optional[int] = None) -> int:
@@ -227,28 +258,32 @@ def sft_stage(run: Run) -> None:
   trainer = train.Trainer(run.model_cfg, train.LossConfig(kind="sft"),
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps), run.mesh)
-  state = trainer.init(initial_params(run))
   iters = {d: run.iterator(d, c.batch_size, salt=i) for i, d in enumerate(DOMAINS)}
-  bar = Progress("sft", c.steps)
   log = run.logger("sft")
   t0 = time.time()
-  history = []
-  for step in range(c.steps):
-    domain = DOMAINS[step % len(DOMAINS)]
-    exs = next(iters[domain])
-    rng = np.random.RandomState([run.config.seed, step])
-    width = width_for(max(len(rollout.encode_prompt(run.tok, ex, "max")) +
-                          len(run.tok.encode(ex.solutions["full"])) + 1 for ex in exs))
-    batch = sft.sft_batch(run.tok, exs, rng, c.effort_mode, width)
-    state, m = trainer.step(state, batch)
-    m = {k: float(v) for k, v in jax.device_get(m).items()}
-    if not m["finite"]:
-      raise FloatingPointError(f"SFT step {step}: non-finite loss {m['loss']} or grad norm "
-                               f"{m['grad_norm']}")
-    history.append([step, m["loss"]])
-    bar.update(m)
-    if step % run.config.log_every == 0 or step == c.steps - 1:
-      log.scalars(step, m)
+  data_state = lambda: {d: it.state() for d, it in iters.items()}
+  with run.train_loop("sft", run.path("sft", "ckpt"), c.steps, data_state) as loop:
+    state = loop.restore(trainer.abstract_state(run.params_like()))
+    if state is None:
+      state = trainer.init(initial_params(run))
+    else:  # continue the data streams exactly where the checkpoint left them
+      for d, pos in loop.data.items():
+        iters[d].restore(pos)
+    bar = Progress("sft", c.steps, initial=loop.start_step)
+
+    def log_step(step, m):
+      bar.update(m)
+      if step % run.config.log_every == 0 or step == c.steps - 1:
+        log.scalars(step, m)
+
+    state, history = sft.train_sft(
+        trainer, state, run.tok, lambda step: next(iters[DOMAINS[step % len(DOMAINS)]]),
+        steps=c.steps, effort_mode=c.effort_mode, seed=run.config.seed, log=log_step,
+        # each batch padded to its own length (one domain per update)
+        width=lambda exs: width_for(max(len(rollout.encode_prompt(run.tok, ex, "max")) +
+                                        len(run.tok.encode(ex.solutions["full"])) + 1
+                                        for ex in exs)),
+        loop=loop)
   bar.close()
   log.close()
   checkpoint.save_params(run.path("sft", "params"), state.params)
@@ -299,16 +334,25 @@ def rl_stage(run: Run) -> None:
       out = os.path.join(lane, f"teacher_{effort}")
       if name in manifest["teachers"] and os.path.exists(out):
         params, parent = checkpoint.load_params(out, like), out
+        if "data_state" in manifest["teachers"][name]:  # the next effort reads on from here
+          it.restore(manifest["teachers"][name]["data_state"])
         continue
-      state = trainer.init(params)
-      bar = Progress(f"rl {name}", c.steps_per_effort)
       log = run.logger(f"rl_{domain}_{effort}")
       t0 = time.time()
-      state, hist = rl.run_effort(
-          trainer, state, run.engine, task, lambda step: next(it), effort=effort,
-          tau=run.taus[effort], steps=c.steps_per_effort, group_size=c.group_size,
-          width=run.config.rollout.width, seed=run.config.seed * 10 + di,
-          log=lambda step, m: (bar.update(m), log.scalars(step, m)))
+      # One checkpoint directory per (domain, effort) run: lanes never share state.
+      with run.train_loop(f"rl {name}", os.path.join(lane, f"ckpt_{effort}"),
+                          c.steps_per_effort, lambda: {"train": it.state()}) as loop:
+        state = loop.restore(trainer.abstract_state(like))
+        if state is None:
+          state = trainer.init(params)
+        else:
+          it.restore(loop.data["train"])
+        bar = Progress(f"rl {name}", c.steps_per_effort, initial=loop.start_step)
+        state, hist = rl.run_effort(
+            trainer, state, run.engine, task, lambda step: next(it), effort=effort,
+            tau=run.taus[effort], steps=c.steps_per_effort, group_size=c.group_size,
+            width=run.config.rollout.width, seed=run.config.seed * 10 + di,
+            log=lambda step, m: (bar.update(m), log.scalars(step, m)), loop=loop)
       bar.close()
       log.close()
       metrics = sft.evaluate(run.eval_engine, state.params, task, val, effort,
@@ -318,12 +362,54 @@ def rl_stage(run: Run) -> None:
           "domain": domain, "effort": effort, "tau": run.taus[effort],
           "step": c.steps_per_effort, "parent": parent, "path": out,
           "config_hash": config_hash(run.config), "seconds": time.time() - t0,
-          "eval_validation": metrics,
+          "eval_validation": metrics, "model": model_signature(run.model_cfg),
+          "data_state": it.state(),
           "train_curve": [[s, m["reward"], m["length"]] for s, m in hist]}
       checkpoint.write_json(run.path("teachers.json"), manifest)
       params, parent = state.params, out
   run.mark_done("rl", {"teachers": sorted(manifest["teachers"])})
   print(teacher_table(manifest))
+
+
+def model_signature(cfg: models.ModelConfig) -> dict:
+  """What a teacher must share with the student to be scored against it (manifest field)."""
+  return {"family": cfg.family, "vocab_size": cfg.vocab_size, "num_layers": cfg.num_layers,
+          "d_model": cfg.d_model}
+
+
+def validate_manifest(run: Run, manifest: dict, path: str) -> None:
+  """Nine cells present, each checkpoint where the manifest says, and each teacher of the
+  student's architecture family and vocabulary; raises naming the offending cells."""
+  cells = manifest.get("teachers") if isinstance(manifest, dict) else None
+  if not isinstance(cells, dict):
+    raise ValueError(f"teacher manifest {path} has no 'teachers' mapping")
+  missing = [n for n in teachers.DEFAULT_NAMES if n not in cells]
+  if missing:
+    raise FileNotFoundError(f"teacher manifest {path} lacks {missing} (nine cells "
+                            f"{list(teachers.DEFAULT_NAMES)} are needed); run the rl stage")
+  problems = []
+  student = model_signature(run.model_cfg)
+  for name in teachers.DEFAULT_NAMES:
+    entry = cells[name]
+    if not os.path.isdir(entry.get("path", "")):
+      problems.append(f"{name}: no checkpoint directory {entry.get('path')!r}")
+    if entry.get("format") == "hf":
+      from mopd_jax import hf
+      try:
+        teachers.check_compatible(run.model_cfg, hf.resolve_model_config(
+            run.config.teacher, run.tok.vocab_size, hf_path=entry["path"]), what=name)
+      except (ValueError, OSError) as e:
+        problems.append(f"{name}: {e}")
+      continue
+    sig = entry.get("model", student)  # manifests written before this field: checked on load
+    # rl-stage teachers are copies of pi_SFT: family, vocabulary and shape all match.
+    diffs = [f"{k} {sig.get(k)!r} (student: {v!r})" for k, v in student.items()
+             if sig.get(k) != v]
+    if diffs:
+      problems.append(f"{name}: " + ", ".join(diffs))
+  if problems:
+    raise ValueError(f"teacher manifest {path} is inconsistent with the student:\n  " +
+                     "\n  ".join(problems))
 
 
 def teacher_table(manifest: dict) -> str:
@@ -340,14 +426,10 @@ def teacher_table(manifest: dict) -> str:
 
 def load_bank(run: Run) -> teachers.TeacherBank:
   manifest = checkpoint.read_json(run.path("teachers.json"))
-  missing = [n for n in teachers.DEFAULT_NAMES if n not in manifest["teachers"]]
-  if missing:
-    raise FileNotFoundError(f"teacher manifest {run.path('teachers.json')} lacks {missing}; "
-                            "run the rl stage first")
+  validate_manifest(run, manifest, run.path("teachers.json"))
   plist = [run.load_teacher(manifest["teachers"][n]) for n in teachers.DEFAULT_NAMES]
-  shard = None
-  if run.mesh.shape.get("teacher", 1) > 1:
-    shard = sharding.param_shardings(run.teacher_cfg, run.mesh, num_stacked=len(plist))
+  # Placed once, as the scorer wants it (placement.TeacherScorer then holds no second copy).
+  shard = sharding.param_shardings(run.teacher_cfg, run.teacher_mesh, num_stacked=len(plist))
   return teachers.build_bank(run.teacher_cfg, plist, names=teachers.DEFAULT_NAMES,
                              student_cfg=run.model_cfg, sharding=shard)
 
@@ -355,7 +437,40 @@ def load_bank(run: Run) -> teachers.TeacherBank:
 def teacher_sft_init(run: Run, student, bank: teachers.TeacherBank):
   """pi_SFT further fine-tuned on trajectories of all nine teachers, each with its effort
   token (K3 §4.1.2): rollouts of teacher (d, e) on training prompts at effort e, kept when
-  they finish within the cell's budget, then SFT on the pooled set."""
+  they finish within the cell's budget, then SFT on the pooled set. Returns (params, pool
+  size); the pool size is None when a restart found the init already finished."""
+  c = run.config.mopd
+  trainer = train.Trainer(run.model_cfg, train.LossConfig(kind="sft"),
+                          train.OptimConfig(lr=run.config.sft.lr, warmup_steps=0,
+                                            total_steps=c.init_sft_steps), run.mesh)
+  with run.train_loop("mopd init: teacher SFT", run.path("mopd", "init_ckpt"),
+                      c.init_sft_steps) as loop:
+    state = loop.restore(trainer.abstract_state(run.params_like()))
+    if state is not None and loop.start_step == c.init_sft_steps:
+      return state.params, None  # finished before a restart: no need to rebuild the pool
+    pool = _teacher_pool(run, bank)  # deterministic: rebuilt alike after a restart
+    if state is None:
+      state = trainer.init(student)
+    bar = Progress("mopd init: teacher SFT", c.init_sft_steps, initial=loop.start_step)
+    width = width_for(pool)  # one width for the whole pool: one compilation
+    for step in range(loop.start_step, c.init_sft_steps):
+      # A pure function of (seed, step): a resumed init draws the same batches.
+      rng = np.random.RandomState([run.config.seed + 500, step])
+      picks = [pool[i] for i in rng.randint(len(pool), size=run.config.sft.batch_size)]
+      arr = rollout.pad_batch(picks, run.tok.pad_id, width)
+      batch = train.TrainBatch(tokens=jax.numpy.asarray(arr["tokens"]),
+                               input_mask=jax.numpy.asarray(arr["input_mask"]),
+                               loss_mask=jax.numpy.asarray(arr["loss_mask"]))
+      state, m = trainer.step(state, batch)
+      m = {k: float(v) for k, v in jax.device_get(m).items()}
+      loop.end_step(step, state, m, [step, m["loss"]])
+      bar.update(m)
+  bar.close()
+  return state.params, len(pool)
+
+
+def _teacher_pool(run: Run, bank: teachers.TeacherBank) -> list:
+  """Teacher trajectories that finished within their cell's budget."""
   c = run.config.mopd
   pool = []
   for k, name in enumerate(bank.router.names):
@@ -370,66 +485,59 @@ def teacher_sft_init(run: Run, student, bank: teachers.TeacherBank):
   if not pool:
     raise RuntimeError("no teacher trajectory finished within its budget; cannot build the "
                        "teacher-SFT initialisation")
-  trainer = train.Trainer(run.model_cfg, train.LossConfig(kind="sft"),
-                          train.OptimConfig(lr=run.config.sft.lr, warmup_steps=0,
-                                            total_steps=c.init_sft_steps), run.mesh)
-  state = trainer.init(student)
-  rng = np.random.RandomState(run.config.seed + 500)
-  bar = Progress("mopd init: teacher SFT", c.init_sft_steps)
-  width = width_for(pool)  # one width for the whole pool: one compilation
-  for step in range(c.init_sft_steps):
-    picks = [pool[i] for i in rng.randint(len(pool), size=run.config.sft.batch_size)]
-    arr = rollout.pad_batch(picks, run.tok.pad_id, width)
-    batch = train.TrainBatch(tokens=jax.numpy.asarray(arr["tokens"]),
-                             input_mask=jax.numpy.asarray(arr["input_mask"]),
-                             loss_mask=jax.numpy.asarray(arr["loss_mask"]))
-    state, m = trainer.step(state, batch)
-    bar.update({k: float(v) for k, v in jax.device_get(m).items()})
-  bar.close()
-  return state.params, len(pool)
+  return pool
 
 
 def mopd_stage(run: Run) -> None:
   """The student: pi_SFT distilled from all nine teachers on its own rollouts."""
   c = run.config.mopd
   bank = load_bank(run)
-  student = checkpoint.load_params(run.path("sft", "params"), run.params_like())
   if c.init not in ("sft", "teacher_sft"):
     raise ValueError(f"mopd.init={c.init!r}; expected 'sft' or 'teacher_sft'")
-  if c.init == "teacher_sft":
-    student, pool_size = teacher_sft_init(run, student, bank)
-    print(f"[mopd] student initialised by SFT on {pool_size} teacher trajectories")
   loss_cfg = train.LossConfig(kind=c.loss, r_max=c.r_max)
   trainer = train.Trainer(run.model_cfg, loss_cfg,
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps), run.mesh)
-  state = trainer.init(student)
   tasks = {d: get_task(d) for d in DOMAINS}
   cells = [(d, e) for d in DOMAINS for e in EFFORTS]
   iters = {d: run.iterator(d, c.prompts_per_cell * len(EFFORTS), salt=200 + i)
            for i, d in enumerate(DOMAINS)}
-  score_fn = jax.jit(teachers.score_stratified)
-  bar = Progress("mopd", c.steps)
+  # Co-located or disaggregated (config.placement): log-probs come back on the student mesh.
+  scorer = placement.TeacherScorer(bank, run.mesh, run.teacher_mesh)
+  score_fn = lambda bank, tokens, mask: scorer(tokens, mask)
   log = run.logger("mopd")
-  history = []
   t0 = time.time()
-  for step in range(c.steps):
-    per_cell = []
-    for d in DOMAINS:
-      exs = next(iters[d])
-      for j, _ in enumerate(EFFORTS):
-        per_cell.append(exs[j * c.prompts_per_cell:(j + 1) * c.prompts_per_cell])
-    rng = jax.random.fold_in(jax.random.PRNGKey(run.config.seed + 3), step)
-    state, rec = mopd.mopd_step(trainer, state, bank, run.engine, tasks, cells, per_cell,
-                                run.taus, rng, r_max=c.r_max, score_fn=score_fn)
-    if not rec.metrics["finite"]:
-      raise FloatingPointError(f"MOPD step {step}: non-finite loss {rec.metrics['loss']} or "
-                               f"grad norm {rec.metrics['grad_norm']}")
-    history.append({"step": step, **rec.metrics, "cells": rec.cells})
-    bar.update(rec.metrics, keys=("loss", "kl", "accuracy", "length"))
-    log.scalars(step, rec.metrics)
-    for name, cm in rec.cells.items():
-      log.scalars(step, cm, prefix=f"{name}/")
+  # The student checkpoint holds only the student's TrainState: teachers are loaded from the
+  # manifest on every (re)start and never saved with it.
+  with run.train_loop("mopd", run.path("mopd", "ckpt"), c.steps,
+                      lambda: {d: it.state() for d, it in iters.items()}) as loop:
+    state = loop.restore(trainer.abstract_state(run.params_like()))
+    if state is None:
+      student = checkpoint.load_params(run.path("sft", "params"), run.params_like())
+      if c.init == "teacher_sft":
+        student, pool_size = teacher_sft_init(run, student, bank)
+        print(f"[mopd] student initialised by SFT on "
+              f"{pool_size if pool_size is not None else 'restored'} teacher trajectories")
+      state = trainer.init(student)
+    else:
+      for d, pos in loop.data.items():
+        iters[d].restore(pos)
+    bar = Progress("mopd", c.steps, initial=loop.start_step)
+    for step in range(loop.start_step, c.steps):
+      per_cell = []
+      for d in DOMAINS:
+        exs = next(iters[d])
+        for j, _ in enumerate(EFFORTS):
+          per_cell.append(exs[j * c.prompts_per_cell:(j + 1) * c.prompts_per_cell])
+      rng = jax.random.fold_in(jax.random.PRNGKey(run.config.seed + 3), step)
+      state, rec = mopd.mopd_step(trainer, state, bank, run.engine, tasks, cells, per_cell,
+                                  run.taus, rng, r_max=c.r_max, score_fn=score_fn)
+      loop.end_step(step, state, rec.metrics, {"step": step, **rec.metrics, "cells": rec.cells})
+      bar.update(rec.metrics, keys=("loss", "kl", "accuracy", "length"))
+      log.scalars(step, rec.metrics)
+      for name, cm in rec.cells.items():
+        log.scalars(step, cm, prefix=f"{name}/")
+    history = loop.history
   bar.close()
   log.close()
   checkpoint.save_params(run.path("mopd", "params"), state.params)
@@ -447,6 +555,7 @@ def eval_stage(run: Run) -> None:
   manifest = checkpoint.read_json(run.path("teachers.json"), default={"teachers": {}})
   cells = []
   n = run.config.eval.num_examples
+  bar = Progress("eval", len(DOMAINS) * len(EFFORTS))  # one step = one (domain, effort) cell
   for domain in DOMAINS:
     task = get_task(domain)
     test = run.split(domain, "test")
@@ -465,6 +574,13 @@ def eval_stage(run: Run) -> None:
         m = sft.evaluate(run.teacher_engine(), run.load_teacher(t), task, exs, effort,
                          budgets, jax.random.PRNGKey(11))
         cells.append({"policy": "teacher", "domain": domain, "effort": effort, **m})
+      bar.update(cells[-1], keys=("accuracy", "mean_length"))
+  bar.close()
+  log = run.logger("eval")  # final cells as scalars: "<policy>/<domain>/<effort>/accuracy"
+  for c in cells:
+    log.scalars(0, {k: c[k] for k in ("accuracy", "mean_length", "over_budget_rate")},
+                prefix=f"{c['policy']}/{c['domain']}/{c['effort']}/")
+  log.close()
   checkpoint.write_json(run.path("eval.json"), {"cells": cells})
   run.mark_done("eval", {"num_cells": len(cells)})
   print(cells_table(cells))
@@ -502,18 +618,26 @@ def run(config: ml_collections.ConfigDict, workdir: Optional[str] = None) -> Non
     raise ValueError("--workdir is required for every stage but smoke")
   ctx = Run(config, workdir or os.getcwd())
   timings = {}
-  for stage in STAGES:
-    if stage not in stages:
-      continue
-    if stage != "smoke" and ctx.done(stage):
-      print(f"[{stage}] already done in {ctx.workdir}; skipping")
-      continue
-    t0 = time.time()
-    _STAGE_FNS[stage](ctx)
-    timings[stage] = time.time() - t0
-    print(f"[{stage}] finished in {timings[stage]:.1f}s")
-    if stage not in ("smoke", "report"):
-      all_t = checkpoint.read_json(ctx.path("timings.json"), default={"_": 0})
-      all_t[stage] = timings[stage]
-      checkpoint.write_json(ctx.path("timings.json"), all_t)
+  with checkpoint.sigterm_guard():
+    for stage in STAGES:
+      if stage in stages:
+        _run_stage(ctx, stage, timings)
   return timings
+
+
+def _run_stage(ctx: Run, stage: str, timings: dict) -> None:
+  """One stage unless already done; a SIGTERM that arrived between stages stops here."""
+  if stage != "smoke" and ctx.done(stage):
+    print(f"[{stage}] already done in {ctx.workdir}; skipping")
+    return
+  if checkpoint.preemption_requested():
+    raise checkpoint.Preempted(f"SIGTERM received before stage {stage}; finished stages are "
+                               "kept. Run the same command again to continue.")
+  t0 = time.time()
+  _STAGE_FNS[stage](ctx)
+  timings[stage] = time.time() - t0
+  print(f"[{stage}] finished in {timings[stage]:.1f}s")
+  if stage not in ("smoke", "report"):
+    all_t = checkpoint.read_json(ctx.path("timings.json"), default={"_": 0})
+    all_t[stage] = timings[stage]
+    checkpoint.write_json(ctx.path("timings.json"), all_t)

@@ -45,9 +45,15 @@ def rewards_of(task, examples, result: rollout.RolloutResult) -> np.ndarray:
 def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.RolloutEngine,
                task, next_examples: Callable[[int], list], *, effort: str, tau: float,
                steps: int, group_size: int, width: int, seed: int,
-               log: Optional[Callable] = None, start_step: int = 0):
-  """`steps` RL iterations at one effort level; returns the new state and per-step metrics."""
+               log: Optional[Callable] = None, start_step: int = 0, loop=None):
+  """`steps` RL iterations at one effort level; returns the new state and per-step metrics.
+
+  `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
+  run then starts at `loop.start_step` and the returned history includes restored steps.
+  """
   history = []
+  if loop is not None:
+    start_step, history = loop.start_step, loop.history
   for step in range(start_step, steps):
     exs = next_examples(step)
     rows = [ex for ex in exs for _ in range(group_size)]
@@ -62,12 +68,15 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
     w = max(width, -(-longest // 32) * 32)  # few distinct widths: few compilations
     state, m = trainer.step(state, rl_batch(engine.tok, res.trajectories, rewards, w))
     m = {k: float(v) for k, v in jax.device_get(m).items()}
-    if not m["finite"]:
-      raise FloatingPointError(f"RL {task.name}/{effort} step {step}: non-finite loss "
-                               f"{m['loss']} or grad norm {m['grad_norm']}")
     m.update(reward=float(rewards.mean()), accuracy=float((rewards > 0).mean()),
              over_budget=float(res.over_budget.mean()), length=float(res.lengths.mean()))
-    history.append((step, m))
+    if loop is not None:
+      loop.end_step(step, state, m, [step, m])  # appends to `history`
+    elif not m["finite"]:
+      raise FloatingPointError(f"RL {task.name}/{effort} step {step}: non-finite loss "
+                               f"{m['loss']} or grad norm {m['grad_norm']}")
+    else:
+      history.append((step, m))
     if log is not None:
       log(step, m)
   return state, history

@@ -45,22 +45,31 @@ def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomS
 
 def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
               next_examples: Callable[[int], list], *, steps: int, effort_mode: str,
-              width: int, seed: int, log: Optional[Callable] = None,
-              start_step: int = 0):
+              width, seed: int, log: Optional[Callable] = None,
+              start_step: int = 0, loop=None):
   """Runs `steps` SFT updates; `next_examples(step)` returns the step's examples.
 
   The batch rng is a pure function of (seed, step), so a resumed run sees the same data.
+  `width`: the padded length, or a function of the step's examples returning it.
+  `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
+  run then starts at `loop.start_step` and the returned history includes restored steps.
   """
   history = []
+  if loop is not None:
+    start_step, history = loop.start_step, loop.history
   for step in range(start_step, steps):
     rng = np.random.RandomState([seed, step])
-    batch = sft_batch(tok, next_examples(step), rng, effort_mode, width)
+    exs = next_examples(step)
+    batch = sft_batch(tok, exs, rng, effort_mode, width(exs) if callable(width) else width)
     state, m = trainer.step(state, batch)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
-    if not m["finite"]:
+    if loop is not None:
+      loop.end_step(step, state, m, [step, m["loss"]])  # appends to `history`
+    elif not m["finite"]:
       raise FloatingPointError(f"SFT step {step}: non-finite loss {m['loss']} or grad norm "
                                f"{m['grad_norm']}")
-    history.append((step, m["loss"]))
+    else:
+      history.append([step, m["loss"]])
     if log is not None:
       log(step, m)
   return state, history

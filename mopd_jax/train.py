@@ -59,6 +59,9 @@ class LossConfig:
   group_size: int = 1  # RL: K samples per prompt (rows [p*K:(p+1)*K] share a prompt)
   tau_kl: float = 0.5  # PMD: weight of the log-ratio to the sampling policy
   token_clip: Optional[float] = None  # PMD: per-token log-ratio clip (K2.5 style); None = off
+  # MOPD on a stale batch (asynchronous teacher scoring): truncated importance weights
+  # clip(pi_theta / pi_sampler, low, high) on each token; None = on-policy, no weights.
+  is_bounds: Optional[tuple] = None
 
   def __post_init__(self):
     if self.kind not in LOSSES:
@@ -100,7 +103,15 @@ def compute_loss(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
   if loss_cfg.kind == "sft":
     return losses.nll_loss(lp, batch.loss_mask)
   if loss_cfg.kind == "mopd":
-    loss, m = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
+    w = None
+    if loss_cfg.is_bounds is not None:
+      w = losses.truncated_importance_weights(lp, batch.sampler_logprobs, batch.loss_mask,
+                                              *loss_cfg.is_bounds)
+    loss, m = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max,
+                               importance_weights=w)
+    if w is not None:
+      m = {**m, "is_weight_mean": jax.lax.stop_gradient(
+          jnp.sum(w) / jnp.maximum(jnp.sum(batch.loss_mask), 1))}
     if batch.advantages is not None:  # outcome term: alpha * A_outcome, plain REINFORCE
       extra, _ = losses.pg_loss(lp, jax.lax.stop_gradient(lp), batch.advantages,
                                 batch.loss_mask, eps_low=loss_cfg.eps_low,
@@ -202,8 +213,16 @@ class Trainer:
     """A train state from student params (placed onto the mesh as needed)."""
     return self._init(params)
 
-  def step(self, state: TrainState, batch: TrainBatch):
-    sharding.check_batch_divisible(batch.tokens.shape[0], self.mesh)
+  def abstract_state(self, params_like) -> TrainState:
+    """Shapes, dtypes and shardings of `init(params)` without computing it: the target a
+    checkpoint is restored onto (on this mesh, whatever mesh wrote it)."""
+    shapes = jax.eval_shape(self._init, params_like)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        shapes, self.state_sharding)
+
+  def jitted_step(self, batch: TrainBatch):
+    """The jitted step for batches of this structure (arrays or ShapeDtypeStructs): what
+    `step` runs, and what `benchmarks.memory_plan` lowers without running."""
     key = jax.tree.structure(batch)
     if key not in self._step_cache:
       # State in and out with the same shardings, donated: the update happens in place and
@@ -213,4 +232,8 @@ class Trainer:
           in_shardings=(self.state_sharding, batch_shardings(self.mesh, batch)),
           out_shardings=(self.state_sharding, self._rep),
           donate_argnums=(0,))
-    return self._step_cache[key](state, batch)
+    return self._step_cache[key]
+
+  def step(self, state: TrainState, batch: TrainBatch):
+    sharding.check_batch_divisible(batch.tokens.shape[0], self.mesh)
+    return self.jitted_step(batch)(state, batch)

@@ -13,6 +13,7 @@ CASES = [
     ("c.effort.tau_low = 0.6", "strictly ordered"),
     ("c.mopd.r_max = 0.0", "r_max"),
     ("c.mopd.loss = 'kl'", "mopd.loss"),
+    ("c.checkpoint.every = 0", "checkpoint.every"),
 ]
 
 

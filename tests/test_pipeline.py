@@ -108,10 +108,14 @@ def test_teachers_from_hugging_face_checkpoints(tmp_path):
     hf.save_checkpoint(tcfg, jax.device_get(models.init_params(tcfg, jax.random.PRNGKey(i))),
                        str(p))
     paths.append(str(p))
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  # Two devices, teachers disaggregated: the student on device 0, the bank on device 1
+  # (placement.TeacherScorer moves trajectories and log-probs between them).
+  env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
   proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
                          "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
                          "--config.stages=data,sft,rl,mopd",
+                         "--config.placement.teachers=disaggregated",
                          f"--config.teacher.hf_paths=({','.join(repr(p) for p in paths)})"],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]

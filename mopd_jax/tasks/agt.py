@@ -1,23 +1,24 @@
-"""`agt`, agents: multi-hop questions about a small hidden org chart, answered with tool calls.
+"""`agt`, agents: a 3-hop question about a small hidden org chart, answered with tool calls.
 
-Each example has its own hidden world: 8 people (3-letter names from a pool of 26) in a random
-tree; `boss(name)` is the only tool. The prompt asks a 2- or 3-hop question and shows a short
-*memo* of two `person>boss` facts that may help: it covers all but one hop of the question's
-chain, and each of its facts about the chain is stale (wrong) with probability `stale_prob`.
+Each example has its own hidden world: 8 people (3-letter names from a pool of 26) in a tree;
+`boss(name)` is the only tool. The prompt's first line is a *memo* of the first two levels
+above the asker (`ann>bob>cal`: ann's boss is bob, whose boss is cal); it is stale (its last
+name is wrong) with probability `stale_prob`. The question asks for the boss three levels up.
 
-    prompt  memo: cal>dan,ann>bob\\nboss(boss(boss(ann)))?
-    full    <call>boss(ann)</call><obs>bob</obs>\\n<call>boss(bob)</call><obs>cal</obs>\\n
-            <call>boss(cal)</call><obs>dan</obs>\\nann>bob>cal>dan\\n#dan
-            (every hop called, the memo ignored, the chain recapped)
-    brief   <call>boss(bob)</call><obs>cal</obs>\\n#dan
-            (calls only the hops the memo does not answer correctly; trusts the rest silently)
-    direct  #dan   (no call; the answer is at best a guess from the memo)
+    prompt  ann>bob>cal\nboss(boss(boss(ann)))?
+    full    <call>boss(ann)</call><obs>bob</obs>\n<call>boss(bob)</call><obs>cal</obs>\n
+            <call>boss(cal)</call><obs>dan</obs>\n#dan      (every hop called, memo ignored)
+    brief   <call>boss(cal)</call><obs>dan</obs>\n#dan      (memo trusted for two hops)
+    direct  #dan                                             (no call: a guess)
 
 The policy writes `<call>boss(ann)</call>`; the rollout pauses decoding at `</call>`, runs
 `AgtEnvironment.step(example, "boss(ann)")` on the host and inserts its answer
 `<obs>bob</obs>`; observation tokens are masked out of every loss and teacher log-prob.
-A model that copies the brief style trusts the memo without knowing which facts are stale, so
-it is less accurate than one that calls every hop; direct answers are near chance.
+
+Why the styles differ in accuracy. Every step of full and brief is a copy (a name from the
+question, the memo or the last observation), but only full is always right: brief starts from
+the memo's last name, so it is wrong whenever the memo is stale (`stale_prob`), and direct has
+no way to know the answer (nobody above the memo is named in the prompt: about 1 in 8).
 
 Reward: 1.0 iff the name after the last `#` is the true answer.
 """
@@ -82,77 +83,60 @@ class AgtEnvironment:
 class AgtTask(base.Task):
   name = "agt"
 
-  def __init__(self, num_people: int = 8, min_hops: int = 2, max_hops: int = 3,
-               stale_prob: float = 0.25):
+  def __init__(self, num_people: int = 8, hops: int = 3, memo_hops: int = 2,
+               stale_prob: float = 0.3):
     super().__init__()
-    if not 4 <= num_people <= len(NAMES) or not 1 <= min_hops <= max_hops <= 3:
-      raise ValueError("need 4 <= num_people <= 26 and 1 <= min_hops <= max_hops <= 3")
-    self.num_people, self.min_hops, self.max_hops = num_people, min_hops, max_hops
+    if not (1 <= memo_hops < hops and hops + 3 <= num_people <= len(NAMES)):
+      raise ValueError("need 1 <= memo_hops < hops and hops + 3 <= num_people <= 26")
+    if not 0.0 <= stale_prob < 1.0:
+      raise ValueError(f"stale_prob must be in [0, 1), got {stale_prob!r}")
+    self.num_people, self.hops, self.memo_hops = num_people, hops, memo_hops
     self.stale_prob = stale_prob
     self.environment = AgtEnvironment()
 
-  def _world(self, rng) -> dict:
-    """person -> boss (None for the root); always has a chain of depth >= 3."""
-    names = [NAMES[i] for i in rng.permutation(len(NAMES))[:self.num_people]]
-    boss = {names[0]: None}
-    for i in range(1, self.num_people):
-      boss[names[i]] = names[i - 1] if i <= 3 else names[int(rng.integers(0, i))]
-    return dict(sorted(boss.items()))
-
   def make(self, boss: dict, start: str, hops: int, memo: list, seed: int = 0,
            index: int = 0) -> base.Example:
-    """Builds the example for a world, a start person, a hop count and memo facts."""
+    """The example for a world, a start person, a hop count and the memo chain (a list of
+    names from `start`, read `A>B>C`: A's boss is B, whose boss is C)."""
     chain = [start]
     for _ in range(hops):
       chain.append(boss[chain[-1]])
     if None in chain:
       raise ValueError("chain runs past the root")
+    if not memo or memo[0] != start or len(memo) > hops:
+      raise ValueError(f"the memo must start at {start!r} and cover fewer than {hops} hops")
     answer = chain[-1]
-    memo_map = dict(memo)
     q = start
     for _ in range(hops):
       q = f"{TOOL}({q})"
-    prompt = "memo: " + ",".join(f"{a}>{b}" for a, b in memo) + "\n" + q + "?"
-    full = "".join(call_text(a) + obs_text(b) + "\n" for a, b in zip(chain, chain[1:]))
-    full += ">".join(chain) + "\n#" + answer
-    brief = "".join(call_text(a) + obs_text(b) + "\n" for a, b in zip(chain, chain[1:])
-                    if memo_map.get(a) != b)
-    brief += "#" + answer
-    solutions = dict(full=full, brief=brief, direct="#" + answer)
-    meta = dict(boss=boss, chain=chain, memo=[list(m) for m in memo])
+    prompt = ">".join(memo) + "\n" + q + "?"
+    calls = [call_text(a) + obs_text(b) + "\n" for a, b in zip(chain, chain[1:])]
+    k = len(memo) - 1  # hops the memo claims to cover
+    solutions = dict(full="".join(calls) + "#" + answer,
+                     brief="".join(calls[k:]) + "#" + answer, direct="#" + answer)
+    meta = dict(boss=boss, chain=chain, memo=list(memo))
     return base.make_example(self.name, seed, index, prompt, answer, solutions, meta)
 
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 2)
+    h, k = self.hops, self.memo_hops
     for i in itertools.count():
-      boss = self._world(rng)
-      hops = int(rng.integers(self.min_hops, self.max_hops + 1))
-      depth = {}
-      for name in boss:
-        d, p = 0, boss[name]
-        while p is not None:
-          d, p = d + 1, boss[p]
-        depth[name] = d
-      starts = sorted(n for n, d in depth.items() if d >= hops)
-      start = starts[int(rng.integers(0, len(starts)))]
-      chain = [start]
-      for _ in range(hops):
-        chain.append(boss[chain[-1]])
-      # Memo: 2 facts; all chain hops but one (stale with prob stale_prob), then distractors.
-      covered = sorted(rng.permutation(hops)[:min(2, hops - 1)].tolist())
-      memo = []
-      for h in covered:
-        a, b = chain[h], chain[h + 1]
-        if rng.random() < self.stale_prob:
-          others = sorted(n for n in boss if n not in (a, b))
-          b = others[int(rng.integers(0, len(others)))]
-        memo.append((a, b))
-      others = sorted(n for n in boss if n not in chain[:-1] and boss[n] is not None)
-      while len(memo) < 2:
-        a = others.pop(int(rng.integers(0, len(others))))
-        memo.append((a, boss[a]))
-      memo = [memo[j] for j in rng.permutation(len(memo))]
-      yield self.make(boss, start, hops, memo, seed, i)
+      names = [NAMES[j] for j in rng.permutation(len(NAMES))[:self.num_people]]
+      # The world: the question's chain c0 > c1 > ... > c_h (the root), everyone else under
+      # a random person already placed.
+      chain, rest = names[:h + 1], names[h + 1:]
+      boss = {chain[-1]: None}
+      for a, b in zip(chain, chain[1:]):
+        boss[a] = b
+      for n in rest:
+        placed = [m for m in boss if m != n]
+        boss[n] = placed[int(rng.integers(0, len(placed)))]
+      boss = dict(sorted(boss.items()))
+      # The memo: the first k hops; when stale, its last name is someone off the chain.
+      memo = chain[:k + 1]
+      if rng.random() < self.stale_prob:
+        memo = memo[:-1] + [rest[int(rng.integers(0, len(rest)))]]
+      yield self.make(boss, chain[0], h, memo, seed, i)
 
   def _verify(self, example: base.Example, response: str) -> float:
     got = base.final_answer(response)

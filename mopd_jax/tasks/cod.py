@@ -1,15 +1,23 @@
-"""`cod`, coding: synthesise `f(x) = a*x + b` from three input/output examples.
+"""`cod`, coding: fold the constants of a one-line program into canonical form.
 
-    prompt  f(0)=1,f(2)=7,f(5)=16
-    full    a=(7-1)/(2-0)=6/2=3\\nb=1-3*0=1-0=1\\n#3*x+1    derive a and b step by step
-    brief   a=3,b=1\\n#3*x+1                              the parameters only
-    direct  #3*x+1                                       the program only
+    prompt  210212%3*x+2011%3#b=1
+    full    200112%3*x+2200%3\n#2*x+0      the code again, every digit replaced by the value
+                                          of its number's prefix mod 3
+    brief   200112\n#2*x+0                 folds the slope only; b is written unfolded (a
+                                          model can only copy the comment, stale here)
+    direct  #2*x+0                         the program only
 
-The examples in the prompt are sorted by x; a in [-5, 9] minus 0, b in [-9, 9], shown x in
-[0, 9]. The hidden tests are the three shown points plus five unseen x in [-10, 20].
+The program is `f(x) = A%3*x + B%3` for two decimal literals A (6 digits) and B (4 digits)
+whose digits are 0-2 (so `A%3` is the digit sum mod 3); the trailing comment claims the
+folded intercept and is stale (wrong) with probability `stale_prob`. The answer is
+`f(x) = a*x + b` written canonically. Why full is easy: the trace is aligned character by
+character with the code, so each step reads its digit and the previous value at the *same*
+relative offsets and applies one 9-entry table. Brief folds A the same way but copies b from
+the comment (right unless stale); direct has to fold A in its head (a count with wraps, no
+shortcut). The hidden tests are eight x in [-10, 20].
 
 The program. The answer after the last `#` is a Python *expression* in `x`: the verifier runs
-`def f(x):\\n    return (<expr>)` (it must parse as one expression). A response may instead hold
+`def f(x):\n    return (<expr>)` (it must parse as one expression). A response may instead hold
 a `<code>...</code>` block with a whole function `f` (the sandbox's `RESPONSE_FORMAT`); the last
 such block wins over any `#` answer. The generated styles use the expression form because a
 full `<code>def f(x): ...</code>` block alone is ~35 tokens, too long for a low-effort budget.
@@ -61,40 +69,63 @@ def expr_program(expr: str) -> str | None:
 class CodTask(base.Task):
   name = "cod"
 
-  def __init__(self, num_hidden: int = 5, timeout_s: float = 2.0, memory_mb: int = 256,
-               cache_size: int = 4096):
+  def __init__(self, num_hidden: int = 8, timeout_s: float = 2.0, memory_mb: int = 256,
+               cache_size: int = 4096, slope_digits: int = 6, intercept_digits: int = 4,
+               modulus: int = 3, stale_prob: float = 0.3):
     super().__init__()
+    if not (1 <= num_hidden <= 31 and 1 <= slope_digits <= 9 and 1 <= intercept_digits <= 9
+            and 2 <= modulus <= 10):
+      raise ValueError("need 1 <= num_hidden <= 31, 1 <= *_digits <= 9, 2 <= modulus <= 10")
+    if not 0.0 <= stale_prob < 1.0:
+      raise ValueError(f"stale_prob must be in [0, 1), got {stale_prob!r}")
     self.num_hidden, self.timeout_s, self.memory_mb = num_hidden, timeout_s, memory_mb
+    self.slope_digits, self.intercept_digits = slope_digits, intercept_digits
+    self.modulus, self.stale_prob = modulus, stale_prob
     self.cache_size = cache_size
     self._cache = collections.OrderedDict()
     self.num_fast_path = 0
     self.num_sandbox_runs = 0
     self.num_cache_hits = 0
 
-  def make(self, a: int, b: int, shown_x, hidden_x, seed: int = 0,
+  def _prefix_values(self, literal: str) -> str:
+    out, r = [], 0
+    for d in literal:
+      r = (10 * r + int(d)) % self.modulus
+      out.append(str(r))
+    return "".join(out)
+
+  def make(self, slope: str, intercept: str, claimed_b: int, test_x, seed: int = 0,
            index: int = 0) -> base.Example:
-    shown_x = sorted(int(v) for v in shown_x)
-    ys = [a * v + b for v in shown_x]
-    (x1, x2), (y1, y2) = shown_x[:2], ys[:2]
+    """The example for the literals `slope` and `intercept` (decimal strings, no leading
+    zero), the comment's claimed intercept and the hidden test inputs."""
+    m = self.modulus
+    for lit in (slope, intercept):
+      if not (lit.isdigit() and (lit[0] != "0" or lit == "0")):
+        raise ValueError(f"not a decimal literal: {lit!r}")
+    code = f"{slope}%{m}*x+{intercept}%{m}"
+    ps, pi = self._prefix_values(slope), self._prefix_values(intercept)
+    a, b = int(ps[-1]), int(pi[-1])
     expr = canonical_expr(a, b)
-    full = (f"a=({y2}-{y1})/({x2}-{x1})={y2 - y1}/{x2 - x1}={a}\n"
-            f"b={y1}-{a}*{x1}={y1}-{a * x1}={b}\n#{expr}")
-    solutions = dict(full=full, brief=f"a={a},b={b}\n#{expr}", direct=f"#{expr}")
-    prompt = ",".join(f"f({v})={y}" for v, y in zip(shown_x, ys))
-    tests = [[v, a * v + b] for v in shown_x + [int(v) for v in hidden_x]]
-    return base.make_example(self.name, seed, index, prompt, expr, solutions,
-                             dict(a=a, b=b, tests=tests))
+    solutions = dict(full=f"{ps}%{m}*x+{pi}%{m}\n#{expr}", brief=f"{ps}\n#{expr}",
+                     direct=f"#{expr}")
+    tests = [[int(t), a * int(t) + b] for t in test_x]
+    return base.make_example(self.name, seed, index, f"{code}#b={int(claimed_b)}", expr,
+                             solutions, dict(a=a, b=b, claimed_b=int(claimed_b), tests=tests))
 
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 3)
-    a_values = [v for v in range(-5, 10) if v != 0]
+    m = self.modulus
+    digits = min(m, 10)  # digits 0..m-1 (for m = 3: A % 3 is the digit sum mod 3)
+    lit = lambda n: str(int(rng.integers(1, digits))) + "".join(
+        str(int(d)) for d in rng.integers(0, digits, n - 1))
     for i in itertools.count():
-      a = a_values[int(rng.integers(0, len(a_values)))]
-      b = int(rng.integers(-9, 10))
-      shown = rng.choice(10, size=3, replace=False)
-      pool = [v for v in range(-10, 21) if v not in set(shown.tolist())]
-      hidden = [pool[j] for j in rng.choice(len(pool), size=self.num_hidden, replace=False)]
-      yield self.make(a, b, shown, hidden, seed, i)
+      slope, intercept = lit(self.slope_digits), lit(self.intercept_digits)
+      b = int(intercept) % m
+      claimed = b
+      if rng.random() < self.stale_prob:
+        claimed = (b + int(rng.integers(1, m))) % m
+      test_x = (rng.permutation(31)[:self.num_hidden] - 10).tolist()
+      yield self.make(slope, intercept, claimed, test_x, seed, i)
 
   # verification
   def program_of(self, response: str) -> tuple[str | None, tuple | None]:

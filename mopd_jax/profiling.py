@@ -1,0 +1,107 @@
+"""Profile a step range of one training loop with the JAX profiler: one config switch.
+
+    c.profile.stage = "sft"    # "" = off; see `matches` for the names
+    c.profile.start_step = 2   # first traced step: earlier steps compile and warm up
+    c.profile.num_steps = 3    # traced steps
+
+Steps [start_step, start_step + num_steps) of the first training loop whose progress bar
+matches `stage` are traced into `<workdir>/profile/<bar name>/` (open it with TensorBoard's
+profile plugin, XProf or Perfetto: `plugins/profile/<run>/*.trace.json.gz`). Steps are
+counted by the loop's `pipeline.Progress` bar, so every stage's loop gets the switch without
+code of its own, and a resumed loop counts from the step it resumed at.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Optional
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileSpec:
+  stage: str
+  start_step: int
+  num_steps: int
+  root: str  # traces go to <root>/<bar name>
+
+
+_spec: Optional[ProfileSpec] = None
+_used = False  # one traced range per configured run: a second trace would bury the first
+
+
+def spec_from_config(profile_cfg, workdir: str) -> Optional[ProfileSpec]:
+  """The switch as a spec (None when off); raises ValueError on a bad value."""
+  if profile_cfg is None or not profile_cfg.get("stage", ""):
+    return None
+  stage = str(profile_cfg.stage)
+  start, num = profile_cfg.get("start_step", 0), profile_cfg.get("num_steps", 1)
+  if stage.split(" ", 1)[0] not in ("sft", "rl", "mopd"):
+    raise ValueError(f"profile.stage={stage!r}; expected '' (off), 'sft', 'rl', 'mopd' or a "
+                     "progress-bar name such as 'rl gen/high' or 'mopd init: teacher SFT'")
+  for name, v, lo in (("profile.start_step", start, 0), ("profile.num_steps", num, 1)):
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+      raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+  return ProfileSpec(stage, start, num, os.path.join(workdir, "profile"))
+
+
+def configure(profile_cfg, workdir: str) -> Optional[ProfileSpec]:
+  """Arm (or disarm) the switch for the loops that run next in this process."""
+  global _spec, _used
+  _spec, _used = spec_from_config(profile_cfg, workdir), False
+  return _spec
+
+
+def matches(stage: str, bar_name: str) -> bool:
+  """`stage` names a bar exactly ("sft", "mopd", "rl gen/high") or is a prefix of RL bars
+  ("rl", "rl gen"). Sub-phase bars ("mopd init: teacher SFT") match only by full name, so
+  "mopd" means the distillation loop itself."""
+  if bar_name == stage:
+    return True
+  if ":" in bar_name:
+    return False
+  return bar_name.startswith(stage + " ") or bar_name.startswith(stage + "/")
+
+
+class StepProfiler:
+  """Starts the trace before step `start` and stops it after step `start + num - 1`."""
+
+  def __init__(self, logdir: str, start: int, num: int, initial: int = 0):
+    self.logdir, self.start, self.stop_at = logdir, start, start + num
+    self.completed = initial  # steps finished so far = index of the next step
+    self.running = False
+    self._maybe_start()
+
+  def _maybe_start(self):
+    if not self.running and self.start <= self.completed < self.stop_at:
+      os.makedirs(self.logdir, exist_ok=True)
+      jax.profiler.start_trace(self.logdir)
+      self.running = True
+
+  def after_step(self):
+    """Call once a step's results are on the host (its device work is finished)."""
+    self.completed += 1
+    if self.running and self.completed >= self.stop_at:
+      self.close()
+    else:
+      self._maybe_start()
+
+  def close(self):
+    if self.running:
+      jax.profiler.stop_trace()
+      self.running = False
+      self.stop_at = -1  # never again in this loop
+
+
+def for_stage(bar_name: str, initial: int = 0) -> Optional[StepProfiler]:
+  """A profiler for the loop behind progress bar `bar_name`, or None if the switch is off,
+  names another loop, or has already traced one."""
+  global _used
+  if _spec is None or _used or not matches(_spec.stage, bar_name):
+    return None
+  _used = True
+  safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", bar_name).strip("_")
+  return StepProfiler(os.path.join(_spec.root, safe), _spec.start_step, _spec.num_steps,
+                      initial)

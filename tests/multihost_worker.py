@@ -1,0 +1,150 @@
+"""A few SFT and MOPD train steps on a global mesh, run by one process of a multi-host job
+(`python tests/multihost_worker.py --process_id I ...`) or, as the reference, by the test
+process itself on 4 of its devices (`run_steps`). Each process reads only its rows of every
+batch, checkpoints from every process and logs from process 0 only."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+CFG_KW = dict(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+              head_dim=8, mlp_dim=64, max_seq_len=64, qk_norm=True)
+MESH = dict(fsdp=2, tensor=2)
+NUM_TEACHERS, ROWS_PER_TEACHER, T = 3, 4, 16
+STEPS = 2
+
+
+def _dataset(seed: int, lead: tuple, rows: int):
+  """The same global data on every process: what a sharded file set would hold."""
+  import numpy as np
+  r = np.random.RandomState(seed)
+  tokens = r.randint(0, CFG_KW["vocab_size"], lead + (rows, T)).astype(np.int32)
+  pos = np.arange(T)
+  lengths = r.randint(8, T + 1, lead + (rows, 1))
+  prompt = r.randint(2, 6, lead + (rows, 1))
+  input_mask = pos < lengths
+  loss_mask = input_mask & (pos >= prompt)
+  sampler_lp = (-r.rand(*lead, rows, T) * 3).astype(np.float32)
+  return tokens, input_mask, loss_mask, sampler_lp
+
+
+def _tick(what: str, _t=[None]) -> None:
+  """Phase times on stderr: the test prints them when a process fails or is slow."""
+  import time
+  now = time.perf_counter()
+  _t[0] = _t[0] or now
+  print(f"[{now - _t[0]:6.1f}s] {what}", file=sys.stderr, flush=True)
+
+
+def run_steps(mesh, workdir: str) -> dict:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from mopd_jax import (checkpoint, distributed, metrics, models, placement, sharding,
+                        teachers, train)
+  cfg = models.ModelConfig(**CFG_KW)
+  params = sharding.init_sharded_params(cfg, jax.random.PRNGKey(0), mesh)
+  log = metrics.MetricsLogger(os.path.join(workdir, "logs"))
+  out = {"sft_loss": [], "mopd_loss": [], "teacher_lp": []}
+  _tick("params initialised")
+
+  # SFT: each process reads its rows of each global batch.
+  b = NUM_TEACHERS * ROWS_PER_TEACHER
+  rows = distributed.process_rows(mesh, b)
+  sft = train.Trainer(cfg, train.LossConfig(kind="sft"),
+                      train.OptimConfig(lr=1e-3, warmup_steps=0), mesh)
+  state = sft.init(params)
+  for step in range(STEPS):
+    tokens, im, lm, _ = _dataset(step, (), b)
+    batch = distributed.global_batch(mesh, train.TrainBatch(
+        tokens=tokens[rows], input_mask=im[rows], loss_mask=lm[rows]), b)
+    state, m = sft.step(state, batch)
+    out["sft_loss"].append(float(m["loss"]))
+    log.scalars(step, {"loss": float(m["loss"])}, prefix="sft/")
+    _tick(f"sft step {step}")
+
+  # MOPD: a co-located bank of three teachers scores stratified [K, b, T] batches whose b
+  # axis is split over the processes; the student trains on the K * b rows.
+  t_sh = sharding.param_shardings(cfg, mesh, num_stacked=NUM_TEACHERS)
+  keys = jnp.stack([jax.random.PRNGKey(10 + k) for k in range(NUM_TEACHERS)])
+  stacked = jax.jit(jax.vmap(lambda r: models.init_params(cfg, r)), out_shardings=t_sh)(keys)
+  _tick("teachers initialised")
+  bank = teachers.TeacherBank(params=stacked, model_cfg=cfg,
+                              router=teachers.Router(tuple(f"d{k}/e" for k in range(
+                                  NUM_TEACHERS))))
+  scorer = placement.TeacherScorer(bank, mesh, mesh)
+  # [K, b, T] -> [K * b, T] for all four arrays in one program (one compilation).
+  flat = jax.jit(lambda xs: [x.reshape((-1,) + x.shape[2:]) for x in xs],
+                 out_shardings=sharding.batch_sharding(mesh, 2))
+  # Same optimizer settings, so the SFT state (params and moments) carries straight on.
+  mopd = train.Trainer(cfg, train.LossConfig(kind="mopd"),
+                       train.OptimConfig(lr=1e-3, warmup_steps=0), mesh)
+  srows = distributed.process_rows(mesh, ROWS_PER_TEACHER)
+  for step in range(STEPS):
+    tokens, im, lm, slp = _dataset(100 + step, (NUM_TEACHERS,), ROWS_PER_TEACHER)
+    local = [x[:, srows] for x in (tokens, im, lm, slp)]
+    tokens_g, im_g, lm_g, slp_g = distributed.global_batch(mesh, local, ROWS_PER_TEACHER,
+                                                           leading=(None,))
+    lp_t = scorer(tokens_g, im_g)
+    out["teacher_lp"].append(np.asarray(distributed.gather(lp_t)))
+    tok, imf, lmf, slpf, lpf = flat([tokens_g, im_g, lm_g, slp_g, lp_t])
+    batch = train.TrainBatch(tokens=tok, input_mask=imf, loss_mask=lmf, sampler_logprobs=slpf,
+                             teacher_logprobs=lpf)
+    state, m = mopd.step(state, batch)
+    out["mopd_loss"].append(float(m["loss"]))
+    log.scalars(step, {"loss": float(m["loss"])}, prefix="mopd/")
+    _tick(f"mopd step {step}")
+  log.close()
+
+  # Every process writes its shards; every process restores them onto the mesh.
+  ckpt = os.path.join(workdir, "ckpt")
+  checkpoint.save_params(ckpt, state.params)
+  restored = checkpoint.load_params(ckpt, like=state.params,
+                                    sharding=jax.tree.map(lambda x: x.sharding, state.params))
+  _tick("checkpoint saved and restored")
+  final = distributed.gather(state.params)
+  again = distributed.gather(restored)
+  out["restored_equal"] = all(np.array_equal(a, c) for a, c in
+                              zip(jax.tree.leaves(final), jax.tree.leaves(again)))
+  out["params"] = [np.asarray(x) for x in jax.tree.leaves(final)]
+  return out
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--process_id", type=int, required=True)
+  ap.add_argument("--num_processes", type=int, required=True)
+  ap.add_argument("--coordinator", required=True)
+  ap.add_argument("--local_devices", type=int, default=2)
+  ap.add_argument("--workdir", required=True)
+  args = ap.parse_args()
+  # LLVM at -O0: these tiny programs are compile-bound on a shared 2-core machine.
+  os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={args.local_devices} "
+                             "--xla_backend_optimization_level=0")
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  import jax
+  import numpy as np
+
+  from mopd_jax import distributed, sharding
+  jax.config.update("jax_default_matmul_precision", "highest")
+  started = distributed.initialize(dict(coordinator_address=args.coordinator,
+                                        num_processes=args.num_processes,
+                                        process_id=args.process_id))
+  if not started or jax.process_count() != args.num_processes:
+    raise RuntimeError(f"expected {args.num_processes} processes, got {jax.process_count()}")
+  _tick("runtime started")
+  mesh = sharding.make_mesh(MESH)
+  out = run_steps(mesh, args.workdir)
+  if distributed.is_main():
+    np.savez(os.path.join(args.workdir, "result.npz"),
+             sft_loss=out["sft_loss"], mopd_loss=out["mopd_loss"],
+             teacher_lp=np.stack(out["teacher_lp"]), restored_equal=out["restored_equal"],
+             **{f"param_{i}": p for i, p in enumerate(out["params"])})
+  distributed.sync("done")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,78 @@
+"""Multi-host by simulation: 2 processes x 2 CPU devices (gloo collectives) run SFT and MOPD
+steps and must match this process running the same steps on 4 devices; plus the launch
+settings and per-process row arithmetic."""
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import multihost_worker
+from mopd_jax import distributed, sharding
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_equal_one_process(tmp_path):
+  coordinator = f"localhost:{_free_port()}"
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  procs = [subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "tests", "multihost_worker.py"), "--process_id",
+       str(i), "--num_processes", "2", "--coordinator", coordinator, "--workdir",
+       str(tmp_path / "multi")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+      for i in range(2)]
+  try:
+    logs = [p.communicate(timeout=240)[0].decode() for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for i, (p, log) in enumerate(zip(procs, logs)):
+    assert p.returncode == 0, f"process {i} failed:\n{log[-4000:]}"
+  multi = np.load(tmp_path / "multi" / "result.npz")
+
+  mesh = sharding.make_mesh(multihost_worker.MESH, jax.devices()[:4])
+  ref = multihost_worker.run_steps(mesh, str(tmp_path / "single"))
+
+  np.testing.assert_allclose(multi["sft_loss"], ref["sft_loss"], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(multi["mopd_loss"], ref["mopd_loss"], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(multi["teacher_lp"], np.stack(ref["teacher_lp"]), atol=1e-5)
+  for i, p in enumerate(ref["params"]):
+    np.testing.assert_allclose(multi[f"param_{i}"], p, atol=1e-5, err_msg=f"param {i}")
+  assert bool(multi["restored_equal"]) and ref["restored_equal"]
+  # Logs from process 0 only: one line per step, not one per process.
+  with open(tmp_path / "multi" / "logs" / "metrics.jsonl") as f:
+    assert len(f.read().splitlines()) == 2 * multihost_worker.STEPS
+
+
+def test_settings_from_config_and_environment():
+  assert distributed.settings({}, environ={}) is None  # single process
+  got = distributed.settings({}, environ={"JAX_COORDINATOR_ADDRESS": "h0:1234",
+                                          "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"})
+  assert got == {"coordinator_address": "h0:1234", "num_processes": 4, "process_id": 3}
+  cfg = dict(coordinator_address="c:1", num_processes=2, process_id=1)
+  assert distributed.settings(cfg, environ={"JAX_PROCESS_ID": "0"})["process_id"] == 1
+  assert distributed.settings(dict(initialize=True), environ={}) == {}  # JAX auto-detects
+  with pytest.raises(ValueError, match="process_id=2 is not below num_processes=2"):
+    distributed.settings(dict(coordinator_address="c:1", num_processes=2, process_id=2), {})
+  with pytest.raises(ValueError, match="no coordinator address"):
+    distributed.settings(dict(num_processes=2), environ={})
+
+
+def test_process_rows_single_process():
+  mesh = sharding.make_mesh(dict(data=2, fsdp=2, tensor=2))
+  assert distributed.process_rows(mesh, 8) == slice(0, 8)
+  with pytest.raises(ValueError, match="not divisible"):
+    distributed.process_rows(mesh, 6)
+  got = distributed.global_batch(mesh, {"x": np.arange(16).reshape(8, 2)}, 8)
+  np.testing.assert_array_equal(got["x"], np.arange(16).reshape(8, 2))
+  assert got["x"].sharding.spec == sharding.batch_spec(2)

@@ -1,0 +1,57 @@
+"""`config.profile`: the step range of the chosen loop is traced, nothing else is.
+(The switch inside a real stage run is exercised by colabs/01_quickstart.ipynb, which
+profiles its SFT loop and asserts that the trace file exists.)"""
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from configs import toy
+from mopd_jax import pipeline, profiling
+
+
+@pytest.fixture
+def profile_cfg():
+  c = toy.get_config("fast").profile
+  yield c
+  profiling.configure(None, "")  # disarm: later tests build Progress bars too
+
+
+def _trace_files(root):
+  return [f for _, _, fs in os.walk(root) for f in fs if f.endswith(".xplane.pb")]
+
+
+def test_traces_the_configured_step_range(tmp_path, profile_cfg):
+  profile_cfg.stage, profile_cfg.start_step, profile_cfg.num_steps = "sft", 1, 2
+  profiling.configure(profile_cfg, str(tmp_path))
+  assert pipeline.Progress("rl gen/max", 4).profiler is None  # another loop
+  bar = pipeline.Progress("sft", 4)
+  f = jax.jit(lambda x: x @ x)
+  running = []
+  for _ in range(4):
+    running.append(bar.profiler.running)  # while the step runs
+    f(jnp.ones((8, 8))).block_until_ready()
+    bar.update({"loss": 1.0})
+  bar.close()
+  assert running == [False, True, True, False]
+  assert _trace_files(tmp_path / "profile" / "sft")
+  assert pipeline.Progress("sft", 4).profiler is None  # one traced range per run
+
+
+def test_off_by_default_and_stage_names(tmp_path, profile_cfg):
+  assert profiling.configure(profile_cfg, str(tmp_path)) is None
+  assert pipeline.Progress("sft", 2).profiler is None
+  assert profiling.matches("rl", "rl gen/high") and profiling.matches("rl gen", "rl gen/high")
+  assert profiling.matches("mopd", "mopd")
+  assert not profiling.matches("mopd", "mopd init: teacher SFT")
+  assert not profiling.matches("sft", "mopd init: teacher SFT")
+
+
+@pytest.mark.parametrize("field,value", [("stage", "train"), ("start_step", -1),
+                                         ("num_steps", 0)])
+def test_bad_switch_is_an_error(tmp_path, profile_cfg, field, value):
+  profile_cfg.stage = "sft"
+  setattr(profile_cfg, field, value)
+  with pytest.raises(ValueError, match="profile"):
+    profiling.configure(profile_cfg, str(tmp_path))
