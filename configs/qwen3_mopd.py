@@ -144,7 +144,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.lr = 1e-3 if tiny else 1e-6
   c.mopd.warmup_steps = 0 if tiny else 5
   c.mopd.r_max = 5.0  # clip of the per-token reward r_t (K3 eq. 15)
-  c.mopd.loss = "mopd"  # mopd (eq. 15) | pg (clipped ratio, reward as advantage)
+  # mopd (eq. 15) | pg (clipped ratio, reward as advantage) | topk (ablation: reverse KL on
+  # the routed teacher's top_k tokens at each position, corrected for the truncation)
+  c.mopd.loss = "mopd"
+  c.mopd.top_k = 8  # teacher tokens per position of the topk loss
+  # Weight of the outcome-reward term: alpha * (verifier reward - its (domain, effort)
+  # cell's batch mean) on every generated token, REINFORCE; 0 = pure distillation.
+  c.mopd.alpha = 0.0
   # Student initialisation: sft (pi_SFT, as the MOPD paper assumes) | teacher_sft (pi_SFT
   # further fine-tuned on trajectories of all nine teachers, each with its effort token).
   c.mopd.init = "sft"

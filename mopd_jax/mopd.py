@@ -12,6 +12,9 @@ One step:
 
 Diagnostics per cell: per-token KL (student vs routed teacher, on the sampled tokens),
 mean reward r_t, clip fraction, accuracy, mean length, over-budget rate at the cell's budget.
+
+Options (the loss kind is the trainer's): `topk` distils on the routed teacher's top-k
+log-probs instead of the sampled token's; `alpha` > 0 adds an outcome-reward REINFORCE term.
 """
 from __future__ import annotations
 
@@ -54,11 +57,63 @@ def cell_diagnostics(names, index_Kxb, lp_s_KxbxT, lp_t_KxbxT, mask_KxbxT, r_max
   return out
 
 
+def outcome_advantages(rewards_B, cell_ids_B) -> np.ndarray:
+  """[B] outcome advantage of each student rollout: its verifier reward minus the mean reward
+  of its (domain, effort) cell in this batch.
+
+  A per-cell baseline rather than a batch-wide one: cells differ a lot in how often they are
+  solved (domains differ in difficulty, low effort's short budget fails more), so a batch mean
+  would give every rollout of an easy cell a positive advantage and every rollout of a hard
+  cell a negative one whatever it did: zero-mean noise as large as the gap between cells.
+  With one rollout per prompt (N = 1) the cell is the finest group whose rollouts share a
+  baseline. A cell with a single rollout in the batch uses the batch mean instead: its own
+  mean would make its advantage identically 0 (and the term a no-op at b = 1).
+  """
+  r = np.asarray(rewards_B, np.float32)
+  ids = np.asarray(cell_ids_B)
+  if r.shape != ids.shape or r.ndim != 1:
+    raise ValueError(f"rewards {r.shape} and cell ids {ids.shape} must be the same [B] shape")
+  base = np.full_like(r, r.mean() if r.size else 0.0)
+  for c in np.unique(ids):
+    rows = ids == c
+    if rows.sum() > 1:
+      base[rows] = r[rows].mean()
+  return r - base
+
+
+def train_batch(arr: dict, teacher_lp_BxT, *, topk: Optional[tuple] = None,
+                alpha: float = 0.0, advantages_B=None) -> train.TrainBatch:
+  """The train step's batch from a padded rollout batch (`rollout.pad_batch`) and the routed
+  teachers' scores. alpha == 0 leaves `advantages` unset, so the step is exactly the plain
+  MOPD one (no zero-valued REINFORCE term is even traced)."""
+  adv = None
+  if alpha:
+    if advantages_B is None:
+      raise ValueError(f"alpha={alpha} needs the per-rollout outcome advantages")
+    # Every generated token of a rollout carries alpha * A; pg_loss row-normalises, so each
+    # rollout's outcome term weighs the same whatever its length.
+    adv = jnp.asarray(alpha * np.asarray(advantages_B, np.float32)[:, None] *
+                      np.asarray(arr["loss_mask"], np.float32))
+  return train.TrainBatch(tokens=jnp.asarray(arr["tokens"]),
+                          input_mask=jnp.asarray(arr["input_mask"]),
+                          loss_mask=jnp.asarray(arr["loss_mask"]),
+                          sampler_logprobs=jnp.asarray(arr["sampler_logprobs"]),
+                          teacher_logprobs=jnp.asarray(teacher_lp_BxT),
+                          advantages=adv,
+                          teacher_topk_logprobs=None if topk is None else jnp.asarray(topk[0]),
+                          teacher_topk_ids=None if topk is None else jnp.asarray(topk[1]))
+
+
 def mopd_step(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
               engine: rollout.RolloutEngine, tasks: dict, cells: Sequence[tuple],
               examples_per_cell: Sequence[list], taus: dict, rng, *, r_max: float,
-              score_fn: Callable, width_multiple: int = 32):
-  """One MOPD update on b prompts per (domain, effort) cell; returns (state, record)."""
+              score_fn: Callable, width_multiple: int = 32, alpha: float = 0.0):
+  """One MOPD update on b prompts per (domain, effort) cell; returns (state, record).
+
+  `score_fn(bank, tokens, mask)` returns the teachers' [K, b, T] log-probs, or for the top-k
+  loss (`trainer.loss_cfg.kind == "topk"`) a tuple (log-probs, top-k log-probs [K, b, T, k],
+  top-k ids). `alpha` > 0 adds the outcome term alpha * `outcome_advantages` (REINFORCE).
+  """
   tok = engine.tok
   rows, efforts, domains, teacher_ids = [], [], [], []
   for (d, e), exs in zip(cells, examples_per_cell):
@@ -93,13 +148,23 @@ def mopd_step(trainer: train.Trainer, state: train.TrainState, bank: teachers.Te
   arr = rollout.pad_batch(trajs, tok.pad_id, width)
   index = teachers.stratify(np.asarray(teacher_ids), bank.num_teachers, b)
   strat = lambda x, fill=0: jnp.asarray(teachers.gather_stratified(x, index, fill))
-  lp_t = np.asarray(score_fn(bank, strat(arr["tokens"]), strat(arr["input_mask"], False)))
+  scored = score_fn(bank, strat(arr["tokens"]), strat(arr["input_mask"], False))
+  topk = None
+  if trainer.loss_cfg.kind == "topk":
+    if not isinstance(scored, tuple):
+      raise ValueError("the top-k MOPD loss needs the teachers' top-k log-probs and ids: "
+                       "score_fn must return (logprobs, topk_logprobs, topk_ids), e.g. a "
+                       "placement.TeacherScorer built with top_k > 0")
+    scored, tk_lp, tk_ids = scored
+    topk = (teachers.scatter_stratified(np.asarray(tk_lp), index, len(rows)),
+            teachers.scatter_stratified(np.asarray(tk_ids), index, len(rows)))
+  lp_t = np.asarray(scored)
   teacher_lp = teachers.scatter_stratified(lp_t, index, len(rows))
-  batch = train.TrainBatch(tokens=jnp.asarray(arr["tokens"]),
-                           input_mask=jnp.asarray(arr["input_mask"]),
-                           loss_mask=jnp.asarray(arr["loss_mask"]),
-                           sampler_logprobs=jnp.asarray(arr["sampler_logprobs"]),
-                           teacher_logprobs=jnp.asarray(teacher_lp))
+  # Outcome reward of a rollout: the verifier's score, 0 when unfinished or past its cell's
+  # budget (the `accuracy` diagnostic), so the term also rewards keeping to the effort.
+  cell_ids = np.asarray([cells.index((d, e)) for d, e in zip(domains, efforts)])
+  batch = train_batch(arr, teacher_lp, topk=topk, alpha=alpha,
+                      advantages_B=outcome_advantages(acc, cell_ids) if alpha else None)
   state, m = trainer.step(state, batch)
   m = {k: float(v) for k, v in jax.device_get(m).items()}
   cells_diag = cell_diagnostics(

@@ -67,10 +67,17 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
     if size <= 0 or size % data_par:
       raise ValueError(f"{name} = {size} is not a positive multiple of the data x fsdp mesh "
                        f"size {data_par}")
-  if config.mopd.loss not in ("mopd", "pg"):
-    raise ValueError(f"mopd.loss={config.mopd.loss!r}; expected 'mopd' or 'pg'")
+  if config.mopd.loss not in ("mopd", "pg", "topk"):
+    raise ValueError(f"mopd.loss={config.mopd.loss!r}; expected 'mopd', 'pg' or 'topk'")
+  if not config.mopd.get("alpha", 0.0) >= 0:
+    raise ValueError(f"mopd.alpha must be >= 0 (weight of the outcome-reward term), got "
+                     f"{config.mopd.alpha}")
+  top_k = config.mopd.get("top_k", 8)
+  if config.mopd.loss == "topk" and not (isinstance(top_k, int) and top_k >= 1):
+    raise ValueError(f"mopd.top_k must be a positive int with mopd.loss='topk', got {top_k!r}")
   if config.rl.loss not in ("pmd", "grpo"):
     raise ValueError(f"rl.loss={config.rl.loss!r}; expected 'pmd' or 'grpo'")
+  outside_teacher(config)  # raises on a bad outside-teacher ablation
   every = checkpoint_every(config)
   if not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
     raise ValueError(f"checkpoint.every must be a positive int (steps between saves), got "
@@ -132,10 +139,12 @@ class Run:
     return datasets.load_split(domain, split, self.data_dir, seed=self.config.seed,
                                sizes=tuple(self.config.data.sizes))
 
-  def iterator(self, domain: str, batch_size: int, salt: int):
+  def iterator(self, domain: str, batch_size: int, salt: int, seed: Optional[int] = None):
+    """Training batches; `seed` (default: the run's) sets the data order, not the data."""
     from mopd_jax.tasks import datasets
+    seed = self.config.seed if seed is None else seed
     return datasets.ResumableIterator(self.split(domain, "train"), batch_size,
-                                      seed=self.config.seed * 1000 + salt)
+                                      seed=seed * 1000 + salt)
 
   @property
   def teacher_hf_paths(self) -> tuple:
@@ -216,15 +225,17 @@ def width_for(trajs_or_len, multiple: int = 16, cap: Optional[int] = None) -> in
 # ----------------------------------------------------------------------------- stages
 
 
-def initial_params(run: Run):
-  """The policy SFT starts from: a Hugging Face checkpoint (`model.hf_path`) or a fresh init."""
+def initial_params(run: Run, seed: Optional[int] = None):
+  """The policy SFT starts from: a Hugging Face checkpoint (`model.hf_path`) or a fresh init
+  (from `seed`, default the run's)."""
   hf_path = run.config.model.get("hf_path")
   if hf_path:
     from mopd_jax import hf
     _, params = hf.load_checkpoint(hf_path, sharding=sharding.param_shardings(run.model_cfg,
                                                                                run.mesh))
     return params
-  return models.init_params(run.model_cfg, jax.random.PRNGKey(run.config.seed))
+  return models.init_params(run.model_cfg, jax.random.PRNGKey(
+      run.config.seed if seed is None else seed))
 
 
 def smoke(run: Run) -> list:
@@ -251,25 +262,64 @@ def data(run: Run) -> None:
   run.mark_done("data", {"domains": list(DOMAINS), "sizes": list(run.config.data.sizes)})
 
 
+def outside_teacher(config: ml_collections.ConfigDict) -> tuple:
+  """(cell, seed) of the outside-teacher ablation (`teacher.outside_cell`, e.g. "gen/max":
+  that cell's teacher is trained from a second SFT of seed `teacher.outside_seed`), or
+  (None, None) when the ablation is off."""
+  t = config.get("teacher")
+  cell = t.get("outside_cell") if t is not None else None
+  if not cell:
+    return None, None
+  if cell not in teachers.DEFAULT_NAMES:
+    raise ValueError(f"teacher.outside_cell={cell!r} is not a teacher cell; expected one of "
+                     f"{teachers.DEFAULT_NAMES}")
+  if t.get("hf_paths"):
+    raise ValueError("teacher.outside_cell needs teachers trained by the rl stage; it cannot "
+                     "be combined with teacher.hf_paths")
+  seed = t.get("outside_seed")
+  if not isinstance(seed, int) or seed == config.seed:
+    raise ValueError(f"teacher.outside_seed={seed!r} must be an int other than the run's "
+                     f"seed {config.seed} (the outside SFT needs its own init and order)")
+  return cell, int(seed)
+
+
 def sft_stage(run: Run) -> None:
   """pi_SFT: round-robin over domains, one domain per update (each batch padded to its own
-  length), QAT from here on."""
+  length), QAT from here on. With `teacher.outside_cell` set, also the outside SFT (its own
+  seed: init, data order and effort tokens differ) under sft/outside/."""
+  t0 = time.time()
+  state, history = _train_sft(run, run.config.seed, "sft", run.path("sft"))
+  checkpoint.save_params(run.path("sft", "params"), state.params)
+  info = {"steps": run.config.sft.steps, "final_loss": history[-1][1],
+          "seconds": time.time() - t0, "loss_curve": history}
+  cell, seed = outside_teacher(run.config)
+  if cell:
+    out = run.path("sft", "outside", "params")
+    state, hist = _train_sft(run, seed, "sft outside", run.path("sft", "outside"))
+    checkpoint.save_params(out, state.params)
+    info["outside"] = {"cell": cell, "seed": seed, "final_loss": hist[-1][1],
+                       "loss_curve": hist}
+  run.mark_done("sft", info)
+
+
+def _train_sft(run: Run, seed: int, name: str, directory: str):
+  """One SFT run of `seed` (init, data order, batch rng), checkpointed under `directory`;
+  returns (state, loss history)."""
   c = run.config.sft
   trainer = train.Trainer(run.model_cfg, train.LossConfig(kind="sft"),
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps), run.mesh)
-  iters = {d: run.iterator(d, c.batch_size, salt=i) for i, d in enumerate(DOMAINS)}
-  log = run.logger("sft")
-  t0 = time.time()
+  iters = {d: run.iterator(d, c.batch_size, salt=i, seed=seed) for i, d in enumerate(DOMAINS)}
+  log = run.logger(name.replace(" ", "_"))
   data_state = lambda: {d: it.state() for d, it in iters.items()}
-  with run.train_loop("sft", run.path("sft", "ckpt"), c.steps, data_state) as loop:
+  with run.train_loop(name, os.path.join(directory, "ckpt"), c.steps, data_state) as loop:
     state = loop.restore(trainer.abstract_state(run.params_like()))
     if state is None:
-      state = trainer.init(initial_params(run))
+      state = trainer.init(initial_params(run, seed))
     else:  # continue the data streams exactly where the checkpoint left them
       for d, pos in loop.data.items():
         iters[d].restore(pos)
-    bar = Progress("sft", c.steps, initial=loop.start_step)
+    bar = Progress(name, c.steps, initial=loop.start_step)
 
     def log_step(step, m):
       bar.update(m)
@@ -278,7 +328,7 @@ def sft_stage(run: Run) -> None:
 
     state, history = sft.train_sft(
         trainer, state, run.tok, lambda step: next(iters[DOMAINS[step % len(DOMAINS)]]),
-        steps=c.steps, effort_mode=c.effort_mode, seed=run.config.seed, log=log_step,
+        steps=c.steps, effort_mode=c.effort_mode, seed=seed, log=log_step,
         # each batch padded to its own length (one domain per update)
         width=lambda exs: width_for(max(len(rollout.encode_prompt(run.tok, ex, "max")) +
                                         len(run.tok.encode(ex.solutions["full"])) + 1
@@ -286,9 +336,7 @@ def sft_stage(run: Run) -> None:
         loop=loop)
   bar.close()
   log.close()
-  checkpoint.save_params(run.path("sft", "params"), state.params)
-  run.mark_done("sft", {"steps": c.steps, "final_loss": history[-1][1],
-                        "seconds": time.time() - t0, "loss_curve": history})
+  return state, history
 
 
 def _eval_budgets(run: Run, examples, effort):
@@ -315,50 +363,60 @@ def rl_stage(run: Run) -> None:
     run.mark_done("rl", {"teachers": sorted(manifest["teachers"]), "source": "hf"})
     return
   like = run.params_like()
-  pi_sft = checkpoint.load_params(run.path("sft", "params"), like)
-  for di, domain in enumerate(DOMAINS):
+  # A lane: (domain, start checkpoint, lane dir, efforts, manifest section, seed, tag).
+  lanes = [(d, run.path("sft", "params"), run.path("rl", d), rl.EFFORT_ORDER,
+            manifest["teachers"], run.config.seed, "") for d in DOMAINS]
+  cell, outside_seed = outside_teacher(run.config)
+  if cell:
+    # The outside teacher goes through its cell's own anneal (max -> ... -> its effort), from
+    # the outside SFT, in a lane of its own that runs after the same-origin lanes.
+    d, e = cell.split("/")
+    lanes.append((d, run.path("sft", "outside", "params"), run.path("rl_outside", d),
+                  rl.EFFORT_ORDER[:rl.EFFORT_ORDER.index(e) + 1],
+                  manifest.setdefault("outside", {}), outside_seed, "outside "))
+  for domain, parent, lane, efforts, record, seed, tag in lanes:
+    di = DOMAINS.index(domain)
     task = get_task(domain)
-    lane = run.path("rl", domain)
     os.makedirs(lane, exist_ok=True)
     loss_cfg = train.LossConfig(kind=c.loss, group_size=c.group_size, tau_kl=c.tau_kl,
                                 token_clip=c.token_clip or None)
     trainer = train.Trainer(run.model_cfg, loss_cfg,
                             train.OptimConfig(lr=c.lr, warmup_steps=0,
                                               total_steps=3 * c.steps_per_effort), run.mesh)
-    params, parent = pi_sft, run.path("sft", "params")
-    it = run.iterator(domain, c.prompts_per_step, salt=100 + di)
+    params = checkpoint.load_params(parent, like)
+    it = run.iterator(domain, c.prompts_per_step, salt=100 + di, seed=seed)
     val = [run.split(domain, "validation")[i] for i in range(
         min(run.config.eval.num_examples, len(run.split(domain, "validation"))))]
-    for effort in rl.EFFORT_ORDER:
+    for effort in efforts:
       name = f"{domain}/{effort}"
       out = os.path.join(lane, f"teacher_{effort}")
-      if name in manifest["teachers"] and os.path.exists(out):
+      if name in record and os.path.exists(out):
         params, parent = checkpoint.load_params(out, like), out
-        if "data_state" in manifest["teachers"][name]:  # the next effort reads on from here
-          it.restore(manifest["teachers"][name]["data_state"])
+        if "data_state" in record[name]:  # the next effort reads on from here
+          it.restore(record[name]["data_state"])
         continue
-      log = run.logger(f"rl_{domain}_{effort}")
+      log = run.logger(f"rl_{tag.replace(' ', '_')}{domain}_{effort}")
       t0 = time.time()
       # One checkpoint directory per (domain, effort) run: lanes never share state.
-      with run.train_loop(f"rl {name}", os.path.join(lane, f"ckpt_{effort}"),
+      with run.train_loop(f"rl {tag}{name}", os.path.join(lane, f"ckpt_{effort}"),
                           c.steps_per_effort, lambda: {"train": it.state()}) as loop:
         state = loop.restore(trainer.abstract_state(like))
         if state is None:
           state = trainer.init(params)
         else:
           it.restore(loop.data["train"])
-        bar = Progress(f"rl {name}", c.steps_per_effort, initial=loop.start_step)
+        bar = Progress(f"rl {tag}{name}", c.steps_per_effort, initial=loop.start_step)
         state, hist = rl.run_effort(
             trainer, state, run.engine, task, lambda step: next(it), effort=effort,
             tau=run.taus[effort], steps=c.steps_per_effort, group_size=c.group_size,
-            width=run.config.rollout.width, seed=run.config.seed * 10 + di,
+            width=run.config.rollout.width, seed=seed * 10 + di,
             log=lambda step, m: (bar.update(m), log.scalars(step, m)), loop=loop)
       bar.close()
       log.close()
       metrics = sft.evaluate(run.eval_engine, state.params, task, val, effort,
                              _eval_budgets(run, val, effort), jax.random.PRNGKey(7))
       checkpoint.save_params(out, state.params)
-      manifest["teachers"][name] = {
+      record[name] = {
           "domain": domain, "effort": effort, "tau": run.taus[effort],
           "step": c.steps_per_effort, "parent": parent, "path": out,
           "config_hash": config_hash(run.config), "seconds": time.time() - t0,
@@ -367,7 +425,18 @@ def rl_stage(run: Run) -> None:
           "train_curve": [[s, m["reward"], m["length"]] for s, m in hist]}
       checkpoint.write_json(run.path("teachers.json"), manifest)
       params, parent = state.params, out
-  run.mark_done("rl", {"teachers": sorted(manifest["teachers"])})
+  if cell:
+    # Route the cell to the outside teacher; the same-origin one it replaces stays on record.
+    # Without its data_state: a restarted same-origin lane restores its own stream from
+    # `teachers`, and the outside lane's stream is not it.
+    if manifest["teachers"][cell].get("origin") != "outside":
+      manifest.setdefault("same_origin", {})[cell] = manifest["teachers"][cell]
+    manifest["teachers"][cell] = {
+        **{k: v for k, v in manifest["outside"][cell].items() if k != "data_state"},
+        "origin": "outside", "sft_seed": outside_seed}
+    checkpoint.write_json(run.path("teachers.json"), manifest)
+  run.mark_done("rl", {"teachers": sorted(manifest["teachers"]),
+                      **({"outside_cell": cell} if cell else {})})
   print(teacher_table(manifest))
 
 
@@ -503,7 +572,8 @@ def mopd_stage(run: Run) -> None:
   iters = {d: run.iterator(d, c.prompts_per_cell * len(EFFORTS), salt=200 + i)
            for i, d in enumerate(DOMAINS)}
   # Co-located or disaggregated (config.placement): log-probs come back on the student mesh.
-  scorer = placement.TeacherScorer(bank, run.mesh, run.teacher_mesh)
+  scorer = placement.TeacherScorer(bank, run.mesh, run.teacher_mesh,
+                                   top_k=c.get("top_k", 8) if c.loss == "topk" else 0)
   score_fn = lambda bank, tokens, mask: scorer(tokens, mask)
   log = run.logger("mopd")
   t0 = time.time()
@@ -531,7 +601,8 @@ def mopd_stage(run: Run) -> None:
           per_cell.append(exs[j * c.prompts_per_cell:(j + 1) * c.prompts_per_cell])
       rng = jax.random.fold_in(jax.random.PRNGKey(run.config.seed + 3), step)
       state, rec = mopd.mopd_step(trainer, state, bank, run.engine, tasks, cells, per_cell,
-                                  run.taus, rng, r_max=c.r_max, score_fn=score_fn)
+                                  run.taus, rng, r_max=c.r_max, score_fn=score_fn,
+                                  alpha=c.get("alpha", 0.0))
       loop.end_step(step, state, rec.metrics, {"step": step, **rec.metrics, "cells": rec.cells})
       bar.update(rec.metrics, keys=("loss", "kl", "accuracy", "length"))
       log.scalars(step, rec.metrics)

@@ -89,21 +89,29 @@ def place_bank(bank: teachers.TeacherBank, mesh: Mesh) -> teachers.TeacherBank:
 
 class TeacherScorer:
   """Scores stratified batches with a bank placed on `teacher_mesh`; inputs and outputs live
-  on `student_mesh`. Same mesh twice = co-located."""
+  on `student_mesh`. Same mesh twice = co-located. `top_k` > 0 (the top-k distillation
+  ablation): every call returns (log-probs, top-k log-probs [K, b, T, k], top-k ids)."""
 
   def __init__(self, bank: teachers.TeacherBank, student_mesh: Mesh, teacher_mesh: Mesh,
-               chunk_size: int = 64):
+               chunk_size: int = 64, top_k: int = 0):
+    if top_k < 0:
+      raise ValueError(f"TeacherScorer top_k must be >= 0, got {top_k}")
     self.student_mesh, self.teacher_mesh = student_mesh, teacher_mesh
     self.bank = place_bank(bank, teacher_mesh)
     k = bank.num_teachers
     self._in_t = stratified_sharding(teacher_mesh, k)
     self._in_s = stratified_sharding(student_mesh, k)
+    out_t = self._in_t
+    if top_k:  # the [K, b, T, k] outputs are laid out like the [K, b, T] ones
+      out_t = (self._in_t,) + (stratified_sharding(teacher_mesh, k, ndim=4),) * 2
+      self._in_s = (self._in_s,) + (stratified_sharding(student_mesh, k, ndim=4),) * 2
     bank_sh = jax.tree.map(lambda x: x.sharding, self.bank)
     # Jitted on the teacher mesh only: in the disaggregated placement no student device
     # takes part in (or holds a buffer of) the teacher prefill.
     self._score = jax.jit(
-        lambda bank, t, m: teachers.score_stratified(bank, t, m, chunk_size=chunk_size),
-        in_shardings=(bank_sh, self._in_t, self._in_t), out_shardings=self._in_t)
+        lambda bank, t, m: teachers.score_stratified(bank, t, m, chunk_size=chunk_size,
+                                                     top_k=top_k),
+        in_shardings=(bank_sh, self._in_t, self._in_t), out_shardings=out_t)
 
   @property
   def disaggregated(self) -> bool:

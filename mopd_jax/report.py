@@ -20,7 +20,8 @@ def build(workdir: str, config_json: dict, wall_seconds: dict) -> dict:
   return {
       "cells": ev["cells"],
       "kl": {"initial": curve[0][1] if curve else None,
-             "final": curve[-1][1] if curve else None, "curve": curve},
+             "final": curve[-1][1] if curve else None, "curve": curve,
+             **initial_kl_by_cell(workdir, history)},
       "reward_curve": [[h["step"], h["reward_mean"]] for h in history],
       "kl_per_cell": {name: [[h["step"], h["cells"][name]["kl"]] for h in history
                              if name in h["cells"]]
@@ -28,6 +29,23 @@ def build(workdir: str, config_json: dict, wall_seconds: dict) -> dict:
       "wall_seconds": wall_seconds,
       "config": config_json,
   }
+
+
+def initial_kl_by_cell(workdir: str, history: list) -> dict:
+  """Per-token KL student vs routed teacher at the first MOPD step, per cell, with the
+  teacher's origin ("same": trained from the student's own pi_SFT; "outside": from another
+  SFT, see `teacher.outside_cell`), and its mean over the cells of each origin."""
+  if not history:
+    return {"initial_by_cell": {}, "initial_by_origin": {}}
+  path = os.path.join(workdir, "teachers.json")
+  routed = checkpoint.read_json(path)["teachers"] if os.path.exists(path) else {}
+  by_cell = {name: {"kl": cm["kl"], "origin": routed.get(name, {}).get("origin", "same")}
+             for name, cm in history[0]["cells"].items()}
+  by_origin = {}
+  for c in by_cell.values():
+    by_origin.setdefault(c["origin"], []).append(c["kl"])
+  return {"initial_by_cell": by_cell,
+          "initial_by_origin": {o: float(np.mean(v)) for o, v in by_origin.items()}}
 
 
 def _cell(cells, policy, domain, effort):
@@ -55,6 +73,15 @@ def markdown(rep: dict) -> str:
   if kl["curve"]:
     lines += ["", f"Per-token KL student vs routed teacher: initial {kl['initial']:.4f}, "
               f"final {kl['final']:.4f} (x{kl['initial'] / max(kl['final'], 1e-9):.1f} drop)."]
+  if kl.get("initial_by_cell"):
+    lines += ["", "Initial per-token KL (first MOPD step) per routed teacher; origin `same` = "
+              "trained from the student's pi_SFT, `outside` = from another SFT "
+              "initialisation; a sampled-token estimate, so one cell's value at a few "
+              "prompts can be negative. Mean by origin: " + ", ".join(
+                  f"{o} {v:.4f}" for o, v in sorted(kl["initial_by_origin"].items())) + ".",
+              "", "| teacher | origin | initial KL |", "|---|---|---|"]
+    lines += [f"| {name} | {c['origin']} | {c['kl']:.4f} |"
+              for name, c in kl["initial_by_cell"].items()]
   lines += ["", "Wall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in
                                              rep["wall_seconds"].items()), "",
             "![cells](cells.png)", "", "![kl](kl.png)", "", "![length](length.png)"]

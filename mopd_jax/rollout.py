@@ -92,11 +92,15 @@ class RolloutEngine:
                 and (step_budget is None or spent[i] < step_budget)]
       if not active:
         break
-      prompts = [trajs[i].prompt_ids + trajs[i].ids for i in active]
+      # The sampler compiles once per (prompt bucket, batch size): pad the batch of active
+      # rows up to a power of two (repeating a row, whose copies are discarded) so that turns
+      # with 61, 57, 50 ... live rows share a handful of compilations.
+      rows = active + [active[0]] * (batch_bucket(len(active), len(trajs)) - len(active))
+      prompts = [trajs[i].prompt_ids + trajs[i].ids for i in rows]
       # Each trajectory keeps its own key, and a token's draw depends on (key, position)
       # only: a trajectory continued in segments equals one sampled in one go.
       out = self.sampler(params, prompts, rng,
-                         row_keys=np.stack([trajs[i].key for i in active]))
+                         row_keys=np.stack([trajs[i].key for i in rows]))
       out = jax.device_get(out)
       p = out.tokens.shape[1] - self.scfg.max_new_tokens
       for row, i in enumerate(active):
@@ -127,6 +131,11 @@ class RolloutEngine:
     texts = [tok.decode(t.ids) for t in trajs]
     over = np.asarray([not t.finished for t in trajs])
     return RolloutResult(trajectories=trajs, texts=texts, over_budget=over)
+
+
+def batch_bucket(n: int, full: int) -> int:
+  """The smallest power of two >= n, or `full` (the whole batch) if that is smaller."""
+  return min(full, 1 << max(0, n - 1).bit_length())
 
 
 def _last_call_start(ids, tok) -> int:

@@ -2,7 +2,7 @@
 
     prompt  2+1+0+2+0+1+1+2 mod 3
     full    2,0,0,2,2,0,1,0\\n#0     the running sum mod 3 after every term
-    brief   0,2,0,0\\n#0             after every second term
+    brief   ~0200\\n#0               after every second term
     direct  #0                      the answer alone
 
 Why the styles differ in accuracy. The prompt has one term every 2 characters and full writes
@@ -10,7 +10,10 @@ one running value every 2 characters, so every full step reads the previous valu
 at the *same* relative offsets and applies one 9-entry table: easy to learn and the same at
 every step. A brief step adds two terms at once and its offsets to the prompt change from step
 to step; direct has to add all the terms in one go (a count with wrap-around, no shortcut), so
-it is close to chance (1/3). Longer reasoning buys accuracy.
+it is close to chance (1/3). Longer reasoning buys accuracy. The three styles differ from
+their first token on (digit, `~`, `#`), so a policy that mixes them (pi_SFT, whose effort
+token says nothing) commits to one style at its first step instead of blending full and brief
+values in one trace.
 
 Reward: 1.0 iff the integer after the last `#` is the sum modulo `modulus`.
 """
@@ -39,7 +42,7 @@ class GenTask(base.Task):
     answer = str(values[-1])
     brief = values[1::2] if len(values) % 2 == 0 else values[1::2] + values[-1:]
     solutions = dict(full=",".join(map(str, values)) + "\n#" + answer,
-                     brief=",".join(map(str, brief)) + "\n#" + answer,
+                     brief="~" + "".join(map(str, brief)) + "\n#" + answer,
                      direct="#" + answer)
     prompt = "+".join(map(str, terms)) + f" mod {m}"
     return base.make_example(self.name, uid_seed, index, prompt, answer, solutions,

@@ -1,0 +1,153 @@
+"""MOPD-stage options: the outcome-reward term (`mopd.alpha`), the top-k distillation loss
+(`mopd.loss = "topk"`) and the outside-teacher ablation (`configs/toy_outside_teacher.py`)."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mopd_jax import logprobs, models, mopd, placement, rollout, sharding, teachers, train
+from mopd_jax.tasks import DOMAINS, get_task
+from mopd_jax.tokenizer import EFFORTS, CharTokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOK = CharTokenizer()
+CFG = models.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=1, num_heads=4,
+                         num_kv_heads=2, head_dim=8, mlp_dim=64, max_seq_len=256)
+B, T = 6, 16
+
+
+def _arr(seed=0):
+  """A padded rollout batch as `rollout.pad_batch` returns it."""
+  r = np.random.RandomState(seed)
+  pos = np.arange(T)[None]
+  input_mask = pos < r.randint(8, T + 1, (B, 1))
+  return {"tokens": r.randint(0, CFG.vocab_size, (B, T)).astype(np.int32),
+          "input_mask": input_mask, "loss_mask": input_mask & (pos >= r.randint(2, 6, (B, 1))),
+          "sampler_logprobs": -r.rand(B, T).astype(np.float32) * 3}
+
+
+def test_outcome_advantages_per_cell_with_batch_fallback():
+  r = np.array([1.0, 0.0, 1.0, 1.0, 0.0])
+  ids = np.array([0, 0, 1, 1, 2])
+  # cells 0 and 1 use their own mean; the single-row cell 2 falls back to the batch mean 0.6.
+  np.testing.assert_allclose(mopd.outcome_advantages(r, ids), [0.5, -0.5, 0.0, 0.0, -0.6],
+                             atol=1e-6)
+  with pytest.raises(ValueError, match="same"):
+    mopd.outcome_advantages(r, ids[:3])
+
+
+@pytest.mark.parametrize("kind", ["mopd", "topk"])
+def test_alpha_changes_the_loss_and_zero_alpha_is_the_old_path(kind):
+  params = models.init_params(CFG, jax.random.PRNGKey(0))
+  arr = _arr()
+  lp_t = -np.random.RandomState(1).rand(B, T).astype(np.float32) * 3
+  topk = None
+  if kind == "topk":  # the teacher's top-4 at every position (another model's)
+    st = logprobs.token_stats(CFG, models.init_params(CFG, jax.random.PRNGKey(1)),
+                              arr["tokens"], input_mask=arr["input_mask"], top_k=4)
+    topk = (np.asarray(st.topk_logprobs), np.asarray(st.topk_ids))
+  old = train.TrainBatch(  # the batch the MOPD step built before the options existed
+      tokens=jnp.asarray(arr["tokens"]), input_mask=jnp.asarray(arr["input_mask"]),
+      loss_mask=jnp.asarray(arr["loss_mask"]),
+      sampler_logprobs=jnp.asarray(arr["sampler_logprobs"]), teacher_logprobs=jnp.asarray(lp_t),
+      teacher_topk_logprobs=None if topk is None else jnp.asarray(topk[0]),
+      teacher_topk_ids=None if topk is None else jnp.asarray(topk[1]))
+  lc = train.LossConfig(kind=kind)
+  value_and_grad = jax.jit(jax.value_and_grad(
+      lambda p, b: train.compute_loss(CFG, lc, p, b)[0]))
+  loss_old, g_old = value_and_grad(params, old)
+  adv = mopd.outcome_advantages([1.0, 0.0, 1.0, 0.0, 0.0, 1.0], [0, 0, 1, 1, 2, 2])
+  zero = mopd.train_batch(arr, lp_t, topk=topk, alpha=0.0, advantages_B=adv)
+  assert zero.advantages is None  # nothing extra is traced at alpha = 0
+  loss0, g0 = value_and_grad(params, zero)
+  assert float(loss0) == float(loss_old)
+  for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g_old)):
+    np.testing.assert_array_equal(a, b)
+  # Centred advantages leave the loss value (ratio 1: -alpha * mean A = 0) but not its
+  # gradient; uncentred ones move the value too.
+  _, g1 = value_and_grad(params, mopd.train_batch(arr, lp_t, topk=topk, alpha=0.5,
+                                                  advantages_B=adv))
+  diff = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(g1),
+                                                          jax.tree.leaves(g_old)))
+  assert diff > 1e-4
+  loss2, _ = value_and_grad(params, mopd.train_batch(arr, lp_t, topk=topk, alpha=0.5,
+                                                     advantages_B=np.ones(B)))
+  np.testing.assert_allclose(float(loss2), float(loss_old) - 0.5, rtol=1e-5)
+  with pytest.raises(ValueError, match="alpha"):
+    mopd.train_batch(arr, lp_t, alpha=0.5)
+
+
+def test_topk_mopd_step_is_zero_when_the_student_is_every_teacher():
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  params = models.init_params(CFG, jax.random.PRNGKey(0))
+  bank = teachers.build_bank(CFG, [params] * 9, names=teachers.DEFAULT_NAMES)
+  scorer = placement.TeacherScorer(bank, mesh, mesh, top_k=4)
+  trainer = train.Trainer(CFG, train.LossConfig(kind="topk"), train.OptimConfig(lr=1e-2),
+                          mesh)
+  tasks = {d: get_task(d) for d in DOMAINS}
+  cells = [(d, e) for d in DOMAINS for e in EFFORTS]
+  per_cell = [tasks[d].generate(seed=i, n=1) for i, (d, _) in enumerate(cells)]
+  engine = rollout.RolloutEngine(CFG, TOK, max_response_tokens=12, max_turns=1)
+  taus = {"max": 1.0, "high": 0.55, "low": 0.25}
+  step = lambda state, score_fn, **kw: mopd.mopd_step(
+      trainer, state, bank, engine, tasks, cells, per_cell, taus, jax.random.PRNGKey(3),
+      r_max=5.0, score_fn=score_fn, **kw)
+  state, rec = step(trainer.init(params), lambda b, t, m: scorer(t, m), alpha=0.0)
+  m = rec.metrics
+  assert m["loss"] == pytest.approx(0.0, abs=1e-6)
+  assert m["topk_kl"] == pytest.approx(0.0, abs=1e-6)
+  assert m["kl"] == pytest.approx(0.0, abs=1e-5)  # the sampled-token estimate, as for mopd
+  assert m["grad_norm"] == pytest.approx(0.0, abs=1e-5)
+  assert set(rec.cells) == set(teachers.DEFAULT_NAMES)
+  with pytest.raises(ValueError, match="top-k"):  # a scorer without top-k cannot feed it
+    step(state, lambda b, t, m: scorer(t, m)[0])
+
+
+def test_outside_teacher_config_reports_initial_kl_per_cell(tmp_path):
+  """One pipeline run of the ablation on the tiny variant, with the top-k loss and alpha on
+  (so both options also run through the pipeline)."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.run", "--config", "configs/toy_outside_teacher.py:tiny",
+       "--workdir", str(tmp_path), "--config.mopd.loss=topk", "--config.mopd.alpha=0.5"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  manifest = json.load(open(tmp_path / "teachers.json"))
+  routed = manifest["teachers"]["gen/max"]
+  assert routed["origin"] == "outside" and "rl_outside" in routed["path"]
+  assert routed["parent"].endswith(os.path.join("sft", "outside", "params"))
+  # The rest of the gen lane still anneals from the same-origin gen/max, kept on record.
+  assert manifest["teachers"]["gen/high"]["parent"] == manifest["same_origin"]["gen/max"]["path"]
+  rep = json.load(open(tmp_path / "report.json"))
+  by_cell = rep["kl"]["initial_by_cell"]
+  assert set(by_cell) == set(teachers.DEFAULT_NAMES)
+  assert {n for n, c in by_cell.items() if c["origin"] == "outside"} == {"gen/max"}
+  assert set(rep["kl"]["initial_by_origin"]) == {"same", "outside"}
+  assert by_cell["gen/max"]["kl"] == pytest.approx(rep["kl"]["initial_by_origin"]["outside"])
+  md = open(tmp_path / "report.md").read()
+  assert "| gen/max | outside |" in md
+  history = json.load(open(tmp_path / "mopd" / "history.json"))
+  assert "topk_kl" in history[0]  # the top-k loss was the one optimised
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(outside_cell="gen/medium"), "not a teacher cell"),
+    (dict(outside_seed=0), "outside_seed"),
+])
+def test_bad_outside_teacher_config_raises(change, match):
+  import configs.toy_outside_teacher as cfg_mod
+  from mopd_jax import pipeline
+  c = cfg_mod.get_config("fast")
+  for k, v in change.items():
+    setattr(c.teacher, k, v)
+  with pytest.raises(ValueError, match=match):
+    pipeline.validate_config(c, 1)
+  c = cfg_mod.get_config("fast")
+  c.mopd.loss, c.mopd.top_k = "topk", 0
+  with pytest.raises(ValueError, match="top_k"):
+    pipeline.validate_config(c, 1)
