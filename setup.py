@@ -26,7 +26,8 @@ setup(
         "jinja2>=3.1",  # chat templates of Hugging Face tokenizers (sandboxed rendering)
     ],
     extras_require={
-        "test": ["pytest>=9.0", "torch==2.13.0", "transformers==5.24.0",
+        "test": ["pytest>=9.0", "pytest-xdist>=3.8",  # -n 2: the suite on both cores
+                 "torch==2.13.0", "transformers==5.24.0",
                  # tests/test_colabs.py executes the notebooks in a Jupyter kernel
                  "nbclient>=0.11.0", "nbformat>=5.11.1", "ipykernel>=7.4.0"],
     },

@@ -108,6 +108,7 @@ def test_topk_mopd_step_is_zero_when_the_student_is_every_teacher():
     step(state, lambda b, t, m: scorer(t, m)[0])
 
 
+@pytest.mark.slow  # a second SFT and RL lane in a subprocess: ~100 s on 2 cores
 def test_outside_teacher_config_reports_initial_kl_per_cell(tmp_path):
   """One pipeline run of the ablation on the tiny variant, with the top-k loss and alpha on
   (so both options also run through the pipeline)."""

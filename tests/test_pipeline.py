@@ -91,6 +91,7 @@ def test_student_from_hugging_face_checkpoint(tmp_path):
   assert proc.stdout.count("sample=") == 3
 
 
+@pytest.mark.slow  # ~90 s; loading each piece is covered by tests/test_hf.py
 def test_teachers_from_hugging_face_checkpoints(tmp_path):
   """`teacher.hf_paths`: nine exported checkpoints of a deeper shape than the student are
   registered instead of trained, and MOPD distils from them."""
