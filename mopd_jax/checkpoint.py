@@ -15,6 +15,7 @@ differing path (`CheckpointMismatchError`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import signal
@@ -321,8 +322,10 @@ class TrainLoop:
     `save` returns, so the next (donating) train step may reuse the buffers at once."""
     if self.last_saved == done:
       return
-    meta = {"step": done, "history": self.history, "skipped": self.skipped,
-            "data": self.data_state()}
+    # A deep copy: the save is asynchronous and the JSON may be written after the loop has
+    # appended the next step's record to the live history list.
+    meta = copy.deepcopy({"step": done, "history": self.history, "skipped": self.skipped,
+                          "data": self.data_state()})
     self._mgr.save(done, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                  meta=ocp.args.JsonSave(meta)))
     self.last_saved = done
