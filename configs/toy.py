@@ -48,8 +48,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1  # mesh axis sizes; their product must equal the device count
-  c.mesh.fsdp = 1
-  c.mesh.tensor = 1
+  c.mesh.fsdp = 1  # splits the batch and also the params (their embed dimension)
+  c.mesh.tensor = 1  # splits attention heads, MLP columns and the vocabulary
 
   c.data = ml_collections.ConfigDict()
   c.data.sizes = (400, 48, 48) if fast else (4000, 300, 300)  # train / validation / test
@@ -57,15 +57,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # Effort levels: budget of example x at effort e is floor(tau_e * b0(x)) tokens.
   c.effort = ml_collections.ConfigDict()
-  c.effort.tau_max = 1.0
-  c.effort.tau_high = 0.55
-  c.effort.tau_low = 0.25
+  c.effort.tau_max = 1.0  # room for the full reasoning style (b0 = 1.1 x its length)
+  c.effort.tau_high = 0.55  # brief fits, full does not
+  c.effort.tau_low = 0.25  # only a direct answer fits
 
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 12 if fast else 600  # updates; each trains on one domain, round-robin
   c.sft.batch_size = 16 if fast else 48  # sequences per update
   c.sft.lr = 3e-3  # AdamW peak learning rate (warmup + cosine)
-  c.sft.warmup_steps = 2 if fast else 20
+  c.sft.warmup_steps = 2 if fast else 20  # linear warmup before the cosine decay
   c.sft.effort_mode = "random"  # effort token of SFT examples: random | style (see sft.py)
 
   c.rl = ml_collections.ConfigDict()
@@ -73,7 +73,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.steps_per_effort = 2 if fast else 20  # RL iterations per effort level and domain
   c.rl.prompts_per_step = 4 if fast else 16  # prompts per iteration
   c.rl.group_size = 2 if fast else 4  # K samples per prompt
-  c.rl.lr = 1e-3
+  c.rl.lr = 1e-3  # AdamW learning rate of every RL lane (cosine over the three efforts)
   c.rl.tau_kl = 0.5  # PMD log-ratio weight
   c.rl.token_clip = 5.0  # PMD per-token log-ratio clip (K2.5-style regulariser); 0 = off
   c.rl.temperature = 1.0  # sampling temperature of RL rollouts
@@ -81,8 +81,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd = ml_collections.ConfigDict()
   c.mopd.steps = 3 if fast else 60  # student updates
   c.mopd.prompts_per_cell = 1 if fast else 4  # b prompts per (domain, effort) cell per step
-  c.mopd.lr = 1e-3
-  c.mopd.warmup_steps = 0 if fast else 5
+  c.mopd.lr = 1e-3  # AdamW peak learning rate of the student
+  c.mopd.warmup_steps = 0 if fast else 5  # linear warmup before the cosine decay
   c.mopd.r_max = 5.0  # clip of the per-token reward r_t (K3 eq. 15)
   # mopd (eq. 15) | pg (clipped ratio, reward as advantage) | topk (ablation: reverse KL on
   # the routed teacher's top_k tokens at each position, corrected for the truncation)
@@ -111,13 +111,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # "sft", "rl" (the first RL run; "rl gen/high" picks one), "mopd", "mopd init: teacher SFT".
   # E.g. --config.profile.stage=mopd --config.profile.start_step=2 --config.profile.num_steps=3
   c.profile = ml_collections.ConfigDict()
-  c.profile.stage = ""
+  c.profile.stage = ""  # which loop to trace; "" = profiling off
   c.profile.start_step = 2  # earlier steps compile and warm up, so they are left out
   c.profile.num_steps = 3  # traced steps (keep it short: traces grow fast)
 
   c.smoke = ml_collections.ConfigDict()
   c.smoke.prompts = ("12+34=", "<call>", "f(1)=3")  # texts to complete
-  c.smoke.max_new_tokens = 32 if fast else 64
+  c.smoke.max_new_tokens = 32 if fast else 64  # tokens sampled per smoke prompt
   if arg == "tiny":  # fewest steps that still give every loop a middle to interrupt
     # One layer and no QAT: compilation dominates a run this short and both nearly halve it.
     c.model.num_layers = 1
