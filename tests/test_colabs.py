@@ -27,10 +27,7 @@ def test_committed_without_outputs(name):
           f"`jupyter nbconvert --clear-output --inplace colabs/{name}`)")
 
 
-# 01 runs every pipeline stage (also covered by tests/test_pipeline.py) and takes as long as
-# the other three together, so it is in the slow tier; 02-04 run in every CI run.
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
-                                  if n.startswith("01_") else n for n in NAMES])
+@pytest.mark.parametrize("name", NAMES)
 def test_runs_top_to_bottom(name, tmp_path, monkeypatch):
   # The kernel inherits this environment: the tiny setting, a fresh workdir, and not the 8
   # simulated devices of conftest.py (01-03 use one device; 04 asks for 8 itself).
