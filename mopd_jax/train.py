@@ -112,12 +112,7 @@ def compute_loss(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
     if w is not None:
       m = {**m, "is_weight_mean": jax.lax.stop_gradient(
           jnp.sum(w) / jnp.maximum(jnp.sum(batch.loss_mask), 1))}
-    if batch.advantages is not None:  # outcome term: alpha * A_outcome, plain REINFORCE
-      extra, _ = losses.pg_loss(lp, jax.lax.stop_gradient(lp), batch.advantages,
-                                batch.loss_mask, eps_low=loss_cfg.eps_low,
-                                eps_high=loss_cfg.eps_high)
-      loss = loss + extra
-    return loss, m
+    return loss + _outcome_term(lp, batch, loss_cfg), m
   if loss_cfg.kind == "pg":
     adv = losses.mopd_reward(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
     if batch.advantages is not None:
@@ -149,12 +144,17 @@ def compute_loss(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
     # across the ablation); the truncated top-k KL that is optimised is `topk_kl`.
     _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
     m = {**m, "topk_kl": m["kl"], "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
-  if batch.advantages is not None:  # outcome term, as in the mopd branch
-    extra, _ = losses.pg_loss(lp, jax.lax.stop_gradient(lp), batch.advantages,
-                              batch.loss_mask, eps_low=loss_cfg.eps_low,
-                              eps_high=loss_cfg.eps_high)
-    loss = loss + extra
-  return loss, m
+  return loss + _outcome_term(lp, batch, loss_cfg), m
+
+
+def _outcome_term(lp, batch: TrainBatch, loss_cfg: LossConfig):
+  """alpha * A_outcome on every generated token, plain REINFORCE (ratio 1 at the current
+  params); 0 when the batch carries no advantages (alpha = 0)."""
+  if batch.advantages is None:
+    return 0.0
+  extra, _ = losses.pg_loss(lp, jax.lax.stop_gradient(lp), batch.advantages, batch.loss_mask,
+                            eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high)
+  return extra
 
 
 def train_step(model_cfg: models.ModelConfig, loss_cfg: LossConfig,

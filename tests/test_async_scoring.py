@@ -38,6 +38,7 @@ def _recording(sample, log):
   return wrapped
 
 
+@pytest.mark.slow  # ~45 s; the staleness-1 test below also runs the async driver
 def test_staleness_zero_equals_sync_exactly():
   state, sample, submit, train_fn = _setup(0)
   fresh = jax.tree.map(jnp.copy, state)  # the step donates its state; one build compiles once
