@@ -112,3 +112,85 @@ def full_token_logprobs(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None
   lp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1], axis=-1),
                            tokens_BxT[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
   return jnp.pad(lp, ((0, 0), (1, 0)))
+
+
+def fused_token_loss(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, loss_fn, aux, *,
+                     chunk_size: int = 64):
+  """`loss_fn(token_logprobs [B, T], aux) -> (loss, metrics)` with the head fused into it.
+
+  Same value and gradient as `loss_fn(token_stats_from_hidden(...).logprobs, aux)`, for
+  less work: the generic path runs the [B, C, V] vocabulary projection three times per
+  chunk in the backward pass (rematerialised forward, then two gradient matmuls) on top of
+  the forward one; here each chunk computes its logits once and turns them straight into
+  the hidden-state and head-weight gradients, because the cotangent of each token's
+  log-prob is already known when its logits exist.
+
+  That last point is the contract: `loss_fn` must be token-separable, i.e. d loss / d lp[b, t]
+  depends on lp[b, t] alone (and on `aux`). Masked means with mask-only normalisers,
+  stop-gradient rewards and per-token clipped ratios qualify (SFT NLL, the MOPD loss,
+  clipped PG); anything pooling log-probs across tokens (PMD's sequence log-ratio) does not.
+  `metrics` must already be gradient-stopped. The gradient reaches `hidden_BxTxD` and the
+  head weight, hence the embedding when tied.
+  """
+  cfg, params = models.materialize(cfg, params)
+  w_DxV = models.head_weight(cfg, params)
+  return _fused_loss(loss_fn, chunk_size, hidden_BxTxD, w_DxV, tokens_BxT.astype(jnp.int32),
+                     aux)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _fused_loss(loss_fn, chunk_size, h_BxTxD, w_DxV, tokens_BxT, aux):
+  (loss, metrics), _ = _fused_fwd(loss_fn, chunk_size, h_BxTxD, w_DxV, tokens_BxT, aux)
+  return loss, metrics
+
+
+def _fused_fwd(loss_fn, chunk_size, h_BxTxD, w_DxV, tokens_BxT, aux):
+  b, t, d = h_BxTxD.shape
+  n = t - 1
+  c = max(1, min(chunk_size, n))
+  nchunks = -(-n // c)
+  pad = nchunks * c - n
+  h = jnp.pad(h_BxTxD[:, :-1], ((0, 0), (0, pad), (0, 0)))
+  tgt = jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, pad)))
+  to_chunks = lambda x: jnp.swapaxes(x.reshape(b, nchunks, c, *x.shape[2:]), 0, 1)
+  from_chunks = lambda y: jnp.swapaxes(y, 0, 1).reshape(b, nchunks * c, *y.shape[3:])[:, :n]
+  # Log-probs live in a [B, 1 + nchunks*C] buffer: column 0 (nothing predicts the first
+  # token) stays 0 and column 1 + j holds target j, as in `token_stats_from_hidden`.
+  grad_lp = jax.grad(lambda lp, aux: loss_fn(lp[:, :t], aux)[0])
+
+  def chunk(dw, x):
+    h_c, tgt_c, i = x
+    logits = jnp.dot(h_c.reshape(b * c, d), w_DxV, preferred_element_type=jnp.float32)
+    logits = logits.reshape(b, c, -1)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    lp_c = jnp.take_along_axis(logits, tgt_c[..., None], axis=-1)[..., 0] - lse
+    # This chunk's cotangents: the loss gradient at a probe holding only this chunk's
+    # log-probs. Token-separability makes the other (zero) entries irrelevant to them.
+    start = 1 + i * c
+    probe = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b, 1 + nchunks * c), jnp.float32),
+                                                lp_c, start, axis=1)
+    g_c = jax.lax.dynamic_slice_in_dim(grad_lp(probe, aux), start, c, axis=1)
+    p = jnp.exp(logits - lse[..., None])
+    onehot = jax.nn.one_hot(tgt_c, logits.shape[-1], dtype=jnp.float32)
+    dlogits = (g_c[..., None] * (onehot - p)).reshape(b * c, -1)
+    dh = jnp.dot(dlogits.astype(w_DxV.dtype), w_DxV.T, preferred_element_type=jnp.float32)
+    dw = dw + jnp.dot(h_c.reshape(b * c, d).T.astype(jnp.float32), dlogits)
+    return dw, (lp_c, dh.reshape(b, c, d))
+
+  dw, (lp_chunks, dh_chunks) = jax.lax.scan(
+      chunk, jnp.zeros(w_DxV.shape, jnp.float32),
+      (to_chunks(h), to_chunks(tgt), jnp.arange(nchunks, dtype=jnp.int32)))
+  lp = jnp.pad(from_chunks(lp_chunks), ((0, 0), (1, 0)))
+  loss, metrics = loss_fn(lp, aux)
+  dh = jnp.pad(from_chunks(dh_chunks), ((0, 0), (0, 1), (0, 0)))  # the last position
+  return (loss, metrics), (dh.astype(h_BxTxD.dtype), dw.astype(w_DxV.dtype))  # predicts nothing
+
+
+def _fused_bwd(loss_fn, chunk_size, res, cts):
+  del loss_fn, chunk_size
+  dh, dw = res
+  ct_loss = cts[0]  # metrics are gradient-stopped: their cotangents are ignored
+  return ct_loss * dh, ct_loss * dw, None, None
+
+
+_fused_loss.defvjp(_fused_fwd, _fused_bwd)

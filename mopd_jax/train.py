@@ -19,6 +19,10 @@ from jax.sharding import PartitionSpec as P
 from mopd_jax import logprobs, losses, models, sharding
 
 LOSSES = ("sft", "mopd", "pg", "topk", "pmd", "grpo")
+# Kinds whose loss is token-separable in the student's log-probs (see
+# `logprobs.fused_token_loss`): they can run with the head fused into the loss.
+# PMD pools log-probs over a sequence and top-k needs more than the sampled token's stats.
+SEPARABLE_LOSSES = ("sft", "mopd", "pg", "grpo")
 
 
 @flax.struct.dataclass
@@ -56,6 +60,10 @@ class LossConfig:
   eps_high: float = 0.28  # PG ratio clip, upper (asymmetric, "clip-higher")
   log_ratio_clip: float = 20.0
   chunk_size: int = 64  # sequence chunk of the log-prob scan
+  # Compute each chunk's logits once and backpropagate through the head right there
+  # (`logprobs.fused_token_loss`) for the token-separable kinds: the same loss and gradient
+  # as the rematerialised scan with one vocabulary projection fewer per chunk.
+  fused_head: bool = True
   group_size: int = 1  # RL: K samples per prompt (rows [p*K:(p+1)*K] share a prompt)
   tau_kl: float = 0.5  # PMD: weight of the log-ratio to the sampling policy
   token_clip: Optional[float] = None  # PMD: per-token log-ratio clip (K2.5 style); None = off
@@ -94,11 +102,23 @@ def init_state(params, optimizer) -> TrainState:
 def compute_loss(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
                  batch: TrainBatch):
   """(loss, metrics) of the configured kind, from the student's chunked log-probs."""
+  model_cfg, params = models.materialize(model_cfg, params)  # QAT: quantise once
+  if loss_cfg.fused_head and loss_cfg.kind in SEPARABLE_LOSSES:
+    h = models.hidden_states(model_cfg, params, batch.tokens, input_mask=batch.input_mask)
+    return logprobs.fused_token_loss(
+        model_cfg, params, h, batch.tokens,
+        lambda lp, b: loss_from_stats(loss_cfg, logprobs.TokenStats(lp), b), batch,
+        chunk_size=loss_cfg.chunk_size)
   topk = loss_cfg.kind == "topk"
   st = logprobs.token_stats(model_cfg, params, batch.tokens, input_mask=batch.input_mask,
                             chunk_size=loss_cfg.chunk_size,
                             top_k=batch.teacher_topk_ids.shape[-1] if topk else 0,
                             topk_ids_BxTxK=batch.teacher_topk_ids if topk else None)
+  return loss_from_stats(loss_cfg, st, batch)
+
+
+def loss_from_stats(loss_cfg: LossConfig, st: logprobs.TokenStats, batch: TrainBatch):
+  """(loss, metrics) of the configured kind from the student's per-token stats."""
   lp = st.logprobs
   if loss_cfg.kind == "sft":
     return losses.nll_loss(lp, batch.loss_mask)

@@ -163,3 +163,36 @@ def test_bad_loss_inputs():
     losses.mopd_loss(jnp.zeros((2, 3)), jnp.zeros((2, 4)), jnp.ones((2, 3)), 1.0)
   with pytest.raises(ValueError, match="outside the bank"):
     teachers.check_teacher_ids([0, 12], 9)
+
+
+@pytest.mark.parametrize("kind,extra", [
+    ("sft", {}), ("mopd", {}), ("mopd", {"is_bounds": (0.5, 2.0)}), ("mopd", {"outcome": True}),
+    ("pg", {}), ("grpo", {"group_size": 2}), ("mopd", {"untied": True}),
+    ("mopd", {"quant": "int8"}), ("sft", {"chunk_size": 5})])
+def test_fused_head_loss_equals_generic(kind, extra):
+  """The head fused into the loss gives the rematerialised path's loss, metrics and gradient."""
+  extra = dict(extra)
+  cfg = CFG.replace(tie_embeddings=not extra.pop("untied", False),
+                    quant=extra.pop("quant", "none"))
+  params = models.init_params(cfg, jax.random.PRNGKey(3))
+  batch = _batch(2)
+  if extra.pop("outcome", False):
+    batch = batch.replace(advantages=jnp.asarray(np.random.RandomState(4).randn(B, T),
+                                                 jnp.float32))
+  if kind == "grpo":
+    batch = batch.replace(rewards=jnp.asarray(np.random.RandomState(5).rand(B), jnp.float32))
+  out = []
+  for fused in (False, True):
+    lcfg = train.LossConfig(kind=kind, fused_head=fused, **extra)
+    f = jax.jit(jax.value_and_grad(lambda p: train.compute_loss(cfg, lcfg, p, batch),
+                                   has_aux=True))
+    out.append(jax.device_get(f(params)))
+  ((l0, m0), g0), ((l1, m1), g1) = out
+  np.testing.assert_allclose(l1, l0, rtol=1e-6, atol=1e-6)
+  assert m0.keys() == m1.keys()
+  for k in m0:
+    np.testing.assert_allclose(m1[k], m0[k], rtol=1e-6, atol=1e-6, err_msg=k)
+  assert jax.tree.structure(g0) == jax.tree.structure(g1)
+  for path, a in jax.tree_util.tree_leaves_with_path(g0):
+    b = dict(jax.tree_util.tree_leaves_with_path(g1))[path]
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))

@@ -289,6 +289,15 @@ def hidden_states(cfg: ModelConfig, params, tokens, *, input_mask=None, position
   return h
 
 
+def head_weight(cfg: ModelConfig, params):
+  """The vocabulary projection as a [D, V] matrix in the compute dtype (the transposed
+  embedding when tied): what `logits_from_hidden` multiplies by, for code that fuses the
+  head with its loss (`logprobs.fused_token_loss`). Expects materialised params."""
+  if cfg.tie_embeddings:
+    return params["embed"].astype(cfg.jnp_dtype).T
+  return params["lm_head"].astype(cfg.jnp_dtype)
+
+
 def logits_from_hidden(cfg: ModelConfig, params, hidden):
   cfg, params = materialize(cfg, params)
   return _module(cfg).apply({"params": params}, hidden, method=Transformer.head)
