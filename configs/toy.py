@@ -91,6 +91,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Weight of the outcome-reward term: alpha * (verifier reward - its (domain, effort)
   # cell's batch mean) on every generated token, REINFORCE; 0 = pure distillation.
   c.mopd.alpha = 0.0
+  # Teacher scoring one step behind sampling: 0 = synchronous; 1 = the teachers score batch
+  # k while the student samples batch k+1 (worth it with placement "disaggregated"). The
+  # one-update-stale batch is trained with truncated importance weights
+  # clip(pi_theta / pi_sampler, *is_bounds) on every token.
+  c.mopd.staleness = 0
+  c.mopd.is_bounds = (0.5, 2.0)
   # Student initialisation: sft (pi_SFT, as the MOPD paper assumes) | teacher_sft (pi_SFT
   # further fine-tuned on trajectories of all nine teachers, each with its effort token).
   c.mopd.init = "sft"

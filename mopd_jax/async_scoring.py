@@ -48,11 +48,15 @@ class PhaseTimes:
 
 
 def run(state, num_steps: int, *, sample: Callable, submit: Callable, train: Callable,
-        staleness: int = 0, on_step: Callable | None = None):
-  """`num_steps` MOPD updates; returns (state, [metrics per step], PhaseTimes).
+        staleness: int = 0, on_step: Callable | None = None, start_step: int = 0):
+  """Updates `start_step` .. `num_steps - 1`; returns (state, [metrics per step], PhaseTimes).
 
   `staleness` 0 is exactly the synchronous loop; 1 overlaps teacher scoring of batch k with
-  sampling of batch k+1. `on_step(step, metrics)` is called after each update.
+  sampling of batch k+1. `on_step(step, state, metrics)` is called after each update (the
+  pipeline checkpoints there). A run resumed at `start_step` samples its first batch afresh
+  with the restored params: the batch the interrupted run had sampled one step ahead is not
+  part of the checkpoint, so with staleness 1 a resumed run is exact but not bitwise equal
+  to an uninterrupted one.
   """
   if staleness not in (0, 1):
     raise ValueError(f"staleness must be 0 (synchronous) or 1 (one step stale), got "
@@ -70,7 +74,7 @@ def run(state, num_steps: int, *, sample: Callable, submit: Callable, train: Cal
     return jax.block_until_ready(handle)
 
   pending = None  # (batch, teacher handle) sampled one step ahead
-  for step in range(num_steps):
+  for step in range(start_step, num_steps):
     if pending is None:
       batch = timed("sample", sample, state.params, step)
       handle = submit(batch)
@@ -88,7 +92,7 @@ def run(state, num_steps: int, *, sample: Callable, submit: Callable, train: Cal
     metrics = jax.device_get(metrics)
     history.append(metrics)
     if on_step is not None:
-      on_step(step, metrics)
+      on_step(step, state, metrics)
   times.total = time.perf_counter() - t_start
-  times.steps = num_steps
+  times.steps = max(num_steps - start_step, 0)
   return state, history, times

@@ -104,16 +104,25 @@ def train_batch(arr: dict, teacher_lp_BxT, *, topk: Optional[tuple] = None,
                           teacher_topk_ids=None if topk is None else jnp.asarray(topk[1]))
 
 
-def mopd_step(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
-              engine: rollout.RolloutEngine, tasks: dict, cells: Sequence[tuple],
-              examples_per_cell: Sequence[list], taus: dict, rng, *, r_max: float,
-              score_fn: Callable, width_multiple: int = 32, alpha: float = 0.0):
-  """One MOPD update on b prompts per (domain, effort) cell; returns (state, record).
+@dataclasses.dataclass
+class SampledBatch:
+  """One step's student rollouts on the host, stratified by teacher, waiting for scores."""
 
-  `score_fn(bank, tokens, mask)` returns the teachers' [K, b, T] log-probs, or for the top-k
-  loss (`trainer.loss_cfg.kind == "topk"`) a tuple (log-probs, top-k log-probs [K, b, T, k],
-  top-k ids). `alpha` > 0 adds the outcome term alpha * `outcome_advantages` (REINFORCE).
-  """
+  arr: dict  # rollout.pad_batch arrays, rows in prompt order [B, T]
+  index: np.ndarray  # teachers.stratify index: row of each (teacher, slot)
+  tokens: jax.Array  # [K, b, T] stratified, what the teachers score
+  input_mask: jax.Array  # [K, b, T]
+  cell_ids: np.ndarray  # [B] index into `cells`
+  accuracy: np.ndarray  # [B] verifier score, 0 when unfinished or over budget
+  lengths: np.ndarray  # [B] generated tokens
+  over: np.ndarray  # [B] unfinished or past the cell's budget
+
+
+def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngine,
+                 tasks: dict, cells: Sequence[tuple], examples_per_cell: Sequence[list],
+                 taus: dict, rng, *, width_multiple: int = 32) -> SampledBatch:
+  """Steps 1-2 of a MOPD step: the student (`params`) samples one rollout per prompt, b
+  prompts per (domain, effort) cell; rollouts are verified and laid out for the teachers."""
   tok = engine.tok
   rows, efforts, domains, teacher_ids = [], [], [], []
   for (d, e), exs in zip(cells, examples_per_cell):
@@ -129,7 +138,7 @@ def mopd_step(trainer: train.Trainer, state: train.TrainState, bank: teachers.Te
   for d in dict.fromkeys(domains):
     idx = [i for i, dd in enumerate(domains) if dd == d]
     res_by_domain[d] = (idx, engine.run(
-        state.params, [rows[i] for i in idx], [efforts[i] for i in idx],
+        params, [rows[i] for i in idx], [efforts[i] for i in idx],
         [engine.max_response_tokens] * len(idx), jax.random.fold_in(rng, len(res_by_domain)),
         environment=tasks[d].environment))
   trajs = [None] * len(rows)
@@ -148,7 +157,18 @@ def mopd_step(trainer: train.Trainer, state: train.TrainState, bank: teachers.Te
   arr = rollout.pad_batch(trajs, tok.pad_id, width)
   index = teachers.stratify(np.asarray(teacher_ids), bank.num_teachers, b)
   strat = lambda x, fill=0: jnp.asarray(teachers.gather_stratified(x, index, fill))
-  scored = score_fn(bank, strat(arr["tokens"]), strat(arr["input_mask"], False))
+  return SampledBatch(
+      arr=arr, index=index, tokens=strat(arr["tokens"]),
+      input_mask=strat(arr["input_mask"], False),
+      cell_ids=np.asarray([cells.index((d, e)) for d, e in zip(domains, efforts)]),
+      accuracy=acc, lengths=lengths, over=over)
+
+
+def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
+             sampled: SampledBatch, scored, *, r_max: float, alpha: float = 0.0):
+  """Steps 3-4 once the teachers' scores `scored` are in (blocks on them): the update and
+  the step's record. `scored` as `mopd_step`'s `score_fn` returns it."""
+  arr, index, n = sampled.arr, sampled.index, len(sampled.lengths)
   topk = None
   if trainer.loss_cfg.kind == "topk":
     if not isinstance(scored, tuple):
@@ -156,21 +176,38 @@ def mopd_step(trainer: train.Trainer, state: train.TrainState, bank: teachers.Te
                        "score_fn must return (logprobs, topk_logprobs, topk_ids), e.g. a "
                        "placement.TeacherScorer built with top_k > 0")
     scored, tk_lp, tk_ids = scored
-    topk = (teachers.scatter_stratified(np.asarray(tk_lp), index, len(rows)),
-            teachers.scatter_stratified(np.asarray(tk_ids), index, len(rows)))
+    topk = (teachers.scatter_stratified(np.asarray(tk_lp), index, n),
+            teachers.scatter_stratified(np.asarray(tk_ids), index, n))
   lp_t = np.asarray(scored)
-  teacher_lp = teachers.scatter_stratified(lp_t, index, len(rows))
+  teacher_lp = teachers.scatter_stratified(lp_t, index, n)
   # Outcome reward of a rollout: the verifier's score, 0 when unfinished or past its cell's
   # budget (the `accuracy` diagnostic), so the term also rewards keeping to the effort.
-  cell_ids = np.asarray([cells.index((d, e)) for d, e in zip(domains, efforts)])
   batch = train_batch(arr, teacher_lp, topk=topk, alpha=alpha,
-                      advantages_B=outcome_advantages(acc, cell_ids) if alpha else None)
+                      advantages_B=outcome_advantages(sampled.accuracy, sampled.cell_ids)
+                      if alpha else None)
   state, m = trainer.step(state, batch)
   m = {k: float(v) for k, v in jax.device_get(m).items()}
   cells_diag = cell_diagnostics(
       bank.router.names, index, teachers.gather_stratified(arr["sampler_logprobs"], index),
-      lp_t, teachers.gather_stratified(arr["loss_mask"], index, False), r_max, acc, lengths,
-      over)
-  m.update(accuracy=float(acc.mean()), length=float(lengths.mean()),
-           over_budget=float(over.mean()))
+      lp_t, teachers.gather_stratified(arr["loss_mask"], index, False), r_max,
+      sampled.accuracy, sampled.lengths, sampled.over)
+  m.update(accuracy=float(sampled.accuracy.mean()), length=float(sampled.lengths.mean()),
+           over_budget=float(sampled.over.mean()))
   return state, StepRecord(step=int(state.step), metrics=m, cells=cells_diag)
+
+
+def mopd_step(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
+              engine: rollout.RolloutEngine, tasks: dict, cells: Sequence[tuple],
+              examples_per_cell: Sequence[list], taus: dict, rng, *, r_max: float,
+              score_fn: Callable, width_multiple: int = 32, alpha: float = 0.0):
+  """One synchronous MOPD update on b prompts per (domain, effort) cell: `sample_batch`,
+  teacher scoring, `train_on`. Returns (state, record).
+
+  `score_fn(bank, tokens, mask)` returns the teachers' [K, b, T] log-probs, or for the top-k
+  loss (`trainer.loss_cfg.kind == "topk"`) a tuple (log-probs, top-k log-probs [K, b, T, k],
+  top-k ids). `alpha` > 0 adds the outcome term alpha * `outcome_advantages` (REINFORCE).
+  """
+  sampled = sample_batch(state.params, bank, engine, tasks, cells, examples_per_cell, taus, rng,
+                         width_multiple=width_multiple)
+  scored = score_fn(bank, sampled.tokens, sampled.input_mask)
+  return train_on(trainer, state, bank, sampled, scored, r_max=r_max, alpha=alpha)

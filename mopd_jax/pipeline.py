@@ -27,8 +27,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from mopd_jax import (checkpoint, metrics, models, mopd, placement, rl, rollout, sampling, sft,
-                      sharding, teachers, train)
+from mopd_jax import (async_scoring, checkpoint, metrics, models, mopd, placement, rl,
+                      rollout, sampling, sft, sharding, teachers, train)
 from mopd_jax.tasks import DOMAINS, base as task_base, get_task
 from mopd_jax.tokenizer import EFFORTS, load_tokenizer
 
@@ -75,6 +75,17 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
   top_k = config.mopd.get("top_k", 8)
   if config.mopd.loss == "topk" and not (isinstance(top_k, int) and top_k >= 1):
     raise ValueError(f"mopd.top_k must be a positive int with mopd.loss='topk', got {top_k!r}")
+  staleness = config.mopd.get("staleness", 0)
+  if staleness not in (0, 1):
+    raise ValueError(f"mopd.staleness must be 0 (synchronous) or 1 (teachers one step "
+                     f"behind), got {staleness!r}")
+  bounds = tuple(config.mopd.get("is_bounds", (0.5, 2.0)))
+  if staleness and not (len(bounds) == 2 and 0 <= bounds[0] <= 1 <= bounds[1]):
+    raise ValueError(f"mopd.is_bounds must be (low, high) with 0 <= low <= 1 <= high, got "
+                     f"{bounds}")
+  if staleness and config.mopd.loss != "mopd":
+    raise ValueError(f"mopd.staleness=1 weights the eq. 15 loss by truncated importance "
+                     f"weights; it needs mopd.loss='mopd', got {config.mopd.loss!r}")
   if config.rl.loss not in ("pmd", "grpo"):
     raise ValueError(f"rl.loss={config.rl.loss!r}; expected 'pmd' or 'grpo'")
   outside_teacher(config)  # raises on a bad outside-teacher ablation
@@ -558,12 +569,19 @@ def _teacher_pool(run: Run, bank: teachers.TeacherBank) -> list:
 
 
 def mopd_stage(run: Run) -> None:
-  """The student: pi_SFT distilled from all nine teachers on its own rollouts."""
+  """The student: pi_SFT distilled from all nine teachers on its own rollouts.
+
+  `mopd.staleness` 1 runs the same steps through `async_scoring.run`: the teachers score
+  batch k while the student samples batch k+1, and the stale batch is importance-weighted.
+  """
   c = run.config.mopd
   bank = load_bank(run)
   if c.init not in ("sft", "teacher_sft"):
     raise ValueError(f"mopd.init={c.init!r}; expected 'sft' or 'teacher_sft'")
-  loss_cfg = train.LossConfig(kind=c.loss, r_max=c.r_max)
+  staleness = c.get("staleness", 0)
+  loss_cfg = train.LossConfig(kind=c.loss, r_max=c.r_max,
+                              is_bounds=tuple(c.get("is_bounds", (0.5, 2.0)))
+                              if staleness else None)
   trainer = train.Trainer(run.model_cfg, loss_cfg,
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps), run.mesh)
@@ -574,13 +592,36 @@ def mopd_stage(run: Run) -> None:
   # Co-located or disaggregated (config.placement): log-probs come back on the student mesh.
   scorer = placement.TeacherScorer(bank, run.mesh, run.teacher_mesh,
                                    top_k=c.get("top_k", 8) if c.loss == "topk" else 0)
-  score_fn = lambda bank, tokens, mask: scorer(tokens, mask)
   log = run.logger("mopd")
   t0 = time.time()
+  # Iterator positions before each step's prompts were drawn: with staleness 1 the next
+  # step's prompts are already drawn when a step is checkpointed, and a resumed run must
+  # draw them again.
+  drawn_at, last_step = {}, [-1]
+
+  def data_state():
+    return drawn_at.get(last_step[0] + 1) or {d: it.state() for d, it in iters.items()}
+
+  def sample(params, step):
+    drawn_at[step] = {d: it.state() for d, it in iters.items()}
+    per_cell = []
+    for d in DOMAINS:
+      exs = next(iters[d])
+      for j, _ in enumerate(EFFORTS):
+        per_cell.append(exs[j * c.prompts_per_cell:(j + 1) * c.prompts_per_cell])
+    rng = jax.random.fold_in(jax.random.PRNGKey(run.config.seed + 3), step)
+    return mopd.sample_batch(params, bank, run.engine, tasks, cells, per_cell, run.taus, rng)
+
+  def submit(sampled):  # dispatched without blocking: JAX's async dispatch
+    return scorer.submit(sampled.tokens, sampled.input_mask)
+
+  def train_fn(state, sampled, scored):
+    return mopd.train_on(trainer, state, bank, sampled, scorer.fetch(scored), r_max=c.r_max,
+                         alpha=c.get("alpha", 0.0))
+
   # The student checkpoint holds only the student's TrainState: teachers are loaded from the
   # manifest on every (re)start and never saved with it.
-  with run.train_loop("mopd", run.path("mopd", "ckpt"), c.steps,
-                      lambda: {d: it.state() for d, it in iters.items()}) as loop:
+  with run.train_loop("mopd", run.path("mopd", "ckpt"), c.steps, data_state) as loop:
     state = loop.restore(trainer.abstract_state(run.params_like()))
     if state is None:
       student = checkpoint.load_params(run.path("sft", "params"), run.params_like())
@@ -593,27 +634,26 @@ def mopd_stage(run: Run) -> None:
       for d, pos in loop.data.items():
         iters[d].restore(pos)
     bar = Progress("mopd", c.steps, initial=loop.start_step)
-    for step in range(loop.start_step, c.steps):
-      per_cell = []
-      for d in DOMAINS:
-        exs = next(iters[d])
-        for j, _ in enumerate(EFFORTS):
-          per_cell.append(exs[j * c.prompts_per_cell:(j + 1) * c.prompts_per_cell])
-      rng = jax.random.fold_in(jax.random.PRNGKey(run.config.seed + 3), step)
-      state, rec = mopd.mopd_step(trainer, state, bank, run.engine, tasks, cells, per_cell,
-                                  run.taus, rng, r_max=c.r_max, score_fn=score_fn,
-                                  alpha=c.get("alpha", 0.0))
+
+    def on_step(step, state, rec):
+      last_step[0] = step
+      drawn_at.pop(step, None)
       loop.end_step(step, state, rec.metrics, {"step": step, **rec.metrics, "cells": rec.cells})
       bar.update(rec.metrics, keys=("loss", "kl", "accuracy", "length"))
       log.scalars(step, rec.metrics)
       for name, cm in rec.cells.items():
         log.scalars(step, cm, prefix=f"{name}/")
+
+    state, _, times = async_scoring.run(state, c.steps, sample=sample, submit=submit,
+                                        train=train_fn, staleness=staleness, on_step=on_step,
+                                        start_step=loop.start_step)
     history = loop.history
   bar.close()
   log.close()
   checkpoint.save_params(run.path("mopd", "params"), state.params)
   checkpoint.write_json(run.path("mopd", "history.json"), history)
-  run.mark_done("mopd", {"steps": c.steps, "seconds": time.time() - t0,
+  run.mark_done("mopd", {"steps": c.steps, "seconds": time.time() - t0, "staleness": staleness,
+                         "phase_seconds_per_step": times.per_step(),
                          "kl_initial": history[0]["kl"], "kl_final": history[-1]["kl"]})
 
 

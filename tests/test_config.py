@@ -14,6 +14,9 @@ CASES = [
     ("c.mopd.r_max = 0.0", "r_max"),
     ("c.mopd.loss = 'kl'", "mopd.loss"),
     ("c.checkpoint.every = 0", "checkpoint.every"),
+    ("c.mopd.staleness = 2", "mopd.staleness"),
+    ("c.mopd.staleness = 1; c.mopd.is_bounds = (1.5, 2.0)", "mopd.is_bounds"),
+    ("c.mopd.staleness = 1; c.mopd.loss = 'topk'", "needs mopd.loss='mopd'"),
 ]
 
 

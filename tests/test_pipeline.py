@@ -2,6 +2,7 @@
 re-running skips finished stages, and a subset of stages reuses earlier outputs."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -55,6 +56,25 @@ def test_rerun_skips_finished_stages(workdir):
   proc = _run_cli(workdir)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.count("already done") == 6
+
+
+def test_mopd_stage_with_asynchronous_teacher_scoring(workdir, tmp_path):
+  """mopd.staleness=1 through the real stage: the same steps, importance-weighted, with the
+  first (not yet stale) step equal to the synchronous run's."""
+  wd = str(tmp_path / "async")
+  shutil.copytree(workdir, wd)
+  shutil.rmtree(os.path.join(wd, "mopd"))
+  proc = _run_cli(wd, "--config.stages=mopd", "--config.mopd.staleness=1")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  sync = json.load(open(os.path.join(workdir, "mopd", "history.json")))
+  stale = json.load(open(os.path.join(wd, "mopd", "history.json")))
+  assert len(stale) == len(sync) == 3
+  assert all("is_weight_mean" in h for h in stale) and "is_weight_mean" not in sync[0]
+  # Step 0 trains on a batch its own params sampled: weights 1 up to sampler round-off.
+  assert stale[0]["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+  assert stale[0]["loss"] == pytest.approx(sync[0]["loss"], rel=1e-3, abs=1e-5)
+  done = json.load(open(os.path.join(wd, "mopd", "DONE.json")))
+  assert done["staleness"] == 1 and done["phase_seconds_per_step"]["step"] > 0
 
 
 def test_unknown_stage_is_an_error(workdir):
