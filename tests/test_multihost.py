@@ -22,8 +22,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-@pytest.mark.slow  # two worker processes plus the reference run: ~100 s on 2 cores
-def test_two_processes_equal_one_process(tmp_path):
+def test_two_processes_equal_one_process(tmp_path):  # ~100 s on 2 cores: 2 workers + reference
   coordinator = f"localhost:{_free_port()}"
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   procs = [subprocess.Popen(
