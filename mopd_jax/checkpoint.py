@@ -49,9 +49,17 @@ def load_params(path: str, like=None, sharding=None):
     raise FileNotFoundError(f"no checkpoint at {path}")
   ckptr = ocp.StandardCheckpointer()
   if like is None:
-    return ckptr.restore(path)
+    # The saved tree, whole on this process's first device: readable on any machine, not
+    # only on the topology that wrote it.
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
+                          _saved_tree(ckptr.metadata(path)))
+    return ckptr.restore(path, target)
   target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), like)
   check_tree(target, _saved_tree(ckptr.metadata(path)), f"checkpoint {path}")
+  if sharding is None and all(getattr(x, "sharding", None) is not None
+                              for x in jax.tree.leaves(like)):
+    sharding = jax.tree.map(lambda x: x.sharding, like)  # restore where `like` lives
   if sharding is not None:
     target = jax.tree.map(lambda t, s: jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=s),
                           target, sharding)
@@ -59,7 +67,10 @@ def load_params(path: str, like=None, sharding=None):
 
 
 def write_json(path: str, obj: Any) -> None:
-  """Atomic JSON write: a reader never sees a half-written file."""
+  """Atomic JSON write: a reader never sees a half-written file. In a multi-process run only
+  process 0 writes (the workdir is shared; the pipeline syncs the processes after a stage)."""
+  if jax.process_index() != 0:
+    return
   tmp = f"{path}.tmp"
   with open(tmp, "w") as f:
     json.dump(obj, f, indent=2, sort_keys=True)

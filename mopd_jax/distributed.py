@@ -108,6 +108,32 @@ def global_batch(mesh: Mesh, local_tree, global_rows: int, leading: tuple = ()):
   return jax.tree.map(one, local_tree)
 
 
+def to_global(tree, shardings):
+  """Global arrays from host values that every process holds in full (a batch every process
+  built from the same data and seed): each process materialises only the shards its own
+  devices hold, so nothing crosses hosts. `shardings`: one sharding for every leaf, or a
+  pytree of them. Arrays that already span processes pass through unchanged."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    shardings = jax.tree.map(lambda _: shardings, tree)
+
+  def one(x, s):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return x
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, s, lambda index: x[index])
+  return jax.tree.map(one, tree, shardings)
+
+
+def mesh_of(tree) -> Mesh:
+  """The mesh a pytree of arrays is laid out on (its first `NamedSharding`)."""
+  for x in jax.tree.leaves(tree):
+    sh = getattr(x, "sharding", None)
+    if isinstance(sh, jax.sharding.NamedSharding):
+      return sh.mesh
+  raise ValueError("these arrays are not laid out on a mesh (no NamedSharding): in a "
+                   "multi-process run params must be placed with sharding.param_shardings")
+
+
 def gather(tree):
   """The full value of every (possibly cross-process sharded) array, on every process."""
   if jax.process_count() == 1:

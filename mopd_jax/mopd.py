@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import rollout, teachers, train
+from mopd_jax import distributed, rollout, teachers, train
 from mopd_jax.tasks import base as task_base
 
 
@@ -169,6 +169,7 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
   """Steps 3-4 once the teachers' scores `scored` are in (blocks on them): the update and
   the step's record. `scored` as `mopd_step`'s `score_fn` returns it."""
   arr, index, n = sampled.arr, sampled.index, len(sampled.lengths)
+  scored = distributed.gather(scored)  # every host needs every row's scores
   topk = None
   if trainer.loss_cfg.kind == "topk":
     if not isinstance(scored, tuple):

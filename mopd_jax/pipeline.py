@@ -27,8 +27,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from mopd_jax import (async_scoring, checkpoint, metrics, models, mopd, placement, rl,
-                      rollout, sampling, sft, sharding, teachers, train)
+from mopd_jax import (async_scoring, checkpoint, distributed, metrics, models, mopd,
+                      placement, rl, rollout, sampling, sft, sharding, teachers, train)
 from mopd_jax.tasks import DOMAINS, base as task_base, get_task
 from mopd_jax.tokenizer import EFFORTS, load_tokenizer
 
@@ -198,7 +198,11 @@ class Run:
     return metrics.MetricsLogger(self.path("tb", stage))
 
   def params_like(self):
-    return jax.eval_shape(lambda: models.init_params(self.model_cfg, jax.random.PRNGKey(0)))
+    """Shapes, dtypes and the student mesh's shardings of the params: the target every
+    checkpoint restores onto (each process reads only its own shards)."""
+    shapes = jax.eval_shape(lambda: models.init_params(self.model_cfg, jax.random.PRNGKey(0)))
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        shapes, sharding.param_shardings(self.model_cfg, self.mesh))
 
 
 class Progress:
@@ -246,7 +250,8 @@ def initial_params(run: Run, seed: Optional[int] = None):
                                                                                run.mesh))
     return params
   return models.init_params(run.model_cfg, jax.random.PRNGKey(
-      run.config.seed if seed is None else seed))
+      run.config.seed if seed is None else seed),
+      out_shardings=sharding.param_shardings(run.model_cfg, run.mesh))
 
 
 def smoke(run: Run) -> list:
@@ -268,8 +273,10 @@ def smoke(run: Run) -> list:
 
 def data(run: Run) -> None:
   from mopd_jax.tasks import datasets
-  for d in DOMAINS:
-    datasets.prepare(d, run.data_dir, seed=run.config.seed, sizes=tuple(run.config.data.sizes))
+  if distributed.is_main():  # one writer; the others read the files after the stage's sync
+    for d in DOMAINS:
+      datasets.prepare(d, run.data_dir, seed=run.config.seed,
+                       sizes=tuple(run.config.data.sizes))
   run.mark_done("data", {"domains": list(DOMAINS), "sizes": list(run.config.data.sizes)})
 
 
@@ -746,6 +753,9 @@ def _run_stage(ctx: Run, stage: str, timings: dict) -> None:
                                "kept. Run the same command again to continue.")
   t0 = time.time()
   _STAGE_FNS[stage](ctx)
+  # Multi-process: nobody starts the next stage before every process finished this one and
+  # process 0's files (data, DONE.json, manifests) are on the shared workdir.
+  distributed.sync(f"stage {stage} done")
   timings[stage] = time.time() - t0
   print(f"[{stage}] finished in {timings[stage]:.1f}s")
   if stage not in ("smoke", "report"):

@@ -25,7 +25,7 @@ from typing import Mapping, Optional, Sequence
 import jax
 from jax.sharding import Mesh, NamedSharding
 
-from mopd_jax import sharding, teachers
+from mopd_jax import distributed, sharding, teachers
 
 PLACEMENTS = ("colocated", "disaggregated")
 
@@ -124,8 +124,11 @@ class TeacherScorer:
     if tokens_KxbxT.shape[0] != k:
       raise ValueError(f"stratified batch has {tokens_KxbxT.shape[0]} teacher groups but the "
                        f"bank holds {k} teachers")
-    t = jax.device_put(tokens_KxbxT, self._in_t)
-    m = jax.device_put(input_mask_KxbxT, self._in_t)
+    if jax.process_count() > 1:  # host arrays -> global ones, each process its shards
+      t, m = distributed.to_global((tokens_KxbxT, input_mask_KxbxT), self._in_t)
+    else:
+      t = jax.device_put(tokens_KxbxT, self._in_t)
+      m = jax.device_put(input_mask_KxbxT, self._in_t)
     return self._score(self.bank, t, m)
 
   def fetch(self, logprobs_on_teacher):

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import models
+from mopd_jax import distributed, models
 from mopd_jax.models import KVCache, ModelConfig
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -309,14 +309,23 @@ class Sampler:
     each row's random stream (partial rollouts, batch-independent sampling)."""
     tokens, mask = self.prepare(prompts, prompt_mask)
     b, p = tokens.shape
-    cache = models.init_cache(self.model_cfg, b, p + self.scfg.max_new_tokens)
     if row_keys is None:
       row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(b))
     row_keys = jnp.asarray(row_keys)
     if row_keys.shape[0] != b:
       raise ValueError(f"{row_keys.shape[0]} row keys for a batch of {b} prompts")
+    if jax.process_count() == 1:
+      cache = models.init_cache(self.model_cfg, b, p + self.scfg.max_new_tokens)
+      _, rollout = self._fn(params, cache, tokens, mask, row_keys)
+      return rollout
+    # Multi-process: every process holds the same prompts; they enter as replicated global
+    # arrays on the params' mesh, and the rollout comes back in full to every host.
+    rep = jax.sharding.NamedSharding(distributed.mesh_of(params), jax.sharding.PartitionSpec())
+    cache = jax.jit(lambda: models.init_cache(self.model_cfg, b, p + self.scfg.max_new_tokens),
+                    out_shardings=rep)()
+    tokens, mask, row_keys = distributed.to_global((tokens, mask, row_keys), rep)
     _, rollout = self._fn(params, cache, tokens, mask, row_keys)
-    return rollout
+    return distributed.gather(rollout)
 
 
 def sample(model_cfg: ModelConfig, params, prompts, rng, scfg: SamplingConfig,

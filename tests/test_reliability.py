@@ -276,6 +276,10 @@ assert sorted(got) == sorted(ref.files), sorted(set(got) ^ set(ref.files))
 assert all(np.array_equal(got[k], ref[k]) for k in ref.files)
 assert all(a.sharding == s for a, s in zip(jax.tree.leaves(state),
                                            jax.tree.leaves(tr.state_sharding)))
+# Params saved from the 2-device mesh load with no target at all (any machine, for analysis).
+plain = t.checkpoint.load_params(directory + "_params")
+assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(plain),
+                                                jax.tree.leaves(state.params)))
 print("RESTORED on", jax.device_count(), "device(s)")
 """
 
@@ -289,6 +293,7 @@ def test_restore_onto_a_different_device_count_reshards(tmp_path):
   assert w.addressable_shards[0].data.shape[0] == w.shape[0] // 2  # really sharded
   with checkpoint.TrainLoop("reshard", directory, every=1, total_steps=1) as loop:
     loop.end_step(0, state, {"finite": 1.0}, [0])
+  checkpoint.save_params(directory + "_params", state.params)
   np.savez(directory + ".npz", **_named(state))  # plain arrays; read back without pickle
   e = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   e.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
