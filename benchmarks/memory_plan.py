@@ -11,7 +11,10 @@ next to the accelerator's memory:
   * teacher prefill      the nine stacked teachers score a stratified [K, b, T] batch
                          (`teachers.score_stratified`), co-located on the student's mesh or on
                          their own sub-mesh (`placement.teachers`);
-  * MOPD train step      the Trainer's jitted step (state donated) on K * b rows of T tokens.
+  * MOPD train step      the Trainer's jitted step (state donated) on K * b rows of T tokens,
+                         with the student's activation rematerialisation (`model.remat`) and
+                         gradient accumulation over `plan.microbatches` equal slices of the
+                         rows (`OptimConfig.microbatches`), as the header line reports.
 
 Every argument is a `jax.ShapeDtypeStruct` carrying its `NamedSharding`, so nothing is
 allocated: a 9 x 1.7B bank plans on a laptop. Numbers come from
@@ -22,7 +25,8 @@ the table as a plan with a margin, not a guarantee.
 
 Flags: `--config path[:variant]`, `--devices N` (overrides `plan.devices`),
 `--only name,...` (a subset of prefill,decode,teacher,train), `--placement disaggregated`
-(teachers on `plan.teacher_mesh`, extra devices), `--json`.
+(teachers on `plan.teacher_mesh`, extra devices), `--remat none|block|dots` (overrides
+`model.remat`), `--microbatches M` (overrides `plan.microbatches`), `--json`.
 """
 from __future__ import annotations
 
@@ -179,13 +183,16 @@ def teacher_program(teacher_cfg, mesh, num_teachers: int, rows_per_teacher: int,
                                                   f"T={seq_len}]")
 
 
-def train_program(cfg, mesh, batch: int, seq_len: int, loss_kind: str = "mopd") -> dict:
-  """Row for the Trainer's own jitted MOPD step (the function training runs)."""
+def train_program(cfg, mesh, batch: int, seq_len: int, loss_kind: str = "mopd",
+                  microbatches: int = 1) -> dict:
+  """Row for the Trainer's own jitted MOPD step (the function training runs), with the
+  student config's `remat` and gradient accumulation over `microbatches` slices."""
   import jax
   import jax.numpy as jnp
 
   from mopd_jax import models, train
-  trainer = train.Trainer(cfg, train.LossConfig(kind=loss_kind), train.OptimConfig(), mesh)
+  trainer = train.Trainer(cfg, train.LossConfig(kind=loss_kind),
+                          train.OptimConfig(microbatches=microbatches), mesh)
   state = jax.eval_shape(lambda: train.init_state(
       models.init_params(cfg, jax.random.PRNGKey(0)), trainer.optimizer))
   state = _abstract(state, trainer.state_sharding)
@@ -199,7 +206,10 @@ def train_program(cfg, mesh, batch: int, seq_len: int, loss_kind: str = "mopd") 
   batch_tree = _abstract(batch_tree, train.batch_shardings(mesh, batch_tree))
   t = time.perf_counter()
   compiled = trainer.jitted_step(batch_tree).lower(state, batch_tree).compile(COMPILER_OPTIONS)
-  return {"name": f"{loss_kind.upper()} train step", "shapes": f"B={batch}, T={seq_len}",
+  rows = f"B={batch}" if microbatches == 1 else (f"B={batch} ({microbatches} microbatches of "
+                                                  f"{batch // microbatches})")
+  return {"name": f"{loss_kind.upper()} train step",
+          "shapes": f"{rows}, T={seq_len}, remat={cfg.remat}",
           **_stats(compiled), "compile_s": time.perf_counter() - t}
 
 
@@ -226,6 +236,14 @@ def plan(config, only=PROGRAMS, devices=None) -> dict:
   k, b = p.num_teachers, p.rows_per_teacher
   sharding.check_batch_divisible(k * b, student_mesh, "plan batch (num_teachers * "
                                  "rows_per_teacher)")
+  microbatches = int(p.get("microbatches", 1))
+  if microbatches < 1 or (k * b) % microbatches:
+    raise ValueError(f"plan.microbatches={microbatches} does not split the plan batch of "
+                     f"{k * b} rows into equal microbatches")
+  # Each microbatch is sharded over the batch axes like the whole batch: uneven shards would
+  # pad (and plan memory for rows that do not exist).
+  sharding.check_batch_divisible(k * b // microbatches, student_mesh,
+                                 f"plan microbatch ({k * b} rows / {microbatches})")
   rows = []
   if "prefill" in only or "decode" in only:
     got = sampler_programs(student, student_mesh, p.decode_batch, p.prompt_len,
@@ -234,8 +252,10 @@ def plan(config, only=PROGRAMS, devices=None) -> dict:
   if "teacher" in only:
     rows.append(teacher_program(teacher, teacher_mesh, k, b, p.seq_len))
   if "train" in only:
-    rows.append(train_program(student, student_mesh, k * b, p.seq_len))
+    rows.append(train_program(student, student_mesh, k * b, p.seq_len,
+                              microbatches=microbatches))
   return {"student": _describe(student), "teacher": _describe(teacher),
+          "remat": student.remat, "microbatches": microbatches,
           "placement": p.placement, "student_mesh": dict(student_mesh.shape),
           "teacher_mesh": dict(teacher_mesh.shape), "devices": len(devices),
           "accelerator": p.accelerator, "accelerator_bytes": int(p.accelerator_gib * 2**30),
@@ -264,6 +284,8 @@ def format_table(result: dict) -> str:
   acc = result["accelerator_bytes"]
   lines = [f"student {result['student']}; mesh {result['student_mesh']}",
            f"teachers {result['teacher']}; {result['placement']}, mesh {result['teacher_mesh']}",
+           f"train step: activation remat {result.get('remat', 'none')}, "
+           f"{result.get('microbatches', 1)} microbatch(es) of gradient accumulation",
            f"per-device GiB on {result['devices']} simulated devices; accelerator "
            f"{result['accelerator']} = {gib(acc)} GiB", "",
            "| program | shapes | args | outputs | temp | aliased | peak | % of accelerator |",
@@ -282,9 +304,15 @@ def main(argv=None) -> None:
   ap.add_argument("--only", default=",".join(PROGRAMS), help="subset of " + ",".join(PROGRAMS))
   ap.add_argument("--placement", default="", help="override plan.placement: colocated | "
                   "disaggregated (then the teachers get plan.teacher_mesh's extra devices)")
+  ap.add_argument("--remat", default="", help="override model.remat: none | block | dots")
+  ap.add_argument("--microbatches", type=int, default=0, help="override plan.microbatches")
   ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
   args = ap.parse_args(argv)
   config = load_config(args.config)
+  if args.remat:
+    config.model.remat = args.remat
+  if args.microbatches:
+    config.plan.microbatches = args.microbatches
   if args.placement:
     config.plan.placement = args.placement
     if args.placement == "disaggregated" and not args.devices:

@@ -66,6 +66,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.d_model = 1024  # override of the preset's width (= Qwen3-0.6B's)
   c.model.quant = "int4"  # QAT from SFT on: none | int8 | int4 (group-wise)
   c.model.quant_group = 32  # weights per quantisation group
+  # Activation rematerialisation of the training forward: none | block (jax.checkpoint per
+  # transformer block, saving nothing) | dots (saving the weight-matmul outputs). Exact; it
+  # recomputes a forward in the backward pass to keep only the block inputs alive. Used with
+  # the 8B student, together with plan.microbatches below.
+  c.model.remat = "block" if big else "none"
 
   c.teacher = ml_collections.ConfigDict()
   c.teacher.preset = "qwen3-8b" if big else "qwen3-1.7b"  # shape of the nine teachers
@@ -110,6 +115,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.plan.seq_len = 2048 if big else 1024  # T: prompt + response tokens per row
   c.plan.prompt_len = 256  # P: prompt bucket of the sampler; decode runs T - P steps
   c.plan.decode_batch = 144  # rows the sampler decodes at once
+  # Gradient accumulation of the planned train step (train.OptimConfig.microbatches): the
+  # K * b rows in this many equal slices, one optimizer update. Exact; the activations of
+  # one slice are live at a time. Each slice must split over the data x fsdp axes (16 here):
+  # the 8B step's 144 rows as 9 slices of 16 rows, one row per device (205 -> 47 GiB with
+  # remat=block in the plan, see the README).
+  c.plan.microbatches = 9 if big else 1
 
   c.data = ml_collections.ConfigDict()
   c.data.sizes = (400, 48, 48) if tiny else (4000, 300, 300)  # train / validation / test

@@ -45,6 +45,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.d_model = 64 if fast else 128  # override of the preset's width
   c.model.quant = "int4"  # QAT from SFT on: none | int8 | int4 (group-wise)
   c.model.quant_group = 32  # weights per quantisation group
+  # Activation rematerialisation of the training forward: none | block (jax.checkpoint per
+  # transformer block) | dots (saving the weight-matmul outputs). Exact; toy activations
+  # are small, so none (the fastest).
+  c.model.remat = "none"
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1  # mesh axis sizes; their product must equal the device count

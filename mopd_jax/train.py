@@ -7,6 +7,7 @@ params never enter the optimizer, the gradient or the student checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import flax.struct
@@ -16,7 +17,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mopd_jax import logprobs, losses, models, sharding
+from mopd_jax import distributed, logprobs, losses, models, sharding
 
 LOSSES = ("sft", "mopd", "pg", "topk", "pmd", "grpo")
 # Kinds whose loss is token-separable in the student's log-probs (see
@@ -50,6 +51,18 @@ class OptimConfig:
   b1: float = 0.9
   b2: float = 0.95
   clip_norm: float = 1.0
+  # Gradient accumulation: the step's rows are split into this many equal microbatches
+  # whose gradients are summed (`lax.scan`, one microbatch's activations live at a time)
+  # before the one optimizer update. Exact: the same loss, metrics and gradient as the whole
+  # batch at once (see `accumulate_gradients` for the weighting), at 1/microbatches of the
+  # activation memory. The batch rows must divide evenly; group losses (pmd, grpo) need
+  # whole groups of `LossConfig.group_size` rows in every microbatch.
+  microbatches: int = 1
+
+  def __post_init__(self):
+    m = self.microbatches
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+      raise ValueError(f"OptimConfig.microbatches must be a positive int, got {m!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,11 +190,135 @@ def _outcome_term(lp, batch: TrainBatch, loss_cfg: LossConfig):
   return extra
 
 
+# How `accumulate_gradients` combines the microbatches' metrics into the whole batch's.
+# Every metric the losses report is one of: a count (summed), a maximum, a mean over PMD's
+# equal-sized groups (equal weights), or a mean over the batch's loss-mask tokens (weighted
+# by each microbatch's share of those tokens) -- the default. Each rule reproduces the
+# whole-batch value exactly, so no metric is an average of microbatch averages.
+_SUMMED_METRICS = ("num_tokens", "num_rows")
+_MAX_METRICS = ("log_ratio_abs_max",)
+_GROUP_MEAN_METRICS = {"pmd": ("log_ratio_mean", "reward_mean", "advantage_abs_mean")}
+GROUP_LOSSES = ("pmd", "grpo")  # rows [p*K:(p+1)*K] form one group of `group_size`
+
+
+def split_microbatches(batch: TrainBatch, microbatches: int, group_size: int = 1) -> TrainBatch:
+  """Every [B, ...] leaf as [microbatches, B / microbatches, ...].
+
+  Microbatch j holds the groups of `group_size` rows numbered j, M + j, 2M + j, ... (rows
+  j, M + j, ... when group_size is 1): strided rather than contiguous so that a device's
+  contiguous block of rows (the batch is sharded over rows) splits into its share of every
+  microbatch locally, with no rows moving between devices, whenever it holds a multiple of
+  microbatches * group_size rows. Row order does not matter to the losses, groups are kept
+  whole. Raises ValueError when the rows do not divide so.
+  """
+  b = batch.tokens.shape[0]
+  if b % microbatches:
+    raise ValueError(f"the batch of {b} rows is not divisible into microbatches="
+                     f"{microbatches} equal microbatches")
+  rows = b // microbatches
+  if rows % group_size:
+    raise ValueError(f"microbatches={microbatches} split the batch of {b} rows into "
+                     f"microbatches of {rows} rows, which is not a whole number of groups of "
+                     f"group_size={group_size}; the group losses need whole groups")
+
+  def split(x):
+    x = x.reshape(rows // group_size, microbatches, group_size, *x.shape[1:])
+    return jnp.swapaxes(x, 0, 1).reshape(microbatches, rows, *x.shape[3:])
+
+  return jax.tree.map(split, batch)
+
+
+def accumulate_gradients(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
+                         batch: TrainBatch, microbatches: int, grad_shardings=None,
+                         mesh: Optional[Mesh] = None):
+  """((loss, metrics), grads) of the whole batch, computed one microbatch at a time.
+
+  The losses are not sums over rows but normalised means, so microbatch m enters with a
+  weight w_m and the result is sum_m w_m * (loss_m, grad_m), exactly the whole-batch value:
+
+  * row-normalised losses (sft, mopd, pg, grpo, topk; see `losses._row_normalised_mean`:
+    the mean over rows holding >= 1 loss-mask token of each row's token mean):
+    w_m = N_m / N, N_m = such rows in microbatch m, N = in the batch (w_m = 0 when N = 0,
+    where every loss is 0). The outcome term of mopd / topk is row-normalised the same way.
+  * pmd (a mean over the P prompt groups, each microbatch holding P / M whole groups):
+    w_m = 1 / M.
+
+  Gradients accumulate in float32 (a bf16 running sum would round every addition) and are
+  cast back to each param's dtype, the dtype of the single-batch gradient. Metrics combine
+  by the rules listed with `_SUMMED_METRICS`, each exact.
+
+  Layouts: with `mesh`, each microbatch's rows are constrained to the batch axes, and
+  `grad_shardings` (the params' shardings) constrains the float32 accumulator. In the 8B
+  memory plan sharding propagation already chose exactly these (the constraints change no
+  byte there); they are stated so that a replicated accumulator (a full float32 copy of the
+  params per device) or replicated microbatch rows cannot follow from propagation through
+  the split and the scan picking differently.
+  """
+  kind = loss_cfg.kind
+  mbs = split_microbatches(batch, microbatches,
+                           loss_cfg.group_size if kind in GROUP_LOSSES else 1)
+  rows_sharded = (mesh is not None and
+                  (batch.tokens.shape[0] // microbatches) %
+                  math.prod(mesh.shape.get(a, 1) for a in sharding.BATCH_AXES) == 0)
+
+  def pin_rows(tree, leading=()):
+    if not rows_sharded:
+      return tree
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
+        x, sharding.batch_sharding(mesh, x.ndim, leading)), tree)
+
+  mbs = pin_rows(mbs, (None,))
+  mask = mbs.loss_mask.astype(bool)  # [M, B/M, T]
+  rows_m = jnp.sum(jnp.any(mask, axis=-1), axis=-1, dtype=jnp.float32)
+  tokens_m = jnp.sum(mask, axis=(1, 2), dtype=jnp.float32)
+  if kind == "pmd":
+    w_m = jnp.full((microbatches,), 1.0 / microbatches, jnp.float32)
+  else:
+    w_m = rows_m / jnp.maximum(jnp.sum(rows_m), 1.0)
+  token_w_m = tokens_m / jnp.maximum(jnp.sum(tokens_m), 1.0)
+
+  constrain = lambda tree: (tree if grad_shardings is None else
+                            jax.lax.with_sharding_constraint(tree, grad_shardings))
+
+  def body(acc, xs):
+    mb, w = xs
+    mb = pin_rows(mb)
+    (loss, metrics), g = jax.value_and_grad(
+        lambda p: compute_loss(model_cfg, loss_cfg, p, mb), has_aux=True)(params)
+    acc = constrain(jax.tree.map(lambda a, gi: a + w * gi.astype(jnp.float32), acc, g))
+    return acc, (loss, metrics)
+
+  acc = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+  acc, (loss_m, metrics_m) = jax.lax.scan(body, acc, (mbs, w_m))
+  grads = jax.tree.map(lambda a, p: a.astype(p.dtype), acc, params)
+  group_mean = _GROUP_MEAN_METRICS.get(kind, ())
+  metrics = {}
+  for name, v in metrics_m.items():
+    if name in _SUMMED_METRICS:
+      metrics[name] = jnp.sum(v)
+    elif name in _MAX_METRICS:
+      metrics[name] = jnp.max(v)
+    elif name in group_mean:
+      metrics[name] = jnp.mean(v)
+    else:
+      metrics[name] = jnp.sum(token_w_m * v)
+  return (jnp.sum(w_m * loss_m), metrics), grads
+
+
 def train_step(model_cfg: models.ModelConfig, loss_cfg: LossConfig,
-               optimizer: optax.GradientTransformation, state: TrainState, batch: TrainBatch):
-  """One optimizer update. Non-finite loss or gradient: the update is not applied."""
-  (loss, metrics), grads = jax.value_and_grad(
-      lambda p: compute_loss(model_cfg, loss_cfg, p, batch), has_aux=True)(state.params)
+               optimizer: optax.GradientTransformation, state: TrainState, batch: TrainBatch,
+               microbatches: int = 1, grad_shardings=None, mesh: Optional[Mesh] = None):
+  """One optimizer update. Non-finite loss or gradient: the update is not applied.
+
+  `microbatches` > 1: the gradient is accumulated over that many slices of the batch
+  (`accumulate_gradients`), with the same result as 1 and less activation memory.
+  """
+  if microbatches == 1:
+    (loss, metrics), grads = jax.value_and_grad(
+        lambda p: compute_loss(model_cfg, loss_cfg, p, batch), has_aux=True)(state.params)
+  else:
+    (loss, metrics), grads = accumulate_gradients(model_cfg, loss_cfg, state.params, batch,
+                                                  microbatches, grad_shardings, mesh)
   gnorm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -231,6 +368,7 @@ class Trainer:
   def __init__(self, model_cfg: models.ModelConfig, loss_cfg: LossConfig,
                optim_cfg: OptimConfig, mesh: Mesh, rules=sharding.DEFAULT_RULES):
     self.model_cfg, self.loss_cfg, self.mesh = model_cfg, loss_cfg, mesh
+    self.microbatches = optim_cfg.microbatches
     self.optimizer = make_optimizer(optim_cfg)
     self.state_sharding = state_shardings(model_cfg, self.optimizer, mesh, rules)
     rep = NamedSharding(mesh, P())
@@ -259,7 +397,8 @@ class Trainer:
       # State in and out with the same shardings, donated: the update happens in place and
       # the old params/moments never coexist with the new ones in memory.
       self._step_cache[key] = jax.jit(
-          lambda s, b: train_step(self.model_cfg, self.loss_cfg, self.optimizer, s, b),
+          lambda s, b: train_step(self.model_cfg, self.loss_cfg, self.optimizer, s, b,
+                                  self.microbatches, self.state_sharding.params, self.mesh),
           in_shardings=(self.state_sharding, batch_shardings(self.mesh, batch)),
           out_shardings=(self.state_sharding, self._rep),
           donate_argnums=(0,))
@@ -267,4 +406,6 @@ class Trainer:
 
   def step(self, state: TrainState, batch: TrainBatch):
     sharding.check_batch_divisible(batch.tokens.shape[0], self.mesh)
+    if jax.process_count() > 1:  # host batch -> global arrays, each process its own rows
+      batch = distributed.to_global(batch, batch_shardings(self.mesh, batch))
     return self.jitted_step(batch)(state, batch)

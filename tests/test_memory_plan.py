@@ -83,3 +83,44 @@ def test_plan_rejects_bad_requests(small_plan_config):
   c.plan.rows_per_teacher = 3  # 27 rows cannot split over fsdp=8
   with pytest.raises(ValueError, match="not divisible"):
     memory_plan.plan(c, only=("teacher",))
+
+
+def test_train_program_with_remat_and_microbatches():
+  """The plan's train row runs the Trainer with the config's remat and microbatches and says
+  so (a tiny model: the real-shape train compile is the opt-in test above)."""
+  cfg = models.ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4,
+                           num_kv_heads=2, head_dim=8, mlp_dim=64, max_seq_len=64,
+                           remat="block")
+  mesh = sharding.make_mesh(dict(fsdp=4, tensor=2), jax.devices()[:8])
+  row = memory_plan.train_program(cfg, mesh, 16, 32, microbatches=2)
+  assert row["shapes"] == "B=16 (2 microbatches of 8), T=32, remat=block"
+  assert row["temp"] > 0 and row["peak"] >= row["args"]
+  text = memory_plan.format_table({"student": "s", "teacher": "t", "placement": "colocated",
+                                   "student_mesh": {}, "teacher_mesh": {}, "devices": 8,
+                                   "accelerator": "X", "accelerator_bytes": 2**30,
+                                   "remat": "block", "microbatches": 2, "rows": [row]})
+  assert "train step: activation remat block, 2 microbatch(es)" in text
+
+
+def test_8b_variant_plans_remat_and_whole_microbatches():
+  """configs/qwen3_mopd.py:8b: the student rematerialises, and the plan's microbatches split
+  the batch evenly, each over the data x fsdp axes (what makes its train step fit)."""
+  c = qwen3_mopd.get_config("8b")
+  assert hf.resolve_model_config(c.model, 151_936).remat == "block"
+  rows = c.plan.num_teachers * c.plan.rows_per_teacher
+  m = c.plan.microbatches
+  batch_axes = c.plan.mesh.data * c.plan.mesh.fsdp
+  assert m > 1 and rows % m == 0 and (rows // m) % batch_axes == 0
+  assert hf.resolve_model_config(qwen3_mopd.get_config().model, 151_936).remat == "none"
+
+
+def test_plan_rejects_uneven_microbatches(small_plan_config):
+  c = small_plan_config.copy_and_resolve_references()
+  c.plan.microbatches = 5  # 36 rows
+  with pytest.raises(ValueError, match="plan.microbatches=5 does not split the plan batch of "
+                                       "36 rows"):
+    memory_plan.plan(c, only=("teacher",))
+  c.plan.microbatches = 18  # 2 rows per microbatch cannot split over fsdp=4
+  with pytest.raises(ValueError, match=r"plan microbatch \(36 rows / 18\) size 2 is not "
+                                       "divisible"):
+    memory_plan.plan(c, only=("teacher",))

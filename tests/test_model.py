@@ -1,4 +1,6 @@
-"""Model: shapes, logical axes, padding invariance, cached == full forward."""
+"""Model: shapes, logical axes, padding invariance, cached == full forward, remat."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,3 +100,38 @@ def test_presets_are_real_shapes():
 def test_bad_config(bad, match):
   with pytest.raises(ValueError, match=match):
     models.ModelConfig(**{**TINY, **bad})
+
+
+@pytest.mark.parametrize("remat", ["block", "dots"])
+def test_remat_same_loss_and_gradient(tiny, remat):
+  """Rematerialisation changes what the backward pass stores, never what it computes; the
+  params (names, logical axes) are those of the plain model, and the cached path (sampling,
+  never rematerialised) still equals the full forward."""
+  cfg, params = tiny
+  rcfg = cfg.replace(remat=remat)
+  assert jax.tree.structure(models.init_params(rcfg, jax.random.PRNGKey(0))) == \
+      jax.tree.structure(params)
+  assert models.param_logical_axes(rcfg) == models.param_logical_axes(cfg)
+  tokens = jax.random.randint(jax.random.PRNGKey(4), (2, 9), 0, cfg.vocab_size)
+  mask = jnp.arange(9)[None] < jnp.array([[9], [6]])
+
+  def loss(c, p):
+    lp = jax.nn.log_softmax(models.forward(c, p, tokens, input_mask=mask))
+    return jnp.mean(jnp.take_along_axis(lp[:, :-1], tokens[:, 1:, None], axis=-1))
+
+  (l0, g0), (l1, g1) = (jax.jit(jax.value_and_grad(functools.partial(loss, c)))(params)
+                        for c in (cfg, rcfg))
+  np.testing.assert_allclose(l1, l0, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+    np.testing.assert_allclose(b, a, atol=1e-6)
+  cache = models.init_cache(rcfg, 2, 16)
+  h, _ = models.forward_with_cache(rcfg, params, tokens, models.default_positions(mask), mask,
+                                   cache)
+  np.testing.assert_allclose(models.logits_from_hidden(rcfg, params, h)[0],
+                             models.forward(cfg, params, tokens)[0], atol=1e-5)
+
+
+def test_bad_remat():
+  with pytest.raises(ValueError, match=r"remat='full'; expected one of \('none', 'block', "
+                                       r"'dots'\)"):
+    models.ModelConfig(**TINY, remat="full")

@@ -12,6 +12,14 @@ import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
+# ModelConfig.remat values. none: the backward pass keeps every intermediate of every block
+# (fastest, most memory). block: `jax.checkpoint` around each block saving nothing, so only
+# the L block inputs [B, T, D] stay live and one block's intermediates are recomputed at a
+# time (about one extra forward pass of compute). dots: like block, but the outputs of the
+# weight matmuls (q/k/v/o, gate/up/down projections: matmuls without batch dimensions) are
+# saved, so only the cheap elementwise ops and the attention itself are recomputed.
+REMAT_MODES = ("none", "block", "dots")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -38,6 +46,10 @@ class ModelConfig:
   # Quantisation-aware forward (see models/quant.py): none | int8 | int4 (group-wise).
   quant: str = "none"
   quant_group: int = 32
+  # Activation rematerialisation of the training forward (see REMAT_MODES): what the backward
+  # pass keeps of each transformer block. Exact (same loss and gradient), it trades recompute
+  # for memory; a forward with a KV cache (sampling) never differentiates and skips it.
+  remat: str = "none"
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -50,6 +62,8 @@ class ModelConfig:
                        f"num_kv_heads={self.num_kv_heads}")
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+    if self.remat not in REMAT_MODES:
+      raise ValueError(f"ModelConfig.remat={self.remat!r}; expected one of {REMAT_MODES}")
     if self.quant not in ("none", "int8", "int4"):
       raise ValueError(f"ModelConfig.quant={self.quant!r}; expected none, int8 or int4")
     for name in ("param_dtype", "dtype"):

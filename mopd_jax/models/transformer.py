@@ -184,6 +184,29 @@ class Block(nn.Module):
     return x + MLP(cfg, name="mlp")(h), layer_cache
 
 
+def _call_block(block: Block, x, positions, kv_mask, q_slots, layer_cache):
+  return block(x, positions, kv_mask, q_slots, layer_cache)
+
+
+@functools.lru_cache(maxsize=None)
+def _block_caller(remat: str):
+  """How a block is called under `ModelConfig.remat` (one lifted wrapper per mode).
+
+  `nn.remat` (Flax's lifted `jax.checkpoint`) rather than `jax.checkpoint` itself, so the
+  block's params stay in Flax's scope (a plain JAX transform around a module call would leak
+  them as tracers). Every argument is an array or None, so nothing needs `static_argnums`.
+  The params keep their names and logical axes: the wrapper is a function, not a new module.
+  When each recomputation runs is XLA's choice: JAX's optimization barriers only keep it
+  from being merged with the forward pass, and XLA:CPU drops them before scheduling, so
+  remat's share of the CPU memory plan is unreliable (see the README's memory plans).
+  """
+  if remat == "none":
+    return _call_block
+  policy = {"block": jax.checkpoint_policies.nothing_saveable,
+            "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[remat]
+  return nn.remat(_call_block, policy=policy)
+
+
 class Transformer(nn.Module):
   cfg: ModelConfig
 
@@ -206,9 +229,12 @@ class Transformer(nn.Module):
   def __call__(self, tokens, positions, kv_mask, q_slots, cache_layers):
     x = jnp.take(self.embed, tokens, axis=0).astype(self.cfg.jnp_dtype)
     new_layers = []
+    # Rematerialise only the cache-free forward (training, teacher scoring): a cached forward
+    # is sampling, which is never differentiated, and checkpointing it would buy nothing.
+    call = _block_caller(self.cfg.remat if cache_layers is None else "none")
     for i, layer in enumerate(self.layers):
-      x, lc = layer(x, positions, kv_mask, q_slots,
-                    None if cache_layers is None else cache_layers[i])
+      x, lc = call(layer, x, positions, kv_mask, q_slots,
+                   None if cache_layers is None else cache_layers[i])
       new_layers.append(lc)
     return self.final_norm(x), (None if cache_layers is None else tuple(new_layers))
 
