@@ -154,6 +154,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.prompts_per_cell = 1 if tiny else 4  # b prompts per (domain, effort) cell per step
   c.mopd.lr = 1e-3 if tiny else 1e-6
   c.mopd.warmup_steps = 0 if tiny else 5
+  # Gradient accumulation of the student update, as planned (plan.microbatches below).
+  c.mopd.microbatches = 9 if big else 1
   c.mopd.r_max = 5.0  # clip of the per-token reward r_t (K3 eq. 15)
   # mopd (eq. 15) | pg (clipped ratio, reward as advantage) | topk (ablation: reverse KL on
   # the routed teacher's top_k tokens at each position, corrected for the truncation)

@@ -70,6 +70,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sft.batch_size = 16 if fast else 48  # sequences per update
   c.sft.lr = 3e-3  # AdamW peak learning rate (warmup + cosine)
   c.sft.warmup_steps = 2 if fast else 20  # linear warmup before the cosine decay
+  # Gradient accumulation (train.OptimConfig.microbatches): each update's rows in this many
+  # equal slices, one slice's activations alive at a time; the same update, exactly.
+  c.sft.microbatches = 1
   c.sft.effort_mode = "random"  # effort token of SFT examples: random | style (see sft.py)
 
   c.rl = ml_collections.ConfigDict()
@@ -77,6 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.steps_per_effort = 2 if fast else 20  # RL iterations per effort level and domain
   c.rl.prompts_per_step = 4 if fast else 16  # prompts per iteration
   c.rl.group_size = 2 if fast else 4  # K samples per prompt
+  c.rl.microbatches = 1  # gradient accumulation; slices must hold whole groups
   c.rl.lr = 1e-3  # AdamW learning rate of every RL lane (cosine over the three efforts)
   c.rl.tau_kl = 0.5  # PMD log-ratio weight
   c.rl.token_clip = 5.0  # PMD per-token log-ratio clip (K2.5-style regulariser); 0 = off
@@ -87,6 +91,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.prompts_per_cell = 1 if fast else 4  # b prompts per (domain, effort) cell per step
   c.mopd.lr = 1e-3  # AdamW peak learning rate of the student
   c.mopd.warmup_steps = 0 if fast else 5  # linear warmup before the cosine decay
+  c.mopd.microbatches = 1  # gradient accumulation (also of the teacher_sft init)
   c.mopd.r_max = 5.0  # clip of the per-token reward r_t (K3 eq. 15)
   # mopd (eq. 15) | pg (clipped ratio, reward as advantage) | topk (ablation: reverse KL on
   # the routed teacher's top_k tokens at each position, corrected for the truncation)

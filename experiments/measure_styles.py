@@ -52,6 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--num_train", type=int, default=4000, help="training examples per domain")
   p.add_argument("--num_test", type=int, default=96, help="test examples per domain")
   p.add_argument("--domains", default="gen,agt,cod", help="comma-separated subset")
+  p.add_argument("--schedule", default="", help="repeating domain sequence, one per update, "
+                 "e.g. gen,agt,cod,cod (default: round-robin over --domains)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--d_model", type=int, default=0, help="override the toy preset (0 = keep)")
   p.add_argument("--num_layers", type=int, default=0, help="override the toy preset (0 = keep)")
@@ -95,10 +97,15 @@ class RoundRobin:
   pure function of (seed, step).
   """
 
-  def __init__(self, data: dict, batch_size: int, seed: int):
+  def __init__(self, data: dict, batch_size: int, seed: int, schedule=None):
     self.domains = list(data)
     self.train = {d: data[d][0] for d in self.domains}
     self.batch_size, self.seed = batch_size, seed
+    # The repeating sequence of domains, one per update (default: round-robin).
+    self.schedule = list(schedule or self.domains)
+    unknown = set(self.schedule) - set(self.domains)
+    if unknown:
+      raise ValueError(f"schedule names domains {sorted(unknown)} not in {self.domains}")
     self._perms = {}
 
   def _perm(self, di: int, epoch: int):
@@ -109,12 +116,15 @@ class RoundRobin:
     return self._perms[key]
 
   def domain(self, step: int) -> str:
-    return self.domains[step % len(self.domains)]
+    return self.schedule[step % len(self.schedule)]
 
   def __call__(self, step: int) -> list:
-    di = step % len(self.domains)
-    exs = self.train[self.domains[di]]
-    start = (step // len(self.domains)) * self.batch_size
+    d = self.domain(step)
+    di = self.domains.index(d)
+    exs = self.train[d]
+    cycle, offset = divmod(step, len(self.schedule))
+    drawn = cycle * self.schedule.count(d) + self.schedule[:offset].count(d)
+    start = drawn * self.batch_size
     out = []
     for pos in range(start, start + self.batch_size):
       epoch, i = divmod(pos, len(exs))
@@ -182,7 +192,8 @@ def main(argv=None) -> dict:
                           train.OptimConfig(lr=args.lr, warmup_steps=args.warmup_steps,
                                             total_steps=args.steps), mesh)
   state = trainer.init(models.init_params(cfg, jax.random.PRNGKey(args.seed)))
-  batches = RoundRobin(data, args.batch_size, args.seed)
+  batches = RoundRobin(data, args.batch_size, args.seed,
+                       [d for d in args.schedule.split(",") if d] or None)
   recent = {d: [] for d in args.domains}
   t_train = time.time()
   for step in range(args.steps):

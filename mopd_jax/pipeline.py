@@ -326,7 +326,8 @@ def _train_sft(run: Run, seed: int, name: str, directory: str):
   c = run.config.sft
   trainer = train.Trainer(run.model_cfg, train.LossConfig(kind="sft"),
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
-                                            total_steps=c.steps), run.mesh)
+                                            total_steps=c.steps,
+                                            microbatches=c.get("microbatches", 1)), run.mesh)
   iters = {d: run.iterator(d, c.batch_size, salt=i, seed=seed) for i, d in enumerate(DOMAINS)}
   log = run.logger(name.replace(" ", "_"))
   data_state = lambda: {d: it.state() for d, it in iters.items()}
@@ -400,7 +401,8 @@ def rl_stage(run: Run) -> None:
                                 token_clip=c.token_clip or None)
     trainer = train.Trainer(run.model_cfg, loss_cfg,
                             train.OptimConfig(lr=c.lr, warmup_steps=0,
-                                              total_steps=3 * c.steps_per_effort), run.mesh)
+                                              total_steps=3 * c.steps_per_effort,
+                                              microbatches=c.get("microbatches", 1)), run.mesh)
     params = checkpoint.load_params(parent, like)
     it = run.iterator(domain, c.prompts_per_step, salt=100 + di, seed=seed)
     val = [run.split(domain, "validation")[i] for i in range(
@@ -529,7 +531,8 @@ def teacher_sft_init(run: Run, student, bank: teachers.TeacherBank):
   c = run.config.mopd
   trainer = train.Trainer(run.model_cfg, train.LossConfig(kind="sft"),
                           train.OptimConfig(lr=run.config.sft.lr, warmup_steps=0,
-                                            total_steps=c.init_sft_steps), run.mesh)
+                                            total_steps=c.init_sft_steps,
+                                            microbatches=c.get("microbatches", 1)), run.mesh)
   with run.train_loop("mopd init: teacher SFT", run.path("mopd", "init_ckpt"),
                       c.init_sft_steps) as loop:
     state = loop.restore(trainer.abstract_state(run.params_like()))
@@ -591,7 +594,8 @@ def mopd_stage(run: Run) -> None:
                               if staleness else None)
   trainer = train.Trainer(run.model_cfg, loss_cfg,
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
-                                            total_steps=c.steps), run.mesh)
+                                            total_steps=c.steps,
+                                            microbatches=c.get("microbatches", 1)), run.mesh)
   tasks = {d: get_task(d) for d in DOMAINS}
   cells = [(d, e) for d in DOMAINS for e in EFFORTS]
   iters = {d: run.iterator(d, c.prompts_per_cell * len(EFFORTS), salt=200 + i)

@@ -59,12 +59,13 @@ def test_rerun_skips_finished_stages(workdir):
 
 
 def test_mopd_stage_with_asynchronous_teacher_scoring(workdir, tmp_path):
-  """mopd.staleness=1 through the real stage: the same steps, importance-weighted, with the
-  first (not yet stale) step equal to the synchronous run's."""
+  """mopd.staleness=1 (and 3 microbatches) through the real stage: the same steps,
+  importance-weighted, with the first (not yet stale) step equal to the synchronous run's."""
   wd = str(tmp_path / "async")
   shutil.copytree(workdir, wd)
   shutil.rmtree(os.path.join(wd, "mopd"))
-  proc = _run_cli(wd, "--config.stages=mopd", "--config.mopd.staleness=1")
+  proc = _run_cli(wd, "--config.stages=mopd", "--config.mopd.staleness=1",
+                  "--config.mopd.microbatches=3")
   assert proc.returncode == 0, proc.stderr[-3000:]
   sync = json.load(open(os.path.join(workdir, "mopd", "history.json")))
   stale = json.load(open(os.path.join(wd, "mopd", "history.json")))
