@@ -89,6 +89,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
   if config.rl.loss not in ("pmd", "grpo"):
     raise ValueError(f"rl.loss={config.rl.loss!r}; expected 'pmd' or 'grpo'")
   outside_teacher(config)  # raises on a bad outside-teacher ablation
+  sft_schedule(config)
   every = checkpoint_every(config)
   if not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
     raise ValueError(f"checkpoint.every must be a positive int (steps between saves), got "
@@ -329,6 +330,7 @@ def _train_sft(run: Run, seed: int, name: str, directory: str):
                                             total_steps=c.steps,
                                             microbatches=c.get("microbatches", 1)), run.mesh)
   iters = {d: run.iterator(d, c.batch_size, salt=i, seed=seed) for i, d in enumerate(DOMAINS)}
+  schedule = sft_schedule(run.config)
   log = run.logger(name.replace(" ", "_"))
   data_state = lambda: {d: it.state() for d, it in iters.items()}
   with run.train_loop(name, os.path.join(directory, "ckpt"), c.steps, data_state) as loop:
@@ -346,7 +348,7 @@ def _train_sft(run: Run, seed: int, name: str, directory: str):
         log.scalars(step, m)
 
     state, history = sft.train_sft(
-        trainer, state, run.tok, lambda step: next(iters[DOMAINS[step % len(DOMAINS)]]),
+        trainer, state, run.tok, lambda step: next(iters[schedule[step % len(schedule)]]),
         steps=c.steps, effort_mode=c.effort_mode, seed=seed, log=log_step,
         # each batch padded to its own length (one domain per update)
         width=lambda exs: width_for(max(len(rollout.encode_prompt(run.tok, ex, "max")) +
@@ -356,6 +358,18 @@ def _train_sft(run: Run, seed: int, name: str, directory: str):
   bar.close()
   log.close()
   return state, history
+
+
+def sft_schedule(config: ml_collections.ConfigDict) -> list:
+  """The repeating sequence of domains SFT trains on, one per update (`sft.schedule`, e.g.
+  "gen,agt,agt,cod,cod" gives the longer traces twice the updates; empty = round-robin)."""
+  spec = config.sft.get("schedule", "") or ",".join(DOMAINS)
+  schedule = [d.strip() for d in spec.split(",") if d.strip()]
+  unknown = sorted(set(schedule) - set(DOMAINS))
+  if unknown or set(schedule) != set(DOMAINS):
+    raise ValueError(f"sft.schedule={spec!r} must name every domain of {list(DOMAINS)} and "
+                     f"nothing else{f' (unknown: {unknown})' if unknown else ''}")
+  return schedule
 
 
 def _eval_budgets(run: Run, examples, effort):

@@ -15,6 +15,8 @@ CASES = [
     ("c.mopd.loss = 'kl'", "mopd.loss"),
     ("c.checkpoint.every = 0", "checkpoint.every"),
     ("c.mopd.staleness = 2", "mopd.staleness"),
+    ("c.sft.schedule = 'gen,agt'", "sft.schedule"),
+    ("c.sft.schedule = 'gen,agt,cod,math'", "unknown: ['math']"),
     ("c.mopd.staleness = 1; c.mopd.is_bounds = (1.5, 2.0)", "mopd.is_bounds"),
     ("c.mopd.staleness = 1; c.mopd.loss = 'topk'", "needs mopd.loss='mopd'"),
 ]
