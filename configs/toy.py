@@ -66,9 +66,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.effort.tau_low = 0.25  # only a direct answer fits
 
   c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 12 if fast else 600  # updates; each trains on one domain (sft.schedule)
+  c.sft.steps = 12 if fast else 1000  # updates; each trains on one domain (sft.schedule)
   # The repeating sequence of domains, one per update; empty = round-robin (gen,agt,cod).
-  c.sft.schedule = ""
+  # The long agt and cod traces get twice gen's updates (README, "Are the toy tasks
+  # learnable?": their full styles need ~300-400 updates, gen's ~200).
+  c.sft.schedule = "" if fast else "gen,agt,agt,cod,cod"
   c.sft.batch_size = 16 if fast else 48  # sequences per update
   c.sft.lr = 3e-3  # AdamW peak learning rate (warmup + cosine)
   c.sft.warmup_steps = 2 if fast else 20  # linear warmup before the cosine decay

@@ -321,8 +321,7 @@ class Sampler:
     # Multi-process: every process holds the same prompts; they enter as replicated global
     # arrays on the params' mesh, and the rollout comes back in full to every host.
     rep = jax.sharding.NamedSharding(distributed.mesh_of(params), jax.sharding.PartitionSpec())
-    cache = jax.jit(lambda: models.init_cache(self.model_cfg, b, p + self.scfg.max_new_tokens),
-                    out_shardings=rep)()
+    cache = _replicated_cache(self.model_cfg, b, p + self.scfg.max_new_tokens, rep)()
     tokens, mask, row_keys = distributed.to_global((tokens, mask, row_keys), rep)
     _, rollout = self._fn(params, cache, tokens, mask, row_keys)
     return distributed.gather(rollout)
@@ -332,6 +331,12 @@ def sample(model_cfg: ModelConfig, params, prompts, rng, scfg: SamplingConfig,
            prompt_mask=None) -> Rollout:
   """Functional entry point; reuses one compiled Sampler per (model, sampling) config."""
   return _sampler(model_cfg, scfg)(params, prompts, rng, prompt_mask)
+
+
+@functools.lru_cache(maxsize=64)
+def _replicated_cache(model_cfg: ModelConfig, batch: int, length: int, rep):
+  """A compiled allocator of an empty KV cache laid out `rep` (one per shape, not per call)."""
+  return jax.jit(lambda: models.init_cache(model_cfg, batch, length), out_shardings=rep)
 
 
 @functools.lru_cache(maxsize=32)

@@ -23,22 +23,28 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def test_two_processes_equal_one_process(tmp_path):  # ~100 s on 2 cores: 2 workers + reference
-  coordinator = f"localhost:{_free_port()}"
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  procs = [subprocess.Popen(
-      [sys.executable, os.path.join(ROOT, "tests", "multihost_worker.py"), "--process_id",
-       str(i), "--num_processes", "2", "--coordinator", coordinator, "--workdir",
-       str(tmp_path / "multi")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-      for i in range(2)]
+def _run_processes(commands, envs, timeout):
+  """Start one process per (command, env), wait for all, kill stragglers; returns the logs
+  after asserting every process exited 0."""
+  procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT) for cmd, env in zip(commands, envs)]
   try:
-    logs = [p.communicate(timeout=240)[0].decode() for p in procs]
+    logs = [p.communicate(timeout=timeout)[0].decode() for p in procs]
   finally:
     for p in procs:
       if p.poll() is None:
         p.kill()
   for i, (p, log) in enumerate(zip(procs, logs)):
     assert p.returncode == 0, f"process {i} failed:\n{log[-4000:]}"
+  return logs
+
+
+def test_two_processes_equal_one_process(tmp_path):  # ~100 s on 2 cores: 2 workers + reference
+  coordinator = f"localhost:{_free_port()}"
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  _run_processes([[sys.executable, os.path.join(ROOT, "tests", "multihost_worker.py"),
+                   "--process_id", str(i), "--num_processes", "2", "--coordinator", coordinator,
+                   "--workdir", str(tmp_path / "multi")] for i in range(2)], [env, env], 240)
   multi = np.load(tmp_path / "multi" / "result.npz")
 
   mesh = sharding.make_mesh(multihost_worker.MESH, jax.devices()[:4])
@@ -68,19 +74,10 @@ def test_pipeline_on_two_processes(tmp_path):
   base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   base.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
   multi = str(tmp_path / "multi")
-  procs = [subprocess.Popen(
-      [sys.executable, "-m", "experiments.run", *PIPELINE_FLAGS, "--workdir", multi], cwd=ROOT,
-      env={**base, "JAX_COORDINATOR_ADDRESS": coordinator, "JAX_NUM_PROCESSES": "2",
-           "JAX_PROCESS_ID": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-      for i in range(2)]
-  try:
-    logs = [p.communicate(timeout=900)[0].decode() for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  for i, (p, log) in enumerate(zip(procs, logs)):
-    assert p.returncode == 0, f"process {i} failed:\n{log[-4000:]}"
+  _run_processes(
+      [[sys.executable, "-m", "experiments.run", *PIPELINE_FLAGS, "--workdir", multi]] * 2,
+      [{**base, "JAX_COORDINATOR_ADDRESS": coordinator, "JAX_NUM_PROCESSES": "2",
+        "JAX_PROCESS_ID": str(i)} for i in range(2)], 900)
   single = str(tmp_path / "single")
   ref = subprocess.run([sys.executable, "-m", "experiments.run", *PIPELINE_FLAGS, "--workdir",
                         single], cwd=ROOT, capture_output=True, text=True, timeout=900,
