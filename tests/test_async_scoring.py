@@ -38,8 +38,7 @@ def _recording(sample, log):
   return wrapped
 
 
-@pytest.mark.slow  # ~45 s; the staleness-1 test below also runs the async driver
-def test_staleness_zero_equals_sync_exactly():
+def test_staleness_zero_equals_sync_exactly():  # ~45 s on 2 cores
   state, sample, submit, train_fn = _setup(0)
   fresh = jax.tree.map(jnp.copy, state)  # the step donates its state; one build compiles once
   ref_state, ref_losses = _sync_loop(state, sample, submit, train_fn)
