@@ -45,6 +45,18 @@ def _chunk_stats(cfg, params, h_BxCxD, tgt_BxC, *, with_entropy, top_k, topk_ids
   return tuple(out)
 
 
+def _chunking(b: int, n: int, chunk_size: int):
+  """(C, number of chunks, to_chunks) for n positions: `to_chunks` zero-pads [B, n, ...] to
+  a whole number of chunks and lays it out [nchunks, B, C, ...] for `lax.scan`."""
+  c = max(1, min(chunk_size, n))
+  nchunks = -(-n // c)
+
+  def to_chunks(x):
+    x = jnp.pad(x, ((0, 0), (0, nchunks * c - n)) + ((0, 0),) * (x.ndim - 2))
+    return jnp.swapaxes(x.reshape(b, nchunks, c, *x.shape[2:]), 0, 1)
+  return c, nchunks, to_chunks
+
+
 def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, *,
                             chunk_size: int = 64, with_entropy: bool = False, top_k: int = 0,
                             topk_ids_BxTxK=None) -> TokenStats:
@@ -55,15 +67,7 @@ def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, 
   tgt = tokens_BxT[:, 1:].astype(jnp.int32)
   ids = None if topk_ids_BxTxK is None else topk_ids_BxTxK[:, 1:]
   n = t - 1
-  c = max(1, min(chunk_size, n))
-  nchunks = -(-n // c)
-  pad = nchunks * c - n
-  if pad:
-    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
-    tgt = jnp.pad(tgt, ((0, 0), (0, pad)))
-    if ids is not None:
-      ids = jnp.pad(ids, ((0, 0), (0, pad), (0, 0)))
-  to_chunks = lambda x: jnp.swapaxes(x.reshape(b, nchunks, c, *x.shape[2:]), 0, 1)
+  c, nchunks, to_chunks = _chunking(b, n, chunk_size)
   xs = (to_chunks(h), to_chunks(tgt), None if ids is None else to_chunks(ids))
 
   @functools.partial(jax.checkpoint, prevent_cse=False)
@@ -147,12 +151,8 @@ def _fused_loss(loss_fn, chunk_size, h_BxTxD, w_DxV, tokens_BxT, aux):
 def _fused_fwd(loss_fn, chunk_size, h_BxTxD, w_DxV, tokens_BxT, aux):
   b, t, d = h_BxTxD.shape
   n = t - 1
-  c = max(1, min(chunk_size, n))
-  nchunks = -(-n // c)
-  pad = nchunks * c - n
-  h = jnp.pad(h_BxTxD[:, :-1], ((0, 0), (0, pad), (0, 0)))
-  tgt = jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, pad)))
-  to_chunks = lambda x: jnp.swapaxes(x.reshape(b, nchunks, c, *x.shape[2:]), 0, 1)
+  c, nchunks, to_chunks = _chunking(b, n, chunk_size)
+  h, tgt = h_BxTxD[:, :-1], tokens_BxT[:, 1:]
   from_chunks = lambda y: jnp.swapaxes(y, 0, 1).reshape(b, nchunks * c, *y.shape[3:])[:, :n]
   # Log-probs live in a [B, 1 + nchunks*C] buffer: column 0 (nothing predicts the first
   # token) stays 0 and column 1 + j holds target j, as in `token_stats_from_hidden`.
