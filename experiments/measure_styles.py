@@ -1,9 +1,9 @@
 """Accuracy and length of each reasoning style of the toy domains, after a style-tagged SFT.
 
-    python -m experiments.measure_styles --steps 450 --out /tmp/styles.json
+    python -m experiments.measure_styles --out /tmp/styles.json
 
-About 5-6 minutes on 2 CPU cores (data ~10 s, SFT ~3-4 min including compiles, greedy eval of
-the 9 (domain, style) cells ~1 min). This is the measurement behind the per-style accuracy
+About 8-10 minutes on 2 CPU cores (data ~10 s, SFT 800 updates ~7 min including compiles,
+greedy eval of the 9 (domain, style) cells ~1 min). This is the measurement behind the per-style accuracy
 table of the README: "reasoning length buys accuracy" on every domain.
 
 What it does:
@@ -11,7 +11,8 @@ What it does:
      num_train)` for training and `num_test` test examples from another stream whose prompts
      are disjoint from the training ones (`exclude`).
   2. Trains the toy model (`models.get_preset("toy", quant="int4")`: 4 layers, d_model 128,
-     INT4 QAT) from scratch with SFT, one domain per step round-robin (each batch is padded
+     INT4 QAT) from scratch with SFT, one domain per step following `--schedule` (default
+     gen,agt,cod,cod: cod's longer trace needs about 400 updates; each batch is padded
      only to its own longest sequence, rounded up to a multiple of 16). Effort tokens are
      tagged by style (`sft.sft_batch(..., effort_mode="style")`): full -> <max>,
      brief -> <high>, direct -> <low>, each style drawn uniformly per example.
@@ -45,15 +46,16 @@ STYLES = task_base.STYLES  # full, brief, direct
 def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--steps", type=int, default=450, help="SFT updates in all (round-robin)")
+  p.add_argument("--steps", type=int, default=800, help="SFT updates in all")
   p.add_argument("--batch_size", type=int, default=48, help="sequences per update")
   p.add_argument("--lr", type=float, default=3e-3, help="AdamW peak learning rate")
   p.add_argument("--warmup_steps", type=int, default=20)
   p.add_argument("--num_train", type=int, default=4000, help="training examples per domain")
   p.add_argument("--num_test", type=int, default=96, help="test examples per domain")
   p.add_argument("--domains", default="gen,agt,cod", help="comma-separated subset")
-  p.add_argument("--schedule", default="", help="repeating domain sequence, one per update, "
-                 "e.g. gen,agt,cod,cod (default: round-robin over --domains)")
+  p.add_argument("--schedule", default="gen,agt,cod,cod",
+                 help="repeating domain sequence, one per update (empty: round-robin over "
+                 "--domains)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--d_model", type=int, default=0, help="override the toy preset (0 = keep)")
   p.add_argument("--num_layers", type=int, default=0, help="override the toy preset (0 = keep)")
@@ -192,8 +194,11 @@ def main(argv=None) -> dict:
                           train.OptimConfig(lr=args.lr, warmup_steps=args.warmup_steps,
                                             total_steps=args.steps), mesh)
   state = trainer.init(models.init_params(cfg, jax.random.PRNGKey(args.seed)))
-  batches = RoundRobin(data, args.batch_size, args.seed,
-                       [d for d in args.schedule.split(",") if d] or None)
+  # The default schedule names all three domains; with a --domains subset, its own entries.
+  schedule = [d for d in args.schedule.split(",") if d]
+  if args.schedule == parse_args([]).schedule:
+    schedule = [d for d in schedule if d in args.domains]
+  batches = RoundRobin(data, args.batch_size, args.seed, schedule or None)
   recent = {d: [] for d in args.domains}
   t_train = time.time()
   for step in range(args.steps):

@@ -92,7 +92,6 @@ class _State:
   written: jax.Array  # [B, N] bool
   positions: jax.Array  # [B] RoPE position of `token`
   cache: KVCache
-  rng: jax.Array  # [B, 2] per-row keys
 
 
 def _process_logits(logits, scfg: SamplingConfig):
@@ -114,7 +113,8 @@ def _process_logits(logits, scfg: SamplingConfig):
 
 
 def _inverse_cdf(probs, u):
-  """Index i with cdf[i-1] < u * total <= cdf[i], by blocks: no full-vocab cumsum."""
+  """(index i with cdf[i-1] < u * total <= cdf[i], total): by blocks, no full-vocab cumsum.
+  The total is the last block's cumulative sum, so the caller needs no second pass."""
   b, v = probs.shape
   nblk = -(-v // _CDF_BLOCK)
   probs = jnp.pad(probs, ((0, 0), (0, nblk * _CDF_BLOCK - v)))
@@ -131,13 +131,21 @@ def _inverse_cdf(probs, u):
   hit = (inner_cdf >= target[:, None]) & (inner > 0)
   last_nonzero = _CDF_BLOCK - 1 - jnp.argmax((inner > 0)[:, ::-1], axis=-1)
   idx = jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), last_nonzero)
-  return jnp.minimum(blk * _CDF_BLOCK + idx, v - 1).astype(jnp.int32)
+  return jnp.minimum(blk * _CDF_BLOCK + idx, v - 1).astype(jnp.int32), block_cdf[:, -1]
 
 
 def row_uniforms(row_keys, positions):
   """One uniform per row, a pure function of (row key, sequence position of the token)."""
   return jax.vmap(lambda k, p: jax.random.uniform(
       jax.random.fold_in(k, p), (), jnp.float32, minval=1e-7, maxval=1.0))(row_keys, positions)
+
+
+def _uniform_table(row_keys, first_positions, n: int):
+  """[B, n]: column j holds `row_uniforms(row_keys, first_positions + j)`. Drawn for the whole
+  decode before it starts, in one vectorised pass, instead of a small threefry loop in every
+  step; a live row's j-th decode step samples the token at position first + j."""
+  cols = first_positions[:, None] + jnp.arange(n, dtype=first_positions.dtype)[None, :]
+  return jax.vmap(row_uniforms, in_axes=(None, 1), out_axes=1)(row_keys, cols)
 
 
 def sample_token(logits, u, scfg: SamplingConfig):
@@ -149,9 +157,7 @@ def sample_token(logits, u, scfg: SamplingConfig):
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.zeros(logits.shape[:1], jnp.float32)
   logits = _process_logits(logits, scfg)
   m = jnp.max(logits, axis=-1, keepdims=True)
-  unnorm = jnp.exp(logits - m)
-  total = jnp.sum(unnorm, axis=-1)
-  tok = _inverse_cdf(unnorm, u)
+  tok, total = _inverse_cdf(jnp.exp(logits - m), u)
   picked = jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0]
   return tok, picked - m[:, 0] - jnp.log(total)
 
@@ -166,17 +172,18 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
   prompt_lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
   positions = models.default_positions(mask)
   hidden, cache = models.forward_with_cache(model_cfg, params, tokens, positions, mask, cache)
-  logits = models.logits_from_hidden(model_cfg, params, hidden[:, -1])
+  logits = models.decode_logits(model_cfg, params, hidden[:, -1])
   # The draw for the token at sequence position p of a row is fold_in(row key, p): it depends
   # on neither the padding, the batch, nor how the trajectory was split into segments
   # (partial rollouts re-prefill the same prefix and continue with identical draws).
   tok, lp = sample_token(logits, row_uniforms(row_keys, prompt_lengths), scfg)
   stop_ids = jnp.asarray(scfg.stop_tokens or (-1,), jnp.int32)
 
+  uniforms = _uniform_table(row_keys, prompt_lengths + 1, n)
   state = _State(step=jnp.zeros((), jnp.int32), token=tok, logprob=lp,
                  done=jnp.zeros((b,), bool), tokens=jnp.full((b, n), scfg.pad_id, jnp.int32),
                  logprobs=jnp.zeros((b, n), jnp.float32), written=jnp.zeros((b, n), bool),
-                 positions=prompt_lengths, cache=cache, rng=row_keys)
+                 positions=prompt_lengths, cache=cache)
 
   def cond(s: _State):
     return (s.step < n) & ~jnp.all(s.done)
@@ -191,11 +198,14 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
     done = s.done | jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
     hidden, cache = models.forward_with_cache(model_cfg, params, tok[:, None],
                                               s.positions[:, None], live[:, None], s.cache)
-    logits = models.logits_from_hidden(model_cfg, params, hidden[:, 0])
-    nxt, nlp = sample_token(logits, row_uniforms(s.rng, s.positions + 1), scfg)
+    logits = models.decode_logits(model_cfg, params, hidden[:, 0])
+    # A live row is at position prompt length + step, so the table's column `step` holds
+    # exactly row_uniforms(row_keys, positions + 1); finished rows' draws are never written.
+    u = jax.lax.dynamic_index_in_dim(uniforms, s.step, axis=1, keepdims=False)
+    nxt, nlp = sample_token(logits, u, scfg)
     return _State(step=s.step + 1, token=nxt, logprob=nlp, done=done, tokens=tokens,
                   logprobs=logprobs, written=written, positions=s.positions + live,
-                  cache=cache, rng=s.rng)
+                  cache=cache)
 
   s = jax.lax.while_loop(cond, body, state)
   gen_tok = jnp.where(s.written, s.tokens, scfg.pad_id)

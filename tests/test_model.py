@@ -135,3 +135,15 @@ def test_bad_remat():
   with pytest.raises(ValueError, match=r"remat='full'; expected one of \('none', 'block', "
                                        r"'dots'\)"):
     models.ModelConfig(**TINY, remat="full")
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_decode_logits_equal_head(tiny, tie):
+  """The decode-step head (embedding as the left operand when tied) is the same projection."""
+  cfg = tiny[0].replace(tie_embeddings=tie, quant="int4", quant_group=16)
+  params = models.init_params(cfg, jax.random.PRNGKey(1))
+  h = jax.random.normal(jax.random.PRNGKey(2), (5, cfg.d_model))
+  want = models.logits_from_hidden(cfg, params, h)
+  got = jax.jit(models.decode_logits, static_argnums=0)(cfg, params, h)
+  assert got.shape == want.shape == (5, cfg.vocab_size) and got.dtype == jnp.float32
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

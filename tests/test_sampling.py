@@ -150,7 +150,9 @@ def test_inverse_cdf_matches_distribution():
   probs = probs.at[::7].set(0.0)
   n = 20000
   u = jax.random.uniform(jax.random.PRNGKey(0), (n,), minval=1e-7)
-  idx = np.asarray(sampling._inverse_cdf(jnp.broadcast_to(probs, (n, 300)), u))
+  idx, total = sampling._inverse_cdf(jnp.broadcast_to(probs, (n, 300)), u)
+  idx = np.asarray(idx)
+  np.testing.assert_allclose(np.asarray(total), float(probs.sum()), rtol=1e-6)
   assert (np.asarray(probs)[idx] > 0).all()
   freq = np.bincount(idx, minlength=300) / n
   assert np.abs(freq - np.asarray(probs) / float(probs.sum())).max() < 0.02

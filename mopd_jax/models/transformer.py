@@ -329,6 +329,26 @@ def logits_from_hidden(cfg: ModelConfig, params, hidden):
   return _module(cfg).apply({"params": params}, hidden, method=Transformer.head)
 
 
+def decode_logits(cfg: ModelConfig, params, hidden):
+  """Float32 logits [B, V] of a few rows [B, D] (a decode step), equal to
+  `logits_from_hidden` up to float rounding.
+
+  With B rows this small the head is a matrix-vector product, bound by reading the weight.
+  XLA:CPU runs it as `[V, D] @ [D, B]` (the tied embedding as the left operand, in its stored
+  layout) about 1.6x faster than as `[B, D] @ [D, V]` (32k x 256 head, B = 8, measured in a
+  decode loop). The barrier stops XLA from folding the transpose back into the slow form.
+  An untied head is stored [D, V], so it keeps the plain product rather than a transposed
+  copy of the weight.
+  """
+  cfg, params = materialize(cfg, params)
+  if not cfg.tie_embeddings:
+    return logits_from_hidden(cfg, params, hidden)
+  e = params["embed"].astype(cfg.jnp_dtype)
+  logits_vb = jax.lax.dot_general(e, hidden.astype(cfg.jnp_dtype), (((1,), (1,)), ((), ())),
+                                  preferred_element_type=jnp.float32)
+  return jax.lax.optimization_barrier(logits_vb).T
+
+
 def forward(cfg: ModelConfig, params, tokens, *, input_mask=None, positions=None):
   """Causal logits [B, T, V] (float32) of `tokens`; positions 0..T-1 by default."""
   h = hidden_states(cfg, params, tokens, input_mask=input_mask, positions=positions)
