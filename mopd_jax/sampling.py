@@ -143,7 +143,7 @@ def row_uniforms(row_keys, positions):
 def _uniform_table(row_keys, first_positions, n: int):
   """[B, n]: column j holds `row_uniforms(row_keys, first_positions + j)`. Drawn for the whole
   decode before it starts, in one vectorised pass, instead of a small threefry loop in every
-  step; a live row's j-th decode step samples the token at position first + j."""
+  decode step."""
   cols = first_positions[:, None] + jnp.arange(n, dtype=first_positions.dtype)[None, :]
   return jax.vmap(row_uniforms, in_axes=(None, 1), out_axes=1)(row_keys, cols)
 
@@ -176,10 +176,10 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
   # The draw for the token at sequence position p of a row is fold_in(row key, p): it depends
   # on neither the padding, the batch, nor how the trajectory was split into segments
   # (partial rollouts re-prefill the same prefix and continue with identical draws).
-  tok, lp = sample_token(logits, row_uniforms(row_keys, prompt_lengths), scfg)
+  uniforms = _uniform_table(row_keys, prompt_lengths, n + 1)
+  tok, lp = sample_token(logits, uniforms[:, 0], scfg)
   stop_ids = jnp.asarray(scfg.stop_tokens or (-1,), jnp.int32)
 
-  uniforms = _uniform_table(row_keys, prompt_lengths + 1, n)
   state = _State(step=jnp.zeros((), jnp.int32), token=tok, logprob=lp,
                  done=jnp.zeros((b,), bool), tokens=jnp.full((b, n), scfg.pad_id, jnp.int32),
                  logprobs=jnp.zeros((b, n), jnp.float32), written=jnp.zeros((b, n), bool),
@@ -199,9 +199,9 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
     hidden, cache = models.forward_with_cache(model_cfg, params, tok[:, None],
                                               s.positions[:, None], live[:, None], s.cache)
     logits = models.decode_logits(model_cfg, params, hidden[:, 0])
-    # A live row is at position prompt length + step, so the table's column `step` holds
-    # exactly row_uniforms(row_keys, positions + 1); finished rows' draws are never written.
-    u = jax.lax.dynamic_index_in_dim(uniforms, s.step, axis=1, keepdims=False)
+    # A live row's next token is at position prompt length + step + 1: the table's column
+    # step + 1 (finished rows' draws are never written).
+    u = jax.lax.dynamic_index_in_dim(uniforms, s.step + 1, axis=1, keepdims=False)
     nxt, nlp = sample_token(logits, u, scfg)
     return _State(step=s.step + 1, token=nxt, logprob=nlp, done=done, tokens=tokens,
                   logprobs=logprobs, written=written, positions=s.positions + live,
