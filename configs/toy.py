@@ -87,6 +87,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.microbatches = 1  # gradient accumulation; slices must hold whole groups
   c.rl.lr = 1e-3  # AdamW learning rate of every RL lane (cosine over the three efforts)
   c.rl.tau_kl = 0.5  # PMD log-ratio weight
+  # PMD's old policy: "sampler" (the policy that sampled the batch, one update old) |
+  # "phase" (the effort's parent, held fixed for the whole effort phase).
+  c.rl.reference = "sampler"
   c.rl.token_clip = 5.0  # PMD per-token log-ratio clip (K2.5-style regulariser); 0 = off
   c.rl.temperature = 1.0  # sampling temperature of RL rollouts
 

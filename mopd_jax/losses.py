@@ -431,13 +431,17 @@ __all__ = [
 
 
 def nll_loss(logprobs, loss_mask) -> tuple[Array, Metrics]:
-  """SFT negative log-likelihood, normalised per row like every loss here.
+  """SFT negative log-likelihood: the mean over every loss-mask token of the batch.
 
+  Unlike the RL and distillation losses (1/|y| per row, K3 eq. 15), SFT weighs every
+  token the same. A per-row mean would give each token of a 5-token direct answer 12x the
+  weight of a token of a 61-token tool-use trace: the model would then learn the short
+  styles' first tokens at about twice their data frequency and the long traces slowly.
   Prompt tokens are outside ``loss_mask`` and so are never trained on.
   """
   _same_shapes(2, logprobs=logprobs, loss_mask=loss_mask)
   mask = _bool(loss_mask)
-  lp = jnp.where(mask, _f32(logprobs), 0.0)
-  value, n_tok, n_rows = _row_normalised_mean(-lp, mask)
-  return value, _stop({"nll": _token_mean(-lp, mask), "num_tokens": n_tok,
-                       "num_rows": n_rows})
+  nll = -jnp.where(mask, _f32(logprobs), 0.0)
+  value = _token_mean(nll, mask)
+  return value, _stop({"nll": value, "num_tokens": jnp.sum(mask, dtype=jnp.float32),
+                       "num_rows": jnp.sum(jnp.any(mask, axis=-1), dtype=jnp.float32)})

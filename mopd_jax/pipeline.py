@@ -88,6 +88,12 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
                      f"weights; it needs mopd.loss='mopd', got {config.mopd.loss!r}")
   if config.rl.loss not in ("pmd", "grpo"):
     raise ValueError(f"rl.loss={config.rl.loss!r}; expected 'pmd' or 'grpo'")
+  reference = config.rl.get("reference", "sampler")
+  if reference not in ("sampler", "phase"):
+    raise ValueError(f"rl.reference={reference!r}; expected 'sampler' or 'phase'")
+  if reference == "phase" and config.rl.loss != "pmd":
+    raise ValueError(f"rl.reference='phase' holds PMD's old policy fixed for an effort "
+                     f"phase; it needs rl.loss='pmd', got {config.rl.loss!r}")
   outside_teacher(config)  # raises on a bad outside-teacher ablation
   sft_schedule(config)
   every = checkpoint_every(config)
@@ -444,7 +450,8 @@ def rl_stage(run: Run) -> None:
             trainer, state, run.engine, task, lambda step: next(it), effort=effort,
             tau=run.taus[effort], steps=c.steps_per_effort, group_size=c.group_size,
             width=run.config.rollout.width, seed=seed * 10 + di,
-            log=lambda step, m: (bar.update(m), log.scalars(step, m)), loop=loop)
+            log=lambda step, m: (bar.update(m), log.scalars(step, m)), loop=loop,
+            reference=params if c.get("reference", "sampler") == "phase" else None)
       bar.close()
       log.close()
       metrics = sft.evaluate(run.eval_engine, state.params, task, val, effort,

@@ -45,8 +45,12 @@ def rewards_of(task, examples, result: rollout.RolloutResult) -> np.ndarray:
 def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.RolloutEngine,
                task, next_examples: Callable[[int], list], *, effort: str, tau: float,
                steps: int, group_size: int, width: int, seed: int,
-               log: Optional[Callable] = None, start_step: int = 0, loop=None):
+               log: Optional[Callable] = None, start_step: int = 0, loop=None,
+               reference=None):
   """`steps` RL iterations at one effort level; returns the new state and per-step metrics.
+
+  `reference`: params held as PMD's old policy for the whole phase (`rl.reference =
+  "phase"`: the effort's parent teacher), instead of the policy that sampled each batch.
 
   `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
   run then starts at `loop.start_step` and the returned history includes restored steps.
@@ -66,7 +70,8 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
     rewards = rewards_of(task, rows, res)
     longest = max(len(t.prompt_ids) + t.num_tokens for t in res.trajectories)
     w = max(width, -(-longest // 32) * 32)  # few distinct widths: few compilations
-    state, m = trainer.step(state, rl_batch(engine.tok, res.trajectories, rewards, w))
+    state, m = trainer.step(state, rl_batch(engine.tok, res.trajectories, rewards, w),
+                            reference=reference)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     m.update(reward=float(rewards.mean()), accuracy=float((rewards > 0).mean()),
              over_budget=float(res.over_budget.mean()), length=float(res.lengths.mean()))

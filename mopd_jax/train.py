@@ -180,6 +180,16 @@ def loss_from_stats(loss_cfg: LossConfig, st: logprobs.TokenStats, batch: TrainB
   return loss + _outcome_term(lp, batch, loss_cfg), m
 
 
+def with_reference_logprobs(model_cfg: models.ModelConfig, loss_cfg: LossConfig, reference,
+                            batch: TrainBatch) -> TrainBatch:
+  """`batch` with `sampler_logprobs` replaced by the teacher-forced log-probs of the
+  `reference` params (gradient-stopped): the old policy of PMD's log-ratio when it is held
+  fixed for a whole phase instead of being the policy that sampled (one update old)."""
+  st = logprobs.token_stats(model_cfg, reference, batch.tokens, input_mask=batch.input_mask,
+                            chunk_size=loss_cfg.chunk_size)
+  return batch.replace(sampler_logprobs=jax.lax.stop_gradient(st.logprobs))
+
+
 def _outcome_term(lp, batch: TrainBatch, loss_cfg: LossConfig):
   """alpha * A_outcome on every generated token, plain REINFORCE (ratio 1 at the current
   params); 0 when the batch carries no advantages (alpha = 0)."""
@@ -236,7 +246,9 @@ def accumulate_gradients(model_cfg: models.ModelConfig, loss_cfg: LossConfig, pa
   The losses are not sums over rows but normalised means, so microbatch m enters with a
   weight w_m and the result is sum_m w_m * (loss_m, grad_m), exactly the whole-batch value:
 
-  * row-normalised losses (sft, mopd, pg, grpo, topk; see `losses._row_normalised_mean`:
+  * sft (a mean over all loss-mask tokens): w_m = T_m / T, tokens in microbatch m over the
+    batch's.
+  * row-normalised losses (mopd, pg, grpo, topk; see `losses._row_normalised_mean`:
     the mean over rows holding >= 1 loss-mask token of each row's token mean):
     w_m = N_m / N, N_m = such rows in microbatch m, N = in the batch (w_m = 0 when N = 0,
     where every loss is 0). The outcome term of mopd / topk is row-normalised the same way.
@@ -271,11 +283,13 @@ def accumulate_gradients(model_cfg: models.ModelConfig, loss_cfg: LossConfig, pa
   mask = mbs.loss_mask.astype(bool)  # [M, B/M, T]
   rows_m = jnp.sum(jnp.any(mask, axis=-1), axis=-1, dtype=jnp.float32)
   tokens_m = jnp.sum(mask, axis=(1, 2), dtype=jnp.float32)
+  token_w_m = tokens_m / jnp.maximum(jnp.sum(tokens_m), 1.0)
   if kind == "pmd":
     w_m = jnp.full((microbatches,), 1.0 / microbatches, jnp.float32)
+  elif kind == "sft":
+    w_m = token_w_m
   else:
     w_m = rows_m / jnp.maximum(jnp.sum(rows_m), 1.0)
-  token_w_m = tokens_m / jnp.maximum(jnp.sum(tokens_m), 1.0)
 
   constrain = lambda tree: (tree if grad_shardings is None else
                             jax.lax.with_sharding_constraint(tree, grad_shardings))
@@ -389,23 +403,32 @@ class Trainer:
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                         shapes, self.state_sharding)
 
-  def jitted_step(self, batch: TrainBatch):
+  def jitted_step(self, batch: TrainBatch, with_reference: bool = False):
     """The jitted step for batches of this structure (arrays or ShapeDtypeStructs): what
-    `step` runs, and what `benchmarks.memory_plan` lowers without running."""
-    key = jax.tree.structure(batch)
+    `step` runs, and what `benchmarks.memory_plan` lowers without running. With
+    `with_reference` it takes reference params as a third argument (see `step`)."""
+    key = (jax.tree.structure(batch), with_reference)
     if key not in self._step_cache:
+      def fn(s, b, *ref):
+        if ref:
+          b = with_reference_logprobs(self.model_cfg, self.loss_cfg, ref[0], b)
+        return train_step(self.model_cfg, self.loss_cfg, self.optimizer, s, b,
+                          self.microbatches, self.state_sharding.params, self.mesh)
       # State in and out with the same shardings, donated: the update happens in place and
       # the old params/moments never coexist with the new ones in memory.
       self._step_cache[key] = jax.jit(
-          lambda s, b: train_step(self.model_cfg, self.loss_cfg, self.optimizer, s, b,
-                                  self.microbatches, self.state_sharding.params, self.mesh),
-          in_shardings=(self.state_sharding, batch_shardings(self.mesh, batch)),
+          fn, in_shardings=(self.state_sharding, batch_shardings(self.mesh, batch)) +
+          ((self.state_sharding.params,) if with_reference else ()),
           out_shardings=(self.state_sharding, self._rep),
           donate_argnums=(0,))
     return self._step_cache[key]
 
-  def step(self, state: TrainState, batch: TrainBatch):
+  def step(self, state: TrainState, batch: TrainBatch, reference=None):
+    """One update. `reference`: params whose teacher-forced log-probs replace the batch's
+    `sampler_logprobs` as the loss's old policy (PMD held to a fixed reference)."""
     sharding.check_batch_divisible(batch.tokens.shape[0], self.mesh)
     if jax.process_count() > 1:  # host batch -> global arrays, each process its own rows
       batch = distributed.to_global(batch, batch_shardings(self.mesh, batch))
-    return self.jitted_step(batch)(state, batch)
+    if reference is None:
+      return self.jitted_step(batch)(state, batch)
+    return self.jitted_step(batch, with_reference=True)(state, batch, reference)

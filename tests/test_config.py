@@ -19,6 +19,8 @@ CASES = [
     ("c.sft.schedule = 'gen,agt,cod,math'", "unknown: ['math']"),
     ("c.mopd.staleness = 1; c.mopd.is_bounds = (1.5, 2.0)", "mopd.is_bounds"),
     ("c.mopd.staleness = 1; c.mopd.loss = 'topk'", "needs mopd.loss='mopd'"),
+    ("c.rl.reference = 'teacher'", "rl.reference"),
+    ("c.rl.reference = 'phase'; c.rl.loss = 'grpo'", "needs rl.loss='pmd'"),
 ]
 
 

@@ -357,3 +357,17 @@ def test_validation_errors():
     losses.topk_kl_loss(jnp.zeros((2, 3, 5)), jnp.zeros((2, 3, 5)), jnp.ones((2, 4)))
   with pytest.raises(ValueError, match=r"\(2, 3, 6\)"):
     losses.topk_kl_loss(jnp.zeros((2, 3, 5)), jnp.zeros((2, 3, 6)), jnp.ones((2, 3)))
+
+
+def test_sft_nll_is_a_token_mean():
+  """Every SFT token weighs the same, however long its row: a per-row mean would favour the
+  short styles (a 2-token row's tokens would count 3x a 6-token row's here)."""
+  lp = jnp.asarray([[-1.0, -2.0, 0.0, 0.0, 0.0, 0.0],
+                    [-3.0, -3.0, -3.0, -3.0, -3.0, -3.0]])
+  mask = jnp.asarray([[1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]], bool)
+  value, m = losses.nll_loss(lp, mask)
+  np.testing.assert_allclose(value, (1 + 2 + 18) / 8, rtol=1e-6)
+  np.testing.assert_allclose(m["nll"], value)
+  assert float(m["num_tokens"]) == 8 and float(m["num_rows"]) == 2
+  g = jax.grad(lambda x: losses.nll_loss(x, mask)[0])(lp)
+  np.testing.assert_allclose(g, -np.asarray(mask, np.float32) / 8)

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from mopd_jax import losses, models, sampling, sharding, teachers, train
+from mopd_jax import logprobs, losses, models, sampling, sharding, teachers, train
 
 CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2,
                          head_dim=8, mlp_dim=64, max_seq_len=64, qk_norm=True)
@@ -276,3 +276,31 @@ def test_microbatch_bad_input(params):
   tr = train.Trainer(CFG, train.LossConfig(), train.OptimConfig(microbatches=16), _mesh())
   with pytest.raises(ValueError, match="8 rows is not divisible into microbatches=16"):
     tr.step(tr.init(params), batch)
+
+
+def test_reference_params_stand_in_for_the_sampler_logprobs(params):
+  """`Trainer.step(..., reference=p)` (rl.reference="phase") trains exactly like a batch whose
+  `sampler_logprobs` are p's teacher-forced log-probs, on a sharded mesh too; with p the
+  current params the PMD log-ratio starts at 0."""
+  other = models.init_params(CFG, jax.random.PRNGKey(9))
+  base = _uneven_batch()
+  lcfg = train.LossConfig(kind="pmd", group_size=2, tau_kl=0.5)
+
+  def forced(p):
+    return base.replace(sampler_logprobs=logprobs.token_stats(
+        CFG, p, base.tokens, input_mask=base.input_mask).logprobs)
+
+  for mesh in (_mesh(), _mesh(data=2, fsdp=2)):
+    tr = train.Trainer(CFG, lcfg, train.OptimConfig(lr=1e-3, warmup_steps=0), mesh)
+    out = {}
+    for name, ref, batch in (("ref_self", params, base), ("forced_self", None, forced(params)),
+                             ("ref_other", other, base), ("forced_other", None, forced(other))):
+      state, m = tr.step(tr.init(params), batch, reference=ref)
+      out[name] = jax.device_get((state.params, m))
+    assert abs(float(out["ref_self"][1]["log_ratio_mean"])) < 1e-4
+    assert abs(float(out["ref_other"][1]["log_ratio_mean"])) > 1e-2
+    for a, b in (("ref_self", "forced_self"), ("ref_other", "forced_other")):
+      for k in out[a][1]:
+        np.testing.assert_allclose(out[a][1][k], out[b][1][k], rtol=1e-5, atol=1e-5, err_msg=k)
+      for x, y in zip(jax.tree.leaves(out[a][0]), jax.tree.leaves(out[b][0])):
+        np.testing.assert_allclose(x, y, atol=1e-5)
