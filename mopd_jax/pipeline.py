@@ -56,6 +56,9 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
   if not e.tau_max > e.tau_high > e.tau_low > 0:
     raise ValueError(f"effort taus must be strictly ordered max > high > low > 0, got "
                      f"max={e.tau_max}, high={e.tau_high}, low={e.tau_low}")
+  t = config.mopd.get("teacher_temperature", 1.0)
+  if not (isinstance(t, (int, float)) and t > 0):
+    raise ValueError(f"mopd.teacher_temperature must be > 0, got {t!r}")
   if not config.mopd.r_max > 0:
     raise ValueError(f"mopd.r_max must be > 0, got {config.mopd.r_max}")
   data_par = mesh.get("data", 1) * mesh.get("fsdp", 1)
@@ -622,7 +625,11 @@ def mopd_stage(run: Run) -> None:
   iters = {d: run.iterator(d, c.prompts_per_cell * len(EFFORTS), salt=200 + i)
            for i, d in enumerate(DOMAINS)}
   # Co-located or disaggregated (config.placement): log-probs come back on the student mesh.
-  scorer = placement.TeacherScorer(bank, run.mesh, run.teacher_mesh,
+  # The teachers score at `mopd.teacher_temperature` (their own rollouts, for the
+  # teacher_sft init, stay at the RL temperature).
+  scoring = bank.replace(params=models.with_temperature(bank.params,
+                                                        c.get("teacher_temperature", 1.0)))
+  scorer = placement.TeacherScorer(scoring, run.mesh, run.teacher_mesh,
                                    top_k=c.get("top_k", 8) if c.loss == "topk" else 0)
   log = run.logger("mopd")
   t0 = time.time()

@@ -31,6 +31,56 @@ def build(workdir: str, config_json: dict, wall_seconds: dict) -> dict:
   }
 
 
+def checks(rep: dict) -> list:
+  """The toy bars of the teacher-factory and MOPD issues, evaluated on this run: a list of
+  {name, value, target, ok}; `ok` is None where the run lacks what a check needs (e.g. a
+  `--config.stages` subset). pi_SFT's accuracy on a domain is taken in the max cell, the
+  one budget where no style is cut, so a teacher is compared with pi_SFT at equal room."""
+  cells, out = rep["cells"], []
+
+  def add(name, value, target, ok):
+    out.append({"name": name, "value": value, "target": target,
+                "ok": None if ok is None else bool(ok)})
+
+  def get(policy, d, e, key):
+    c = _cell(cells, policy, d, e)
+    return None if c is None else c[key]
+
+  for d in DOMAINS:
+    t, f = get("teacher", d, "max", "accuracy"), get("sft", d, "max", "accuracy")
+    gain = None if t is None or f is None else t - f
+    add(f"teacher {d}/max accuracy - pi_SFT {d}/max accuracy", gain, ">= 0.10",
+        None if gain is None else gain >= 0.10 - 1e-9)
+  for policy in ("teacher", "student"):
+    for d in DOMAINS:
+      lens = [get(policy, d, e, "mean_length") for e in EFFORTS]  # low, high, max
+      ok = None if None in lens else all(b > a for a, b in zip(lens, lens[1:]))
+      add(f"{policy} {d} mean length low < high < max", lens, "strict", ok)
+  for d in DOMAINS:
+    for e in EFFORTS:
+      over = get("teacher", d, e, "over_budget_rate")
+      add(f"teacher {d}/{e} over-budget rate", over, "<= 0.05",
+          None if over is None else over <= 0.05)
+  for d in DOMAINS:
+    for e in EFFORTS:
+      sa, ta = get("student", d, e, "accuracy"), get("teacher", d, e, "accuracy")
+      add(f"student {d}/{e} accuracy / teacher's", None if sa is None else [sa, ta],
+          ">= 0.9 x", None if sa is None or ta is None else sa >= 0.9 * ta - 1e-9)
+      sl, tl = get("student", d, e, "mean_length"), get("teacher", d, e, "mean_length")
+      add(f"student {d}/{e} mean length / teacher's", None if sl is None else [sl, tl],
+          "within +-25%", None if sl is None or tl is None else abs(sl - tl) <= 0.25 * tl)
+  kl = rep["kl"]
+  drop = (kl["initial"] / kl["final"] if kl.get("curve") and kl["final"] > 0 else None)
+  add("per-token KL, first / last MOPD step", drop, ">= 5", None if drop is None else drop >= 5)
+  w = rep["wall_seconds"]
+  factory = w["sft"] + w["rl"] if "sft" in w and "rl" in w else None
+  add("teacher factory wall seconds (sft + rl)", factory, "<= 720",
+      None if factory is None else factory <= 720)
+  total = w.get("total")
+  add("pipeline wall seconds", total, "<= 1200", None if total is None else total <= 1200)
+  return out
+
+
 def initial_kl_by_cell(workdir: str, history: list) -> dict:
   """Per-token KL student vs routed teacher at the first MOPD step, per cell, with the
   teacher's origin ("same": trained from the student's own pi_SFT; "outside": from another
@@ -82,10 +132,26 @@ def markdown(rep: dict) -> str:
               "", "| teacher | origin | initial KL |", "|---|---|---|"]
     lines += [f"| {name} | {c['origin']} | {c['kl']:.4f} |"
               for name, c in kl["initial_by_cell"].items()]
+  if rep.get("checks"):
+    passed = sum(c["ok"] is True for c in rep["checks"])
+    known = sum(c["ok"] is not None for c in rep["checks"])
+    lines += ["", f"Toy bars of the teacher-factory and MOPD issues: {passed} of {known} met "
+              "(pi_SFT's domain accuracy is its max cell's).", "",
+              "| check | value | target | met |", "|---|---|---|---|"]
+    lines += [f"| {c['name']} | {_fmt(c['value'])} | {c['target']} | "
+              f"{'-' if c['ok'] is None else 'yes' if c['ok'] else 'no'} |" for c in rep["checks"]]
   lines += ["", "Wall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in
                                              rep["wall_seconds"].items()), "",
             "![cells](cells.png)", "", "![kl](kl.png)", "", "![length](length.png)"]
   return "\n".join(lines) + "\n"
+
+
+def _fmt(v) -> str:
+  if v is None:
+    return "-"
+  if isinstance(v, (list, tuple)):
+    return " / ".join(_fmt(x) for x in v)
+  return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
 def plots(rep: dict, outdir: str) -> list:
@@ -149,6 +215,7 @@ def plots(rep: dict, outdir: str) -> list:
 
 def write(workdir: str, config_json: dict, wall_seconds: dict) -> dict:
   rep = build(workdir, config_json, wall_seconds)
+  rep["checks"] = checks(rep)
   checkpoint.write_json(os.path.join(workdir, "report.json"), rep)
   with open(os.path.join(workdir, "report.md"), "w") as f:
     f.write(markdown(rep))

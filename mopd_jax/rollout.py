@@ -25,7 +25,7 @@ from mopd_jax.tasks import base as task_base
 
 
 def encode_prompt(tok, example: task_base.Example, effort: str) -> list:
-  return [tok.bos_id, tok.effort_id(effort)] + tok.encode(example.prompt + "\n")
+  return [tok.bos_id] + tok.encode(example.prompt + "\n") + [tok.effort_id(effort)]
 
 
 @dataclasses.dataclass

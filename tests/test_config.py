@@ -20,6 +20,7 @@ CASES = [
     ("c.mopd.staleness = 1; c.mopd.is_bounds = (1.5, 2.0)", "mopd.is_bounds"),
     ("c.mopd.staleness = 1; c.mopd.loss = 'topk'", "needs mopd.loss='mopd'"),
     ("c.rl.reference = 'teacher'", "rl.reference"),
+    ("c.mopd.teacher_temperature = 0.0", "mopd.teacher_temperature"),
     ("c.rl.reference = 'phase'; c.rl.loss = 'grpo'", "needs rl.loss='pmd'"),
 ]
 

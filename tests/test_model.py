@@ -147,3 +147,20 @@ def test_decode_logits_equal_head(tiny, tie):
   got = jax.jit(models.decode_logits, static_argnums=0)(cfg, params, h)
   assert got.shape == want.shape == (5, cfg.vocab_size) and got.dtype == jnp.float32
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_with_temperature_divides_every_logit(tiny, tie):
+  """A teacher scored at temperature t: the final norm's scale over t gives logits / t
+  exactly, with INT4 QAT, tied or untied, on a stacked bank too; t = 1 is the same tree."""
+  cfg = tiny[0].replace(tie_embeddings=tie, quant="int4", quant_group=16)
+  params = models.init_params(cfg, jax.random.PRNGKey(1))
+  tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, cfg.vocab_size)
+  want = models.forward(cfg, params, tokens) / 0.5
+  got = models.forward(cfg, models.with_temperature(params, 0.5), tokens)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+  stacked = jax.tree.map(lambda *x: jnp.stack(x), params, params)
+  assert models.with_temperature(stacked, 0.5)["final_norm"]["scale"].shape[0] == 2
+  assert models.with_temperature(params, 1.0) is params
+  with pytest.raises(ValueError, match="temperature"):
+    models.with_temperature(params, 0.0)

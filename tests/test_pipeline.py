@@ -50,6 +50,35 @@ def test_report_schema(workdir):
   assert "total" in rep["wall_seconds"] and rep["config"]["seed"] == 0
   for png in ("cells.png", "kl.png", "length.png"):
     assert os.path.getsize(os.path.join(workdir, png)) > 1000
+  assert len(rep["checks"]) == 39 and all(c["ok"] in (True, False) for c in rep["checks"])
+  assert "Toy bars of the teacher-factory and MOPD issues" in open(
+      os.path.join(workdir, "report.md")).read()
+
+
+def test_report_checks_evaluate_the_bars():
+  """Each bar is computed from the cells, the KL curve and the wall times; a missing policy
+  leaves its checks undecided (None) rather than failed."""
+  from mopd_jax import report
+  lengths = {"low": 3.0, "high": 9.0, "max": 19.0}
+  cells = []
+  for d in report.DOMAINS:
+    for e, n in lengths.items():
+      cells.append({"policy": "sft", "domain": d, "effort": e, "accuracy": 0.5,
+                    "mean_length": 19.0, "over_budget_rate": 0.0, "n": 8})
+      cells.append({"policy": "teacher", "domain": d, "effort": e,
+                    "accuracy": 0.6 if e == "max" else 0.4, "mean_length": n,
+                    "over_budget_rate": 0.1 if (d, e) == ("cod", "low") else 0.0, "n": 8})
+  rep = {"cells": cells, "kl": {"initial": 2.0, "final": 0.5, "curve": [[0, 2.0], [1, 0.5]]},
+         "wall_seconds": {"sft": 300.0, "rl": 400.0, "total": 1300.0}}
+  got = {c["name"]: c["ok"] for c in report.checks(rep)}
+  assert got["teacher gen/max accuracy - pi_SFT gen/max accuracy"] is True  # +0.10
+  assert got["teacher gen mean length low < high < max"] is True
+  assert got["teacher cod/low over-budget rate"] is False
+  assert got["teacher agt/low over-budget rate"] is True
+  assert got["student gen/max accuracy / teacher's"] is None  # no student cells
+  assert got["per-token KL, first / last MOPD step"] is False  # a 4x drop
+  assert got["teacher factory wall seconds (sft + rl)"] is True
+  assert got["pipeline wall seconds"] is False
 
 
 def test_rerun_skips_finished_stages(workdir):

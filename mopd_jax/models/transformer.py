@@ -324,6 +324,19 @@ def head_weight(cfg: ModelConfig, params):
   return params["lm_head"].astype(cfg.jnp_dtype)
 
 
+def with_temperature(params, temperature: float):
+  """Params whose logits are `params`' divided by `temperature`, for every input: the final
+  RMSNorm's scale divided by it (the head is linear in the normalised hidden state and the
+  scale is never quantised). Works on a stacked bank (leading teacher axis) as well."""
+  if not (isinstance(temperature, (int, float)) and temperature > 0):
+    raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+  if temperature == 1:
+    return params
+  scale = params["final_norm"]["scale"]
+  return {**params, "final_norm": {**params["final_norm"],
+                                   "scale": (scale / temperature).astype(scale.dtype)}}
+
+
 def logits_from_hidden(cfg: ModelConfig, params, hidden):
   cfg, params = materialize(cfg, params)
   return _module(cfg).apply({"params": params}, hidden, method=Transformer.head)
