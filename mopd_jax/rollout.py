@@ -25,6 +25,9 @@ from mopd_jax.tasks import base as task_base
 
 
 def encode_prompt(tok, example: task_base.Example, effort: str) -> list:
+  """<bos> prompt "\n" <effort>: the effort token comes last, so the reply's first token
+  (where the style is chosen) is predicted at the effort token itself and a policy can
+  condition on it through that token's embedding, not only through attention."""
   return [tok.bos_id] + tok.encode(example.prompt + "\n") + [tok.effort_id(effort)]
 
 

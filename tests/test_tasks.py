@@ -6,13 +6,15 @@ import sys
 import numpy as np
 import pytest
 
+from configs import toy
 from mopd_jax import tasks
 from mopd_jax.tasks import base, cod, datasets, jsonl, sandbox
 from mopd_jax.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
 N = 400  # examples per domain in the generator tests
-TAUS = dict(max=1.0, high=0.55, low=0.25)  # the toy config's values at the time of writing
+_EFFORT = toy.get_config().effort
+TAUS = dict(max=_EFFORT.tau_max, high=_EFFORT.tau_high, low=_EFFORT.tau_low)  # the toy config's
 # Length caps that keep toy sequences short (characters; a special token counts once).
 MAX_PROMPT, MAX_LEN = 64, dict(full=90, brief=56, direct=15)
 
