@@ -371,6 +371,7 @@ def test_interrupted_pipeline_equals_uninterrupted(tmp_path, env, reference):
   rep_ref, rep = _json(ref / "report.json"), _json(wd / "report.json")
   for r in (rep_ref, rep):
     r.pop("wall_seconds")
+    r["checks"] = [c for c in r["checks"] if "wall seconds" not in c["name"]]  # timings
   assert rep_ref == rep
 
   # The student checkpoint holds the student's train state only, never a teacher.
