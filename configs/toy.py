@@ -61,7 +61,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # Effort levels: budget of example x at effort e is floor(tau_e * b0(x)) tokens.
   c.effort = ml_collections.ConfigDict()
-  c.effort.tau_max = 1.0  # room for the full reasoning style (b0 = 1.1 x its length)
+  # Room for the full reasoning style (b0 = 1.1 x its length) and a mistake: an agt call of a
+  # wrong name returns "error: unknown name" (19 tokens), and at tau 1.0 such a trajectory
+  # ran over budget, so it scored -1, below the brief style's 0 for a wrong answer, and RL
+  # at max preferred brief.
+  c.effort.tau_max = 1.5
   c.effort.tau_high = 0.55  # brief fits, full does not
   c.effort.tau_low = 0.3  # only a direct answer fits (cod's, 7 tokens, with one to spare)
 
@@ -88,17 +92,35 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.prompts_per_step = 4 if fast else 16  # prompts per iteration
   c.rl.group_size = 2 if fast else 4  # K samples per prompt
   c.rl.microbatches = 1  # gradient accumulation; slices must hold whole groups
-  c.rl.lr = 3e-4  # AdamW learning rate of every RL lane (cosine over the three efforts)
-  c.rl.tau_kl = 0.5  # PMD log-ratio weight
-  # PMD's old policy: "sampler" (the policy that sampled the batch, one update old) |
-  # "phase" (the effort's parent, held fixed for the whole effort phase: the policy stays
-  # within reach of its parent, so a lane keeps the shorter styles that the next, lower
-  # budget has to find; with "sampler" RL at max removes them and the high and low phases
-  # then see only over-budget samples, all scored -1, hence no gradient).
-  c.rl.reference = "phase"
-  # PMD per-token log-ratio clip (K2.5-style regulariser); 0 = off. Off with a phase
+  # PMD's old policy per effort phase (max, high, low), or one value for all: "sampler" (the
+  # policy that sampled the batch, one update old: policy iteration, which makes the max
+  # teacher commit to its best style) | "sft" (the lane's pi_SFT, held fixed: the high and low
+  # phases start from a teacher that no longer writes the shorter styles, and all their first
+  # samples run over budget, scoring -1 each, hence no advantage; the pull towards pi_SFT
+  # brings the shorter styles back, and the budget's reward then selects among them) |
+  # "parent" (the effort's parent teacher, held fixed: every teacher stays a KL step from
+  # its parent, so the max teacher kept pi_SFT's mix of styles and agt/max stayed brief).
+  c.rl.reference = "sampler,sft,sft"
+  c.rl.lr = 3e-4  # AdamW learning rate of the max phase (cosine over each phase's steps)
+  c.rl.tau_kl = 0.5  # PMD log-ratio weight of the max phase
+  # The budget phases (high, low); 0 = as max. Against pi_SFT a smaller tau_kl gives sharper
+  # teachers. At lr 5e-4 agt/high settled on the direct answer (5 tokens) within its 20
+  # steps instead of the more accurate brief style.
+  c.rl.anneal_lr = 3e-4
+  c.rl.anneal_tau_kl = 0.2
+  # Their steps: the first ones bring the shorter styles back, the rest choose among them
+  # (20 left gen/high between its full and brief styles, 65% over budget).
+  c.rl.anneal_steps = 0 if fast else 30
+  # The reward-plateau stopping rule of every phase, on top of the step count: stop once the
+  # mean sample reward of the last `plateau_window` steps is less than `plateau_delta` above
+  # that of the window before; 0 = off. Off in the toy: agt/max's reward (64 samples a step)
+  # is too noisy to tell a plateau from its slow rise (window 4 would stop it after 8 of
+  # its 20 steps, before the full style wins).
+  c.rl.plateau_window = 0
+  c.rl.plateau_delta = 0.02
+  # PMD per-token log-ratio clip (K2.5-style regulariser); 0 = off. Off with a fixed
   # reference: a clipped token gets no gradient, so nothing pulls back a token that has
-  # drifted more than the clip from the parent.
+  # drifted more than the clip from it.
   c.rl.token_clip = 0.0
   c.rl.temperature = 1.0  # sampling temperature of RL rollouts
 

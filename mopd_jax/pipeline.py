@@ -91,12 +91,16 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
                      f"weights; it needs mopd.loss='mopd', got {config.mopd.loss!r}")
   if config.rl.loss not in ("pmd", "grpo"):
     raise ValueError(f"rl.loss={config.rl.loss!r}; expected 'pmd' or 'grpo'")
-  reference = config.rl.get("reference", "sampler")
-  if reference not in ("sampler", "phase"):
-    raise ValueError(f"rl.reference={reference!r}; expected 'sampler' or 'phase'")
-  if reference == "phase" and config.rl.loss != "pmd":
-    raise ValueError(f"rl.reference='phase' holds PMD's old policy fixed for an effort "
-                     f"phase; it needs rl.loss='pmd', got {config.rl.loss!r}")
+  refs = rl.references(config.rl.get("reference", "sampler"))  # raises on a bad spec
+  if set(refs.values()) != {"sampler"} and config.rl.loss != "pmd":
+    raise ValueError(f"rl.reference={config.rl.get('reference')!r} holds PMD's old policy "
+                     f"fixed for an effort phase; it needs rl.loss='pmd', got "
+                     f"{config.rl.loss!r}")
+  for e in rl.EFFORT_ORDER:
+    ph = rl.phase_settings(config.rl, e)
+    if not (ph["lr"] > 0 and ph["tau_kl"] > 0 and isinstance(ph["steps"], int)
+            and ph["steps"] >= 1):
+      raise ValueError(f"rl: the {e} phase needs lr > 0, tau_kl > 0 and steps >= 1, got {ph}")
   outside_teacher(config)  # raises on a bad outside-teacher ablation
   sft_schedule(config)
   every = checkpoint_every(config)
@@ -416,17 +420,27 @@ def rl_stage(run: Run) -> None:
     lanes.append((d, run.path("sft", "outside", "params"), run.path("rl_outside", d),
                   rl.EFFORT_ORDER[:rl.EFFORT_ORDER.index(e) + 1],
                   manifest.setdefault("outside", {}), outside_seed, "outside "))
+  # A Trainer holds configs and compiled steps, no state: phases (of any lane) with the same
+  # settings share one, and so its compilations (several seconds each on a CPU).
+  trainers = {}
+
+  def trainer_for(ph):
+    key = (ph["lr"], ph["tau_kl"], ph["steps"])
+    if key not in trainers:
+      loss_cfg = train.LossConfig(kind=c.loss, group_size=c.group_size, tau_kl=ph["tau_kl"],
+                                  token_clip=c.token_clip or None)
+      # A fresh optimizer per phase, its cosine over the phase's steps.
+      trainers[key] = train.Trainer(
+          run.model_cfg, loss_cfg,
+          train.OptimConfig(lr=ph["lr"], warmup_steps=0, total_steps=ph["steps"],
+                            microbatches=c.get("microbatches", 1)), run.mesh)
+    return trainers[key]
+
   for domain, parent, lane, efforts, record, seed, tag in lanes:
     di = DOMAINS.index(domain)
     task = get_task(domain)
     os.makedirs(lane, exist_ok=True)
-    loss_cfg = train.LossConfig(kind=c.loss, group_size=c.group_size, tau_kl=c.tau_kl,
-                                token_clip=c.token_clip or None)
-    trainer = train.Trainer(run.model_cfg, loss_cfg,
-                            train.OptimConfig(lr=c.lr, warmup_steps=0,
-                                              total_steps=3 * c.steps_per_effort,
-                                              microbatches=c.get("microbatches", 1)), run.mesh)
-    params = checkpoint.load_params(parent, like)
+    params = root = checkpoint.load_params(parent, like)
     it = run.iterator(domain, c.prompts_per_step, salt=100 + di, seed=seed)
     val = [run.split(domain, "validation")[i] for i in range(
         min(run.config.eval.num_examples, len(run.split(domain, "validation"))))]
@@ -440,21 +454,24 @@ def rl_stage(run: Run) -> None:
         continue
       log = run.logger(f"rl_{tag.replace(' ', '_')}{domain}_{effort}")
       t0 = time.time()
+      ph = rl.phase_settings(c, effort)
+      trainer = trainer_for(ph)
       # One checkpoint directory per (domain, effort) run: lanes never share state.
       with run.train_loop(f"rl {tag}{name}", os.path.join(lane, f"ckpt_{effort}"),
-                          c.steps_per_effort, lambda: {"train": it.state()}) as loop:
+                          ph["steps"], lambda: {"train": it.state()}) as loop:
         state = loop.restore(trainer.abstract_state(like))
         if state is None:
           state = trainer.init(params)
         else:
           it.restore(loop.data["train"])
-        bar = Progress(f"rl {tag}{name}", c.steps_per_effort, initial=loop.start_step)
+        bar = Progress(f"rl {tag}{name}", ph["steps"], initial=loop.start_step)
         state, hist = rl.run_effort(
             trainer, state, run.engine, task, lambda step: next(it), effort=effort,
-            tau=run.taus[effort], steps=c.steps_per_effort, group_size=c.group_size,
+            tau=run.taus[effort], steps=ph["steps"], group_size=c.group_size,
             width=run.config.rollout.width, seed=seed * 10 + di,
             log=lambda step, m: (bar.update(m), log.scalars(step, m)), loop=loop,
-            reference=params if c.get("reference", "sampler") == "phase" else None)
+            reference={"sampler": None, "sft": root, "parent": params}[ph["reference"]],
+            plateau=(c.get("plateau_window", 0), c.get("plateau_delta", 0.0)))
       bar.close()
       log.close()
       metrics = sft.evaluate(run.eval_engine, state.params, task, val, effort,
@@ -462,7 +479,8 @@ def rl_stage(run: Run) -> None:
       checkpoint.save_params(out, state.params)
       record[name] = {
           "domain": domain, "effort": effort, "tau": run.taus[effort],
-          "step": c.steps_per_effort, "parent": parent, "path": out,
+          "step": len(hist), "parent": parent, "path": out,
+          "pmd_reference": ph["reference"], "lr": ph["lr"], "tau_kl": ph["tau_kl"],
           "config_hash": config_hash(run.config), "seconds": time.time() - t0,
           "eval_validation": metrics, "model": model_signature(run.model_cfg),
           "data_state": it.state(),

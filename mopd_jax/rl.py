@@ -7,6 +7,13 @@ K1.5/K2 policy-mirror-descent squared loss over K samples per prompt; GRPO with 
 ratio loss is an option (`rl.loss`). After each effort the lane freezes teacher (d, e):
 params to `<lane_dir>/teacher_<e>` (orbax) and a manifest entry with its eval metrics.
 
+Each phase has its own PMD old policy, learning rate and tau_kl (`phase_settings`). The toy's
+max phase is policy iteration (old policy = the sampler), which commits the teacher to its
+domain's most accurate style; the budget phases then start from a teacher that writes only
+that style, so all their first samples run over budget and score -1 alike (no advantage).
+Holding them to pi_SFT instead (old policy = "sft") pulls the shorter styles back, and the
+budget's reward chooses among them.
+
 Lanes share nothing: each has its own directory, iterator, rng stream and optimizer, so they
 can run one after another in one process or side by side as separate processes.
 """
@@ -24,6 +31,33 @@ from mopd_jax import checkpoint, models, rollout, sft, train
 from mopd_jax.tasks import base as task_base
 
 EFFORT_ORDER = ("max", "high", "low")
+REFERENCES = ("sampler", "sft", "parent")
+
+
+def references(spec: str) -> dict:
+  """`rl.reference` -> {effort: PMD old policy}: one value for every effort, or one per effort
+  in EFFORT_ORDER ("sampler,sft,sft"). "sampler": the policy that sampled the batch (one
+  update old: policy iteration); "sft": the lane's start (pi_SFT), held fixed; "parent": the
+  effort's parent teacher (pi_SFT for max), held fixed for the phase."""
+  kinds = [k.strip() for k in str(spec).split(",")]
+  if len(kinds) == 1:
+    kinds = kinds * len(EFFORT_ORDER)
+  if len(kinds) != len(EFFORT_ORDER) or not set(kinds) <= set(REFERENCES):
+    raise ValueError(f"rl.reference={spec!r}: expected one of {REFERENCES}, or one per effort "
+                     f"{EFFORT_ORDER} separated by commas (e.g. 'sampler,sft,sft')")
+  return dict(zip(EFFORT_ORDER, kinds))
+
+
+def phase_settings(c, effort: str) -> dict:
+  """PMD old policy, learning rate, tau_kl and step count of one effort phase of the `rl`
+  config `c`: max uses `lr`/`tau_kl`/`steps_per_effort`; the budget phases (high, low) use
+  `anneal_lr`/`anneal_tau_kl`/`anneal_steps`, each falling back to the max value when unset
+  (0)."""
+  anneal = effort != EFFORT_ORDER[0]
+  return {"reference": references(c.get("reference", "sampler"))[effort],
+          "lr": (anneal and c.get("anneal_lr", 0)) or c.lr,
+          "tau_kl": (anneal and c.get("anneal_tau_kl", 0)) or c.tau_kl,
+          "steps": (anneal and c.get("anneal_steps", 0)) or c.steps_per_effort}
 
 
 def rl_batch(tok, trajs, rewards, width: int) -> train.TrainBatch:
@@ -42,15 +76,27 @@ def rewards_of(task, examples, result: rollout.RolloutResult) -> np.ndarray:
                     np.float32)
 
 
+def plateaued(history, window: int, delta: float) -> bool:
+  """The reward-plateau stopping rule: True once the mean sample reward of the last `window`
+  steps exceeds that of the `window` steps before by less than `delta`. `window` 0 = off.
+  `history`: [(step, metrics)] in step order."""
+  if window <= 0 or len(history) < 2 * window:
+    return False
+  r = [h[1]["reward"] for h in history[-2 * window:]]
+  return float(np.mean(r[window:]) - np.mean(r[:window])) < delta
+
+
 def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.RolloutEngine,
                task, next_examples: Callable[[int], list], *, effort: str, tau: float,
                steps: int, group_size: int, width: int, seed: int,
                log: Optional[Callable] = None, start_step: int = 0, loop=None,
-               reference=None):
-  """`steps` RL iterations at one effort level; returns the new state and per-step metrics.
+               reference=None, plateau: tuple = (0, 0.0)):
+  """At most `steps` RL iterations at one effort level, fewer when the reward plateaus
+  (`plateau` = (window, delta), see `plateaued`); returns the new state and per-step
+  metrics (their count is the number of steps run).
 
-  `reference`: params held as PMD's old policy for the whole phase (`rl.reference =
-  "phase"`: the effort's parent teacher), instead of the policy that sampled each batch.
+  `reference`: params held as PMD's old policy for the whole phase (`rl.reference` "sft"
+  or "parent"), instead of the policy that sampled each batch.
 
   `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
   run then starts at `loop.start_step` and the returned history includes restored steps.
@@ -59,6 +105,9 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
   if loop is not None:
     start_step, history = loop.start_step, loop.history
   for step in range(start_step, steps):
+    # Checked before the step, so a phase resumed from its checkpoint stops where it did.
+    if plateaued(history, *plateau):
+      break
     exs = next_examples(step)
     rows = [ex for ex in exs for _ in range(group_size)]
     budgets = [task_base.budget(ex, tau) for ex in rows]

@@ -96,23 +96,24 @@ class RolloutEngine:
       if not active:
         break
       # The sampler compiles once per (prompt bucket, batch size): pad the batch of active
-      # rows up to a power of two (repeating a row, whose copies are discarded) so that turns
-      # with 61, 57, 50 ... live rows share a handful of compilations.
+      # rows up to a power of two, at least a quarter of the batch (repeating a row, whose
+      # copies are discarded), so that turns with 61, 57, 50 ... live rows share a handful
+      # of compilations.
       rows = active + [active[0]] * (batch_bucket(len(active), len(trajs)) - len(active))
       prompts = [trajs[i].prompt_ids + trajs[i].ids for i in rows]
+      room = [budgets[i] - trajs[i].num_tokens if step_budget is None else
+              min(budgets[i] - trajs[i].num_tokens, step_budget - spent[i]) for i in rows]
       # Each trajectory keeps its own key, and a token's draw depends on (key, position)
-      # only: a trajectory continued in segments equals one sampled in one go.
+      # only: a trajectory continued in segments equals one sampled in one go. Rows stop at
+      # their remaining budget, so a short-budget batch does not decode max_response_tokens.
       out = self.sampler(params, prompts, rng,
-                         row_keys=np.stack([trajs[i].key for i in rows]))
+                         row_keys=np.stack([trajs[i].key for i in rows]),
+                         max_new=np.asarray(room, np.int32))
       out = jax.device_get(out)
       p = out.tokens.shape[1] - self.scfg.max_new_tokens
       for row, i in enumerate(active):
         t = trajs[i]
-        n = int(out.lengths[row])
-        room = budgets[i] - t.num_tokens
-        if step_budget is not None:
-          room = min(room, step_budget - spent[i])
-        n_keep = min(n, room)
+        n_keep = int(out.lengths[row])  # <= room[row]: the sampler stopped the row there
         new = out.tokens[row, p:p + n_keep].tolist()
         t.ids += new
         t.gen_mask += [1] * n_keep
@@ -137,8 +138,11 @@ class RolloutEngine:
 
 
 def batch_bucket(n: int, full: int) -> int:
-  """The smallest power of two >= n, or `full` (the whole batch) if that is smaller."""
-  return min(full, 1 << max(0, n - 1).bit_length())
+  """The smallest power of two >= n and >= full / 4, or `full` (the whole batch) if that is
+  smaller. The floor: the last turns of a multi-turn batch have few live rows, and each of
+  1, 2, 4, 8 rows would be one more compilation (seconds each on a CPU, 17 of them in one
+  `agt` RL lane) to save decoding a few padded rows."""
+  return min(full, 1 << max(0, n - 1, full // 4 - 1).bit_length())
 
 
 def _last_call_start(ids, tok) -> int:

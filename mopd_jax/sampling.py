@@ -163,8 +163,13 @@ def sample_token(logits, u, scfg: SamplingConfig):
 
 
 def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCache,
-              prompt_tokens, prompt_mask, row_keys):
-  """Returns (final cache, rollout); the cache comes back so its donated buffer is reused."""
+              prompt_tokens, prompt_mask, row_keys, row_limits):
+  """Returns (final cache, rollout); the cache comes back so its donated buffer is reused.
+
+  `row_limits` [B]: a row is finished once it has written that many tokens (its remaining
+  length budget), so the loop ends when every row is stopped or at its limit instead of
+  decoding tokens that would be cut anyway. A row's tokens within its limit do not depend
+  on the limits."""
   b, p = prompt_tokens.shape
   n = scfg.max_new_tokens
   model_cfg, params = models.materialize(model_cfg, params)  # QAT: quantise once, not per step
@@ -195,7 +200,8 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
     tokens = col(s.tokens, tok[:, None], s.step, axis=1)
     logprobs = col(s.logprobs, jnp.where(live, s.logprob, 0.0)[:, None], s.step, axis=1)
     written = col(s.written, live[:, None], s.step, axis=1)
-    done = s.done | jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
+    done = (s.done | jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
+            | (s.step + 1 >= row_limits))
     hidden, cache = models.forward_with_cache(model_cfg, params, tok[:, None],
                                               s.positions[:, None], live[:, None], s.cache)
     logits = models.decode_logits(model_cfg, params, hidden[:, 0])
@@ -255,8 +261,9 @@ class Sampler:
                max_traces: Optional[int] = None):
     self.model_cfg = model_cfg
     self.scfg = scfg
-    def fn(params, cache, prompt_tokens, prompt_mask, row_keys):
-      return _generate(model_cfg, scfg, params, cache, prompt_tokens, prompt_mask, row_keys)
+    def fn(params, cache, prompt_tokens, prompt_mask, row_keys, row_limits):
+      return _generate(model_cfg, scfg, params, cache, prompt_tokens, prompt_mask, row_keys,
+                       row_limits)
 
     if max_traces is not None:
       fn = chex.assert_max_traces(fn, n=max_traces)
@@ -314,11 +321,25 @@ class Sampler:
     mask = np.arange(width)[None, :] >= (width - lengths)[:, None]
     return jnp.asarray(tokens, jnp.int32), jnp.asarray(mask)
 
-  def __call__(self, params, prompts, rng, prompt_mask=None, row_keys=None) -> Rollout:
+  def __call__(self, params, prompts, rng, prompt_mask=None, row_keys=None,
+               max_new=None) -> Rollout:
     """`rng`: one key, split per row as fold_in(rng, row); or pass `row_keys` [B, 2] to pin
-    each row's random stream (partial rollouts, batch-independent sampling)."""
+    each row's random stream (partial rollouts, batch-independent sampling).
+    `max_new`: per-row caps [B] on generated tokens (<= max_new_tokens; a length budget):
+    a row stops there, and decoding ends once every row has stopped or reached its cap."""
     tokens, mask = self.prepare(prompts, prompt_mask)
     b, p = tokens.shape
+    n = self.scfg.max_new_tokens
+    if max_new is None:
+      limits = np.full((b,), n, np.int32)
+    else:
+      limits = np.asarray(max_new)
+      if limits.shape != (b,) or not np.issubdtype(limits.dtype, np.integer):
+        raise ValueError(f"max_new must be {b} ints (one per prompt), got shape "
+                         f"{limits.shape} of {limits.dtype}")
+      if (limits < 1).any():
+        raise ValueError(f"max_new must be >= 1, got {int(limits.min())}")
+      limits = np.minimum(limits, n).astype(np.int32)
     if row_keys is None:
       row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(b))
     row_keys = jnp.asarray(row_keys)
@@ -326,14 +347,15 @@ class Sampler:
       raise ValueError(f"{row_keys.shape[0]} row keys for a batch of {b} prompts")
     if jax.process_count() == 1:
       cache = models.init_cache(self.model_cfg, b, p + self.scfg.max_new_tokens)
-      _, rollout = self._fn(params, cache, tokens, mask, row_keys)
+      _, rollout = self._fn(params, cache, tokens, mask, row_keys, jnp.asarray(limits))
       return rollout
     # Multi-process: every process holds the same prompts; they enter as replicated global
     # arrays on the params' mesh, and the rollout comes back in full to every host.
     rep = jax.sharding.NamedSharding(distributed.mesh_of(params), jax.sharding.PartitionSpec())
     cache = _replicated_cache(self.model_cfg, b, p + self.scfg.max_new_tokens, rep)()
-    tokens, mask, row_keys = distributed.to_global((tokens, mask, row_keys), rep)
-    _, rollout = self._fn(params, cache, tokens, mask, row_keys)
+    tokens, mask, row_keys, limits = distributed.to_global(
+        (tokens, mask, row_keys, jnp.asarray(limits)), rep)
+    _, rollout = self._fn(params, cache, tokens, mask, row_keys, limits)
     return distributed.gather(rollout)
 
 

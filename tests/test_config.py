@@ -21,7 +21,10 @@ CASES = [
     ("c.mopd.staleness = 1; c.mopd.loss = 'topk'", "needs mopd.loss='mopd'"),
     ("c.rl.reference = 'teacher'", "rl.reference"),
     ("c.mopd.teacher_temperature = 0.0", "mopd.teacher_temperature"),
-    ("c.rl.reference = 'phase'; c.rl.loss = 'grpo'", "needs rl.loss='pmd'"),
+    ("c.rl.loss = 'grpo'", "needs rl.loss='pmd'"),  # the toy's high and low hold pi_SFT
+    ("c.rl.reference = 'sampler,sft'", "one per effort"),
+    ("c.rl.reference = 'phase'", "rl.reference"),
+    ("c.rl.anneal_tau_kl = -1.0", "tau_kl > 0"),
 ]
 
 

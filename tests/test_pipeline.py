@@ -37,6 +37,35 @@ def test_every_stage_leaves_its_outputs(workdir):
             "eval_validation"} <= set(t), name
   assert manifest["teachers"]["gen/high"]["parent"].endswith("teacher_max")
   assert manifest["teachers"]["gen/low"]["parent"].endswith("teacher_high")
+  # the toy's phases: policy iteration at max, the budget phases held to pi_SFT
+  refs = {n: (t["pmd_reference"], t["lr"], t["tau_kl"]) for n, t in manifest["teachers"].items()}
+  assert refs["agt/max"] == ("sampler", 3e-4, 0.5) and refs["cod/low"] == ("sft", 3e-4, 0.2)
+
+
+def test_rl_phase_settings():
+  import ml_collections
+  from mopd_jax import rl
+  c = ml_collections.ConfigDict(dict(reference="sampler,sft,parent", lr=1e-3, tau_kl=0.5,
+                                     anneal_lr=0.0, anneal_tau_kl=0.1, steps_per_effort=20,
+                                     anneal_steps=30))
+  assert [rl.phase_settings(c, e) for e in rl.EFFORT_ORDER] == [
+      dict(reference="sampler", lr=1e-3, tau_kl=0.5, steps=20),
+      dict(reference="sft", lr=1e-3, tau_kl=0.1, steps=30),
+      dict(reference="parent", lr=1e-3, tau_kl=0.1, steps=30)]
+  assert rl.references("sft") == dict(max="sft", high="sft", low="sft")
+  for bad in ("phase", "sampler,sft", "sampler,,sft"):
+    with pytest.raises(ValueError, match="rl.reference"):
+      rl.references(bad)
+
+
+def test_rl_reward_plateau_rule():
+  from mopd_jax import rl
+  hist = lambda rewards: [(i, {"reward": r}) for i, r in enumerate(rewards)]
+  rising, flat = [0.1, 0.2, 0.3, 0.4], [0.5, 0.52, 0.49, 0.51]
+  assert not rl.plateaued(hist(rising), 2, 0.02)  # +0.2 between the two windows
+  assert rl.plateaued(hist(flat), 2, 0.02)  # -0.01
+  assert not rl.plateaued(hist(flat[:3]), 2, 0.02)  # fewer than two windows yet
+  assert not rl.plateaued(hist(flat), 0, 0.02)  # off
 
 
 def test_report_schema(workdir):

@@ -66,3 +66,11 @@ def test_observations_are_masked_and_padded_batch_aligns():
   assert not arr["loss_mask"][0, :p].any()
   assert arr["loss_mask"][0].sum() == sum(traj.gen_mask)
   assert arr["tokens"].shape[1] % 16 == 0
+
+
+def test_batch_buckets_are_powers_of_two_from_a_quarter_of_the_batch():
+  # few live rows still share the quarter-batch compilation; the full batch caps the bucket
+  assert [rollout.batch_bucket(n, 64) for n in (1, 5, 16, 17, 33, 64)] == [16, 16, 16, 32,
+                                                                          64, 64]
+  assert [rollout.batch_bucket(n, 96) for n in (1, 30, 40, 96)] == [32, 32, 64, 96]
+  assert [rollout.batch_bucket(n, 3) for n in (1, 2, 3)] == [1, 2, 3]

@@ -85,6 +85,27 @@ def test_early_exit_when_all_rows_stop(params):
   assert np.asarray(r.lengths).tolist() == [1, 1, 1] and np.asarray(r.stopped).all()
 
 
+def test_per_row_caps_cut_rows_without_changing_their_tokens(params):
+  """`max_new` stops each row at its cap; the tokens before it are those of an uncapped run,
+  and decoding ends when the longest cap is reached (no slot beyond it is written)."""
+  s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=24))
+  rng = jax.random.PRNGKey(4)
+  full = s(params, PROMPTS, rng)
+  caps = np.array([3, 9, 1], np.int32)
+  cut = s(params, PROMPTS, rng, max_new=caps)
+  assert not np.asarray(full.stopped).any()  # no stop tokens: every row runs to the end
+  np.testing.assert_array_equal(np.asarray(cut.lengths), caps)
+  p = full.tokens.shape[1] - 24
+  for b, c in enumerate(caps):
+    np.testing.assert_array_equal(cut.tokens[b, p:p + c], full.tokens[b, p:p + c])
+    np.testing.assert_array_equal(cut.logprobs[b, p:p + c], full.logprobs[b, p:p + c])
+    assert not np.asarray(cut.loss_mask[b, p + c:]).any()
+  with pytest.raises(ValueError, match="max_new must be 3 ints"):
+    s(params, PROMPTS, rng, max_new=[3, 9])
+  with pytest.raises(ValueError, match=">= 1"):
+    s(params, PROMPTS, rng, max_new=np.array([3, 0, 2]))
+
+
 def test_same_rng_same_tokens_whatever_padding(params):
   s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=16))
   rng = jax.random.PRNGKey(11)

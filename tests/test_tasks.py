@@ -56,7 +56,7 @@ def test_registry_and_names():
     tasks.effort_budget(ex, "turbo", TAUS)
   with pytest.raises(ValueError, match="no tau configured"):
     tasks.effort_budget(ex, "low", dict(max=1.0))
-  assert tasks.effort_budget(ex, "max", TAUS) == ex.b0
+  assert tasks.effort_budget(ex, "max", dict(TAUS, max=1.0)) == ex.b0
   with pytest.raises(ValueError, match="tau"):
     tasks.budget(ex, 0.0)
 

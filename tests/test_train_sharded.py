@@ -279,7 +279,7 @@ def test_microbatch_bad_input(params):
 
 
 def test_reference_params_stand_in_for_the_sampler_logprobs(params):
-  """`Trainer.step(..., reference=p)` (rl.reference="phase") trains exactly like a batch whose
+  """`Trainer.step(..., reference=p)` (rl.reference "sft" or "parent") trains exactly like a batch whose
   `sampler_logprobs` are p's teacher-forced log-probs, on a sharded mesh too; with p the
   current params the PMD log-ratio starts at 0."""
   other = models.init_params(CFG, jax.random.PRNGKey(9))

@@ -8,7 +8,7 @@ name is wrong) with probability `stale_prob`. The question asks for the boss thr
     prompt  ann>bob>cal\nboss(boss(boss(ann)))?
     full    <call>boss(ann)</call><obs>bob</obs>\n<call>boss(bob)</call><obs>cal</obs>\n
             <call>boss(cal)</call><obs>dan</obs>\n#dan      (every hop called, memo ignored)
-    brief   <call>boss(cal)</call><obs>dan</obs>\n#dan      (memo trusted for two hops)
+    brief   ~<call>boss(cal)</call><obs>dan</obs>\n#dan     (memo trusted for two hops)
     direct  #dan                                             (no call: a guess)
 
 The policy writes `<call>boss(ann)</call>`; the rollout pauses decoding at `</call>`, runs
@@ -36,6 +36,12 @@ TOOL = "boss"
 OBS_OPEN, OBS_CLOSE = "<obs>", "</obs>"
 CALL_OPEN, CALL_CLOSE = "<call>", "</call>"
 NO_BOSS = "none"  # what boss(root) answers
+# Brief's first token. Without it full and brief share their first tokens (`<call>boss(`)
+# and part ways only at the name: RL at the high budget then pushes down `<call>` with every
+# over-budget full sample, which takes brief's first token with it, and the direct answer's
+# `#` gains first (agt/high chose the direct answer under 2 of the 3 RL settings tried).
+# With it the three styles differ from their first token on, as in `gen`.
+BRIEF_MARK = "~"
 ERR_BAD_CALL = "error: bad call"
 ERR_UNKNOWN = "error: unknown name"
 _CALL_RE = re.compile(r"\s*" + TOOL + r"\(\s*([A-Za-z]{1,20})\s*\)\s*")
@@ -113,7 +119,8 @@ class AgtTask(base.Task):
     calls = [call_text(a) + obs_text(b) + "\n" for a, b in zip(chain, chain[1:])]
     k = len(memo) - 1  # hops the memo claims to cover
     solutions = dict(full="".join(calls) + "#" + answer,
-                     brief="".join(calls[k:]) + "#" + answer, direct="#" + answer)
+                     brief=BRIEF_MARK + "".join(calls[k:]) + "#" + answer,
+                     direct="#" + answer)
     meta = dict(boss=boss, chain=chain, memo=list(memo))
     return base.make_example(self.name, seed, index, prompt, answer, solutions, meta)
 
