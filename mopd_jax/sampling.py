@@ -346,13 +346,13 @@ class Sampler:
     if row_keys.shape[0] != b:
       raise ValueError(f"{row_keys.shape[0]} row keys for a batch of {b} prompts")
     if jax.process_count() == 1:
-      cache = models.init_cache(self.model_cfg, b, p + self.scfg.max_new_tokens)
+      cache = models.init_cache(self.model_cfg, b, p + n)
       _, rollout = self._fn(params, cache, tokens, mask, row_keys, jnp.asarray(limits))
       return rollout
     # Multi-process: every process holds the same prompts; they enter as replicated global
     # arrays on the params' mesh, and the rollout comes back in full to every host.
     rep = jax.sharding.NamedSharding(distributed.mesh_of(params), jax.sharding.PartitionSpec())
-    cache = _replicated_cache(self.model_cfg, b, p + self.scfg.max_new_tokens, rep)()
+    cache = _replicated_cache(self.model_cfg, b, p + n, rep)()
     tokens, mask, row_keys, limits = distributed.to_global(
         (tokens, mask, row_keys, jnp.asarray(limits)), rep)
     _, rollout = self._fn(params, cache, tokens, mask, row_keys, limits)
