@@ -156,11 +156,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.max_response_tokens = 96  # hard cap on a response (generated + observations)
   c.rollout.max_turns = 4  # tool calls per agt trajectory
-  # Least padded length (prompt + response) of RL train batches: each batch is padded to its
-  # longest trajectory rounded up to 32, and at least this. 32 lets the short lanes train on
-  # short rows (gen's are under 64 tokens; at 128 half of every RL step was padding); a
-  # config that wants one compilation sets the longest length instead.
-  c.rollout.width = 32
+  c.rollout.width = 128  # padded sequence length of train batches (prompt + response)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.num_examples = 16 if fast else 96  # test examples per (domain, effort) cell

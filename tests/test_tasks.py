@@ -230,28 +230,12 @@ def test_agt_memo_is_a_possibly_stale_prefix_of_the_chain():
 
 
 def test_gen_running_sums_are_aligned_with_the_terms():
-  task = tasks.get_task("gen")
-  stale = 0
-  for ex in task.generate(0, N):
-    terms, values, claim = ex.meta["terms"], ex.meta["values"], ex.meta["claimed_tail"]
-    assert ex.prompt == f"t={claim} " + "+".join(map(str, terms)) + " mod 3"
+  for ex in tasks.get_task("gen").generate(0, 50):
+    terms, values = ex.meta["terms"], ex.meta["values"]
+    assert ex.prompt == "+".join(map(str, terms)) + " mod 3"
     assert values[-1] == sum(terms) % 3 == int(ex.answer)
     # full writes one value per term, at the same stride as the prompt's terms
     assert ex.solutions["full"].split("\n")[0] == ",".join(map(str, values))
-    # brief: the first `head` values of the same trace, the note, then the true answer
-    head = ",".join(map(str, values[:task.head]))
-    assert ex.solutions["brief"] == f"~{head}+{claim}\n#{ex.answer}"
-    # trusting the note is right exactly when it is not stale
-    assert ((values[task.head - 1] + claim) % 3 == int(ex.answer)) == (not ex.meta["stale"])
-    stale += ex.meta["stale"]
-  assert 0.12 < stale / N < 0.28
-  ex = task.generate(0, 1)[0]
-  assert len({ex.solutions[s][0] for s in tasks.STYLES}) == 3  # a style per first token
-  assert task.make([1, 2, 0, 1], claimed_tail=None).meta["stale"] is False
-  with pytest.raises(ValueError, match="claimed_tail"):
-    task.make([1, 2, 0, 1, 1], claimed_tail=3)
-  with pytest.raises(ValueError, match="stale_prob"):
-    type(task)(stale_prob=1.0)
 
 
 def test_cod_programs_compute_their_answer():

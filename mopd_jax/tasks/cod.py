@@ -3,7 +3,7 @@
     prompt  210212%3*x+2011%3#b=1
     full    200112%3*x+2200%3\n#2*x+0      the code again, every digit replaced by the value
                                           of its number's prefix mod 3
-    brief   ~200112\n#2*x+0                folds the slope only; b is written unfolded (a
+    brief   200112\n#2*x+0                 folds the slope only; b is written unfolded (a
                                           model can only copy the comment, stale here)
     direct  #2*x+0                         the program only
 
@@ -14,11 +14,7 @@ folded intercept and is stale (wrong) with probability `stale_prob`. The answer 
 character with the code, so each step reads its digit and the previous value at the *same*
 relative offsets and applies one 9-entry table. Brief folds A the same way but copies b from
 the comment (right unless stale); direct has to fold A in its head (a count with wraps, no
-shortcut). The hidden tests are eight x in [-10, 20]. Brief starts with `~`, so the three
-styles differ from their first token on (digit, `~`, `#`), as in `gen` and `agt`: without it
-full and brief agree for 6 tokens, and a student distilled from the teachers has to tell the
-effort apart 7 tokens into its reply (from pi_SFT it did not: it wrote full at every effort).
-The high budget, floor(0.55 * ceil(1.1 * 25)) = 15 tokens, holds brief and its `<eos>` exactly.
+shortcut). The hidden tests are eight x in [-10, 20].
 
 The program. The answer after the last `#` is a Python *expression* in `x`: the verifier runs
 `def f(x):\n    return (<expr>)` (it must parse as one expression). A response may instead hold
@@ -110,7 +106,7 @@ class CodTask(base.Task):
     ps, pi = self._prefix_values(slope), self._prefix_values(intercept)
     a, b = int(ps[-1]), int(pi[-1])
     expr = canonical_expr(a, b)
-    solutions = dict(full=f"{ps}%{m}*x+{pi}%{m}\n#{expr}", brief=f"~{ps}\n#{expr}",
+    solutions = dict(full=f"{ps}%{m}*x+{pi}%{m}\n#{expr}", brief=f"{ps}\n#{expr}",
                      direct=f"#{expr}")
     tests = [[int(t), a * int(t) + b] for t in test_x]
     return base.make_example(self.name, seed, index, f"{code}#b={int(claimed_b)}", expr,
