@@ -148,6 +148,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.tau_kl = 0.5  # PMD log-ratio weight
   c.rl.token_clip = 5.0  # PMD per-token log-ratio clip (K2.5-style regulariser); 0 = off
   c.rl.temperature = 1.0  # sampling temperature of RL rollouts
+  c.rl.lane_processes = 1  # lanes one after another (each uses every device of the mesh)
 
   c.mopd = ml_collections.ConfigDict()
   c.mopd.steps = 3 if tiny else 60  # student updates

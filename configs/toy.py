@@ -123,10 +123,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # drifted more than the clip from it.
   c.rl.token_clip = 0.0
   c.rl.temperature = 1.0  # sampling temperature of RL rollouts
+  # Lanes side by side, each in a process of its own (mopd_jax/lanes.py), or 1: one after
+  # another in this process. Same teachers either way. On 2 CPU cores three processes
+  # finish sooner (one lane's decode loop leaves the second core mostly idle); on one
+  # accelerator use 1. The smoke variants use 1: their lanes are a few seconds each, less
+  # than a process takes to start.
+  c.rl.lane_processes = 1 if fast else 3
 
   c.mopd = ml_collections.ConfigDict()
-  c.mopd.steps = 3 if fast else 60  # student updates
+  c.mopd.steps = 3 if fast else 100  # student updates
   c.mopd.prompts_per_cell = 1 if fast else 4  # b prompts per (domain, effort) cell per step
+  # distinct: each cell of a domain gets its own prompts | shared: the domain's b prompts are
+  # posed at every effort, so the efforts' updates differ by the effort token alone.
+  c.mopd.prompts_across_efforts = "shared"
   c.mopd.lr = 1e-3  # AdamW peak learning rate of the student
   c.mopd.warmup_steps = 0 if fast else 5  # linear warmup before the cosine decay
   c.mopd.microbatches = 1  # gradient accumulation (also of the teacher_sft init)
@@ -156,7 +165,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.max_response_tokens = 96  # hard cap on a response (generated + observations)
   c.rollout.max_turns = 4  # tool calls per agt trajectory
-  c.rollout.width = 128  # padded sequence length of train batches (prompt + response)
+  # Least padded length of RL train batches (prompt + response); a batch is padded to the
+  # power of two holding its longest trajectory. 64 holds every gen and cod trajectory of a
+  # teacher's own style: the update costs about 0.1 ms per padded token here.
+  c.rollout.width = 64
 
   c.eval = ml_collections.ConfigDict()
   c.eval.num_examples = 16 if fast else 96  # test examples per (domain, effort) cell

@@ -16,6 +16,7 @@ reusing earlier outputs. Layout:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -29,6 +30,7 @@ import numpy as np
 
 from mopd_jax import (async_scoring, checkpoint, distributed, metrics, models, mopd,
                       placement, rl, rollout, sampling, sft, sharding, teachers, train)
+from mopd_jax import lanes as lanes_mod
 from mopd_jax.tasks import DOMAINS, base as task_base, get_task
 from mopd_jax.tokenizer import EFFORTS, load_tokenizer
 
@@ -103,6 +105,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
       raise ValueError(f"rl: the {e} phase needs lr > 0, tau_kl > 0 and steps >= 1, got {ph}")
   outside_teacher(config)  # raises on a bad outside-teacher ablation
   sft_schedule(config)
+  _prompts_across_efforts(config.mopd)
+  lanes_mod.process_count(config.rl, 1)  # raises on a bad rl.lane_processes
   every = checkpoint_every(config)
   if not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
     raise ValueError(f"checkpoint.every must be a positive int (steps between saves), got "
@@ -390,7 +394,8 @@ def _eval_budgets(run: Run, examples, effort):
 
 
 def rl_stage(run: Run) -> None:
-  """Three independent lanes (one per domain) of the effort anneal max -> high -> low."""
+  """Three independent lanes (one per domain) of the effort anneal max -> high -> low, one
+  after another in this process or side by side in their own (`rl.lane_processes`)."""
   c = run.config.rl
   manifest = checkpoint.read_json(run.path("teachers.json"), default={"teachers": {}})
   if run.teacher_hf_paths:  # teachers brought as checkpoints: register, do not train
@@ -408,21 +413,78 @@ def rl_stage(run: Run) -> None:
     checkpoint.write_json(run.path("teachers.json"), manifest)
     run.mark_done("rl", {"teachers": sorted(manifest["teachers"]), "source": "hf"})
     return
-  like = run.params_like()
-  # A lane: (domain, start checkpoint, lane dir, efforts, manifest section, seed, tag).
-  lanes = [(d, run.path("sft", "params"), run.path("rl", d), rl.EFFORT_ORDER,
-            manifest["teachers"], run.config.seed, "") for d in DOMAINS]
+  lanes = rl_lanes(run)
+  processes = lanes_mod.process_count(c, len(lanes))
+  if processes > 1:
+    # Each lane process keeps its records in its lane directory; they join the manifest here.
+    lanes_mod.run_side_by_side(run, lanes, processes)
+    for lane in lanes:
+      manifest.setdefault(lane.section, {}).update(lanes_mod.read_records(lane))
+  else:
+    trainers = {}
+    for lane in lanes:
+      section = manifest.setdefault(lane.section, {})
+      run_lane(run, lane, section, lambda: checkpoint.write_json(run.path("teachers.json"),
+                                                                 manifest), trainers)
+  cell, outside_seed = outside_teacher(run.config)
+  if cell:
+    # Route the cell to the outside teacher; the same-origin one it replaces stays on record.
+    # Without its data_state: a restarted same-origin lane restores its own stream from
+    # `teachers`, and the outside lane's stream is not it.
+    if manifest["teachers"][cell].get("origin") != "outside":
+      manifest.setdefault("same_origin", {})[cell] = manifest["teachers"][cell]
+    manifest["teachers"][cell] = {
+        **{k: v for k, v in manifest["outside"][cell].items() if k != "data_state"},
+        "origin": "outside", "sft_seed": outside_seed}
+  checkpoint.write_json(run.path("teachers.json"), manifest)
+  run.mark_done("rl", {"teachers": sorted(manifest["teachers"]),
+                      **({"outside_cell": cell} if cell else {})})
+  print(teacher_table(manifest))
+
+
+@dataclasses.dataclass(frozen=True)
+class Lane:
+  """One RL lane: a domain's effort anneal from `parent`, its own directory and data stream.
+
+  `section`: the manifest section its teachers are recorded in ("teachers", or "outside"
+  for the outside teacher's lane); `tag` prefixes its progress and log names."""
+  domain: str
+  parent: str
+  directory: str
+  efforts: tuple
+  section: str
+  seed: int
+  tag: str = ""
+
+  @property
+  def name(self) -> str:
+    return f"{self.tag.replace(' ', '_')}{self.domain}"
+
+
+def rl_lanes(run: Run) -> list:
+  """The rl stage's lanes, in the order they run one after another."""
+  lanes = [Lane(d, run.path("sft", "params"), run.path("rl", d), tuple(rl.EFFORT_ORDER),
+                "teachers", run.config.seed) for d in DOMAINS]
   cell, outside_seed = outside_teacher(run.config)
   if cell:
     # The outside teacher goes through its cell's own anneal (max -> ... -> its effort), from
-    # the outside SFT, in a lane of its own that runs after the same-origin lanes.
+    # the outside SFT, in a lane of its own.
     d, e = cell.split("/")
-    lanes.append((d, run.path("sft", "outside", "params"), run.path("rl_outside", d),
-                  rl.EFFORT_ORDER[:rl.EFFORT_ORDER.index(e) + 1],
-                  manifest.setdefault("outside", {}), outside_seed, "outside "))
-  # A Trainer holds configs and compiled steps, no state: phases (of any lane) with the same
-  # settings share one, and so its compilations (several seconds each on a CPU).
-  trainers = {}
+    lanes.append(Lane(d, run.path("sft", "outside", "params"), run.path("rl_outside", d),
+                      tuple(rl.EFFORT_ORDER[:rl.EFFORT_ORDER.index(e) + 1]), "outside",
+                      outside_seed, "outside "))
+  return lanes
+
+
+def run_lane(run: Run, lane: Lane, record: dict, save, trainers: Optional[dict] = None,
+             on_step=None) -> None:
+  """Trains the lane's efforts not yet in `record` (its manifest section), adding each
+  teacher's entry to `record` and calling `save()` after each. `trainers`: a cache shared by
+  lanes run in one process (a Trainer holds configs and compiled steps, no state, so phases
+  with the same settings share one, and so its compilations: several seconds each on a
+  CPU). `on_step(effort, step, metrics)`: called after every RL step."""
+  c = run.config.rl
+  trainers = {} if trainers is None else trainers
 
   def trainer_for(ph):
     key = (ph["lr"], ph["tau_kl"], ph["steps"])
@@ -436,70 +498,66 @@ def rl_stage(run: Run) -> None:
                             microbatches=c.get("microbatches", 1)), run.mesh)
     return trainers[key]
 
-  for domain, parent, lane, efforts, record, seed, tag in lanes:
-    di = DOMAINS.index(domain)
-    task = get_task(domain)
-    os.makedirs(lane, exist_ok=True)
-    params = root = checkpoint.load_params(parent, like)
-    it = run.iterator(domain, c.prompts_per_step, salt=100 + di, seed=seed)
-    val = [run.split(domain, "validation")[i] for i in range(
-        min(run.config.eval.num_examples, len(run.split(domain, "validation"))))]
-    for effort in efforts:
-      name = f"{domain}/{effort}"
-      out = os.path.join(lane, f"teacher_{effort}")
-      if name in record and os.path.exists(out):
-        params, parent = checkpoint.load_params(out, like), out
-        if "data_state" in record[name]:  # the next effort reads on from here
-          it.restore(record[name]["data_state"])
-        continue
-      log = run.logger(f"rl_{tag.replace(' ', '_')}{domain}_{effort}")
-      t0 = time.time()
-      ph = rl.phase_settings(c, effort)
-      trainer = trainer_for(ph)
-      # One checkpoint directory per (domain, effort) run: lanes never share state.
-      with run.train_loop(f"rl {tag}{name}", os.path.join(lane, f"ckpt_{effort}"),
-                          ph["steps"], lambda: {"train": it.state()}) as loop:
-        state = loop.restore(trainer.abstract_state(like))
-        if state is None:
-          state = trainer.init(params)
-        else:
-          it.restore(loop.data["train"])
-        bar = Progress(f"rl {tag}{name}", ph["steps"], initial=loop.start_step)
-        state, hist = rl.run_effort(
-            trainer, state, run.engine, task, lambda step: next(it), effort=effort,
-            tau=run.taus[effort], steps=ph["steps"], group_size=c.group_size,
-            width=run.config.rollout.width, seed=seed * 10 + di,
-            log=lambda step, m: (bar.update(m), log.scalars(step, m)), loop=loop,
-            reference={"sampler": None, "sft": root, "parent": params}[ph["reference"]],
-            plateau=(c.get("plateau_window", 0), c.get("plateau_delta", 0.0)))
-      bar.close()
-      log.close()
-      metrics = sft.evaluate(run.eval_engine, state.params, task, val, effort,
-                             _eval_budgets(run, val, effort), jax.random.PRNGKey(7))
-      checkpoint.save_params(out, state.params)
-      record[name] = {
-          "domain": domain, "effort": effort, "tau": run.taus[effort],
-          "step": len(hist), "parent": parent, "path": out,
-          "pmd_reference": ph["reference"], "lr": ph["lr"], "tau_kl": ph["tau_kl"],
-          "config_hash": config_hash(run.config), "seconds": time.time() - t0,
-          "eval_validation": metrics, "model": model_signature(run.model_cfg),
-          "data_state": it.state(),
-          "train_curve": [[s, m["reward"], m["length"]] for s, m in hist]}
-      checkpoint.write_json(run.path("teachers.json"), manifest)
-      params, parent = state.params, out
-  if cell:
-    # Route the cell to the outside teacher; the same-origin one it replaces stays on record.
-    # Without its data_state: a restarted same-origin lane restores its own stream from
-    # `teachers`, and the outside lane's stream is not it.
-    if manifest["teachers"][cell].get("origin") != "outside":
-      manifest.setdefault("same_origin", {})[cell] = manifest["teachers"][cell]
-    manifest["teachers"][cell] = {
-        **{k: v for k, v in manifest["outside"][cell].items() if k != "data_state"},
-        "origin": "outside", "sft_seed": outside_seed}
-    checkpoint.write_json(run.path("teachers.json"), manifest)
-  run.mark_done("rl", {"teachers": sorted(manifest["teachers"]),
-                      **({"outside_cell": cell} if cell else {})})
-  print(teacher_table(manifest))
+  like = run.params_like()
+  domain, tag, seed = lane.domain, lane.tag, lane.seed
+  di = DOMAINS.index(domain)
+  task = get_task(domain)
+  os.makedirs(lane.directory, exist_ok=True)
+  parent = lane.parent
+  params = root = checkpoint.load_params(parent, like)
+  it = run.iterator(domain, c.prompts_per_step, salt=100 + di, seed=seed)
+  val = [run.split(domain, "validation")[i] for i in range(
+      min(run.config.eval.num_examples, len(run.split(domain, "validation"))))]
+  for effort in lane.efforts:
+    name = f"{domain}/{effort}"
+    out = os.path.join(lane.directory, f"teacher_{effort}")
+    if name in record and os.path.exists(out):
+      params, parent = checkpoint.load_params(out, like), out
+      if "data_state" in record[name]:  # the next effort reads on from here
+        it.restore(record[name]["data_state"])
+      continue
+    log = run.logger(f"rl_{lane.name}_{effort}")
+    t0 = time.time()
+    ph = rl.phase_settings(c, effort)
+    trainer = trainer_for(ph)
+
+    def log_step(step, m, bar=None, effort=effort):
+      bar.update(m)
+      log.scalars(step, m)
+      if on_step is not None:
+        on_step(effort, step, m)
+
+    # One checkpoint directory per (domain, effort) run: lanes never share state.
+    with run.train_loop(f"rl {tag}{name}", os.path.join(lane.directory, f"ckpt_{effort}"),
+                        ph["steps"], lambda: {"train": it.state()}) as loop:
+      state = loop.restore(trainer.abstract_state(like))
+      if state is None:
+        state = trainer.init(params)
+      else:
+        it.restore(loop.data["train"])
+      bar = Progress(f"rl {tag}{name}", ph["steps"], initial=loop.start_step)
+      state, hist = rl.run_effort(
+          trainer, state, run.engine, task, lambda step: next(it), effort=effort,
+          tau=run.taus[effort], steps=ph["steps"], group_size=c.group_size,
+          width=run.config.rollout.width, seed=seed * 10 + di,
+          log=functools.partial(log_step, bar=bar), loop=loop,
+          reference={"sampler": None, "sft": root, "parent": params}[ph["reference"]],
+          plateau=(c.get("plateau_window", 0), c.get("plateau_delta", 0.0)))
+    bar.close()
+    log.close()
+    metrics = sft.evaluate(run.eval_engine, state.params, task, val, effort,
+                           _eval_budgets(run, val, effort), jax.random.PRNGKey(7))
+    checkpoint.save_params(out, state.params)
+    record[name] = {
+        "domain": domain, "effort": effort, "tau": run.taus[effort],
+        "step": len(hist), "parent": parent, "path": out,
+        "pmd_reference": ph["reference"], "lr": ph["lr"], "tau_kl": ph["tau_kl"],
+        "config_hash": config_hash(run.config), "seconds": time.time() - t0,
+        "eval_validation": metrics, "model": model_signature(run.model_cfg),
+        "data_state": it.state(),
+        "train_curve": [[s, m["reward"], m["length"]] for s, m in hist]}
+    save()
+    params, parent = state.params, out
 
 
 def model_signature(cfg: models.ModelConfig) -> dict:
@@ -620,6 +678,28 @@ def _teacher_pool(run: Run, bank: teachers.TeacherBank) -> list:
   return pool
 
 
+def _prompts_across_efforts(c: ml_collections.ConfigDict) -> str:
+  mode = c.get("prompts_across_efforts", "distinct")
+  if mode not in ("distinct", "shared"):
+    raise ValueError(f"mopd.prompts_across_efforts={mode!r}; expected 'distinct' or 'shared'")
+  return mode
+
+
+def cell_prompts(iters: dict, per_cell: int, shared: bool) -> list:
+  """One step's prompts of every (domain, effort) cell, in `cells` order (domain-major).
+
+  `shared`: each domain's `per_cell` prompts are posed at all three efforts, so the three
+  cells' updates of a domain differ only by the effort token and whatever the student and
+  its teachers make of it; else each cell gets `per_cell` prompts of its own (the domain's
+  iterator then yields 3 x `per_cell`)."""
+  out = []
+  for d in DOMAINS:
+    exs = next(iters[d])
+    for j, _ in enumerate(EFFORTS):
+      out.append(list(exs) if shared else list(exs[j * per_cell:(j + 1) * per_cell]))
+  return out
+
+
 def mopd_stage(run: Run) -> None:
   """The student: pi_SFT distilled from all nine teachers on its own rollouts.
 
@@ -640,8 +720,9 @@ def mopd_stage(run: Run) -> None:
                                             microbatches=c.get("microbatches", 1)), run.mesh)
   tasks = {d: get_task(d) for d in DOMAINS}
   cells = [(d, e) for d in DOMAINS for e in EFFORTS]
-  iters = {d: run.iterator(d, c.prompts_per_cell * len(EFFORTS), salt=200 + i)
-           for i, d in enumerate(DOMAINS)}
+  shared = _prompts_across_efforts(c) == "shared"
+  iters = {d: run.iterator(d, c.prompts_per_cell * (1 if shared else len(EFFORTS)),
+                           salt=200 + i) for i, d in enumerate(DOMAINS)}
   # Co-located or disaggregated (config.placement): log-probs come back on the student mesh.
   # The teachers score at `mopd.teacher_temperature` (their own rollouts, for the
   # teacher_sft init, stay at the RL temperature).
@@ -661,11 +742,7 @@ def mopd_stage(run: Run) -> None:
 
   def sample(params, step):
     drawn_at[step] = {d: it.state() for d, it in iters.items()}
-    per_cell = []
-    for d in DOMAINS:
-      exs = next(iters[d])
-      for j, _ in enumerate(EFFORTS):
-        per_cell.append(exs[j * c.prompts_per_cell:(j + 1) * c.prompts_per_cell])
+    per_cell = cell_prompts(iters, c.prompts_per_cell, shared)
     rng = jax.random.fold_in(jax.random.PRNGKey(run.config.seed + 3), step)
     return mopd.sample_batch(params, bank, run.engine, tasks, cells, per_cell, run.taus, rng)
 

@@ -86,6 +86,14 @@ def plateaued(history, window: int, delta: float) -> bool:
   return float(np.mean(r[window:]) - np.mean(r[:window])) < delta
 
 
+def train_width(longest: int, floor: int) -> int:
+  """Padded length of an RL batch: the power of two that holds its longest trajectory, at
+  least `floor`. Powers of two bound the distinct widths, and so the compilations of the
+  update, to a handful per run (a multiple of 32 gave agt's lane five), while a batch of
+  short trajectories is not padded to the longest one the lane ever sees."""
+  return max(floor, 1 << (max(longest, 1) - 1).bit_length())
+
+
 def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.RolloutEngine,
                task, next_examples: Callable[[int], list], *, effort: str, tau: float,
                steps: int, group_size: int, width: int, seed: int,
@@ -118,7 +126,7 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
                      environment=task.environment)
     rewards = rewards_of(task, rows, res)
     longest = max(len(t.prompt_ids) + t.num_tokens for t in res.trajectories)
-    w = max(width, -(-longest // 32) * 32)  # few distinct widths: few compilations
+    w = train_width(longest, width)
     state, m = trainer.step(state, rl_batch(engine.tok, res.trajectories, rewards, w),
                             reference=reference)
     m = {k: float(v) for k, v in jax.device_get(m).items()}

@@ -25,6 +25,8 @@ CASES = [
     ("c.rl.reference = 'sampler,sft'", "one per effort"),
     ("c.rl.reference = 'phase'", "rl.reference"),
     ("c.rl.anneal_tau_kl = -1.0", "tau_kl > 0"),
+    ("c.rl.lane_processes = 0", "rl.lane_processes"),
+    ("c.mopd.prompts_across_efforts = 'paired'", "mopd.prompts_across_efforts"),
 ]
 
 

@@ -58,6 +58,41 @@ def test_rl_phase_settings():
       rl.references(bad)
 
 
+def test_rl_train_width_is_a_power_of_two_above_the_floor():
+  from mopd_jax import rl
+  assert [rl.train_width(n, 64) for n in (1, 40, 64, 65, 93, 128, 129)] == \
+      [64, 64, 64, 128, 128, 128, 256]
+  assert rl.train_width(20, 16) == 32
+
+
+def test_rl_lane_processes():
+  import ml_collections
+  from mopd_jax import lanes
+  c = lambda k: ml_collections.ConfigDict(dict(lane_processes=k))
+  assert lanes.process_count(c(3), 3) == 3
+  assert lanes.process_count(c(8), 4) == 4  # never more processes than lanes
+  assert lanes.process_count(ml_collections.ConfigDict({}), 3) == 1  # default: one process
+  for bad in (0, -1, 1.5):
+    with pytest.raises(ValueError, match="rl.lane_processes"):
+      lanes.process_count(c(bad), 3)
+
+
+def test_mopd_cell_prompts_shared_or_distinct_across_efforts():
+  from mopd_jax import pipeline
+  from mopd_jax.tasks import DOMAINS
+
+  def iters(n):
+    return {d: iter([[f"{d}{i}" for i in range(n)]]) for d in DOMAINS}
+
+  shared = pipeline.cell_prompts(iters(2), 2, shared=True)
+  assert len(shared) == 9  # domain-major: (gen, low), (gen, high), (gen, max), (agt, low), ...
+  assert shared[0] == shared[1] == shared[2] == ["gen0", "gen1"]
+  assert shared[3] == shared[5] == ["agt0", "agt1"]
+  distinct = pipeline.cell_prompts(iters(6), 2, shared=False)
+  assert distinct[:3] == [["gen0", "gen1"], ["gen2", "gen3"], ["gen4", "gen5"]]
+  assert distinct[8] == ["cod4", "cod5"]
+
+
 def test_rl_reward_plateau_rule():
   from mopd_jax import rl
   hist = lambda rewards: [(i, {"reward": r}) for i, r in enumerate(rewards)]

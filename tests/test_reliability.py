@@ -11,6 +11,7 @@ reference compiled.
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -307,13 +308,14 @@ def test_restore_onto_a_different_device_count_reshards(tmp_path):
 
 
 PIPELINE_TEST = "test_interrupted_pipeline_equals_uninterrupted"
+LANES_TEST = "test_rl_lanes_side_by_side_equal_one_after_another"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def reference(request, tmp_path_factory, env):
   """The uninterrupted run, started with the module's first test so that it overlaps the
   in-process tests (it only runs when the pipeline test is selected)."""
-  if not any(item.name == PIPELINE_TEST for item in request.session.items):
+  if not any(item.name in (PIPELINE_TEST, LANES_TEST) for item in request.session.items):
     yield None
     return
   ref = tmp_path_factory.mktemp("pipeline") / "reference"
@@ -379,3 +381,34 @@ def test_interrupted_pipeline_equals_uninterrupted(tmp_path, env, reference):
   params = _arrays(wd / "sft" / "params")
   assert {k.split("/")[0] for k in saved} == {"params", "opt_state", "step"}
   assert {k[len("params/"):] for k in saved if k.startswith("params/")} == set(params)
+
+
+def test_rl_lanes_side_by_side_equal_one_after_another(tmp_path, env, reference):
+  """`rl.lane_processes=3` on the reference's pi_SFT: a SIGTERM to the stage reaches every
+  lane process, each saves its step, and the resumed lanes end with exactly the teachers of
+  the reference, whose lanes ran one after another in one process."""
+  (reference, ref), wd = reference, tmp_path / "lanes"
+  _wait_for(reference, ref / "sft" / "DONE.json", ref)
+  os.makedirs(wd)
+  for d in ("data", "sft"):
+    shutil.copytree(ref / d, wd / d)
+  side_by_side = ("--config.stages=rl", "--config.rl.lane_processes=3")
+  proc = _start(wd, env, *side_by_side)
+  _wait_for(proc, wd / "rl" / "gen" / "ckpt_high", wd)
+  proc.send_signal(signal.SIGTERM)
+  assert _finish(proc, wd) == checkpoint.PREEMPTED_EXIT_CODE, _log(wd)[-3000:]
+  assert "PREEMPTED: SIGTERM: every RL lane saved its step" in _log(wd)
+  assert not os.path.exists(wd / "rl" / "DONE.json")
+  assert _finish(_start(wd, env, *side_by_side), wd) == 0, _log(wd)[-3000:]
+  for d in ("gen", "agt", "cod"):  # a bar per lane here; each lane's own log in its dir
+    assert f"rl lane {d}" in _log(wd)
+    assert f"rl {d}/max" in open(wd / "rl" / d / "lane.log").read()
+  _wait_for(reference, ref / "rl" / "DONE.json", ref)
+  for d in ("gen", "agt", "cod"):
+    for e in ("max", "high", "low"):
+      _assert_bitwise(ref / "rl" / d / f"teacher_{e}", wd / "rl" / d / f"teacher_{e}")
+  # The manifests agree but for paths, times and the config hash (other stages, lanes).
+  strip = lambda m: {k: _without_times({kk: vv for kk, vv in v.items()
+                                        if kk not in ("path", "parent", "config_hash")})
+                     for k, v in m["teachers"].items()}
+  assert strip(_json(ref / "teachers.json")) == strip(_json(wd / "teachers.json"))
