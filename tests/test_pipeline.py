@@ -77,6 +77,25 @@ def test_rl_lane_processes():
       lanes.process_count(c(bad), 3)
 
 
+def test_failed_rl_lane_processes_are_named_with_their_logs(tmp_path):
+  """Lanes side by side with no pi_SFT to start from: every lane process fails, and the
+  stage names each lane, its exit status and the end of its log (in a fresh process with
+  one CPU device, the config's mesh)."""
+  code = ("from configs import toy\nfrom mopd_jax import lanes, pipeline\n"
+          f"run = pipeline.Run(toy.get_config('fast'), {str(tmp_path)!r})\n"
+          "try:\n  lanes.run_side_by_side(run, pipeline.rl_lanes(run), 3)\n"
+          "except RuntimeError as e:\n  print('RuntimeError:', e)\n")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300).stdout
+  assert "RuntimeError: RL lane(s) failed" in out, out
+  for d in ("gen", "agt", "cod"):
+    assert f"lane {d} exited with code 1" in out
+    assert os.path.exists(tmp_path / "rl" / d / "lane.log")
+  assert "sft/params" in out  # the cause, from the logs' tails
+  assert not os.path.exists(tmp_path / "teachers.json")
+
+
 def test_mopd_cell_prompts_shared_or_distinct_across_efforts():
   from mopd_jax import pipeline
   from mopd_jax.tasks import DOMAINS
