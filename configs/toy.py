@@ -140,6 +140,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # distinct prompts the student of 60 steps wrote agt's three styles in the same mix at
   # every effort).
   c.mopd.prompts_across_efforts = "shared"
+  # Effort mix (distinct only): weights of (low, high, max); each prompt's effort is drawn
+  # from them, so cells vary in size from step to step (the teachers' batch is padded to the
+  # largest possible cell). () = prompts_per_cell prompts in every cell.
+  c.mopd.effort_mix = ()
   c.mopd.lr = 1e-3  # AdamW peak learning rate of the student
   c.mopd.warmup_steps = 0 if fast else 5  # linear warmup before the cosine decay
   c.mopd.microbatches = 1  # gradient accumulation (also of the teacher_sft init)

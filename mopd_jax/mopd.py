@@ -120,9 +120,13 @@ class SampledBatch:
 
 def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngine,
                  tasks: dict, cells: Sequence[tuple], examples_per_cell: Sequence[list],
-                 taus: dict, rng, *, width_multiple: int = 32) -> SampledBatch:
+                 taus: dict, rng, *, width_multiple: int = 32,
+                 rows_per_teacher: Optional[int] = None) -> SampledBatch:
   """Steps 1-2 of a MOPD step: the student (`params`) samples one rollout per prompt, b
-  prompts per (domain, effort) cell; rollouts are verified and laid out for the teachers."""
+  prompts per (domain, effort) cell; rollouts are verified and laid out for the teachers.
+
+  `rows_per_teacher`: the b of the teachers' [K, b, T] batch, each cell's rows padded to it
+  (fixed, so that cells of varying size compile once); None = the first cell's size."""
   tok = engine.tok
   rows, efforts, domains, teacher_ids = [], [], [], []
   for (d, e), exs in zip(cells, examples_per_cell):
@@ -131,7 +135,7 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
       efforts.append(e)
       domains.append(d)
       teacher_ids.append(bank.router.index(d, e))
-  b = len(examples_per_cell[0])
+  b = len(examples_per_cell[0]) if rows_per_teacher is None else rows_per_teacher
   # Student rollouts: one per prompt, capped by the rollout length only (the teacher's
   # log-probs, not a budget penalty, teach the student how long each effort should be).
   res_by_domain = {}

@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import jax
 import ml_collections
@@ -682,21 +682,37 @@ def _prompts_across_efforts(c: ml_collections.ConfigDict) -> str:
   mode = c.get("prompts_across_efforts", "distinct")
   if mode not in ("distinct", "shared"):
     raise ValueError(f"mopd.prompts_across_efforts={mode!r}; expected 'distinct' or 'shared'")
+  mix = tuple(c.get("effort_mix", ()))
+  if mix and not (len(mix) == len(EFFORTS) and all(w >= 0 for w in mix) and sum(mix) > 0):
+    raise ValueError(f"mopd.effort_mix={mix!r}; expected {len(EFFORTS)} weights >= 0 (efforts "
+                     f"{EFFORTS}), not all 0, or () for prompts_per_cell prompts per cell")
+  if mix and mode == "shared":
+    raise ValueError("mopd.effort_mix draws one effort per prompt; it needs "
+                     "mopd.prompts_across_efforts='distinct' (shared poses every prompt at "
+                     "every effort)")
   return mode
 
 
-def cell_prompts(iters: dict, per_cell: int, shared: bool) -> list:
+def cell_prompts(iters: dict, per_cell: int, shared: bool, mix: Sequence[float] = (),
+                 rng: Optional[np.random.RandomState] = None) -> list:
   """One step's prompts of every (domain, effort) cell, in `cells` order (domain-major).
 
   `shared`: each domain's `per_cell` prompts are posed at all three efforts, so the three
   cells' updates of a domain differ only by the effort token and whatever the student and
   its teachers make of it; else each cell gets `per_cell` prompts of its own (the domain's
-  iterator then yields 3 x `per_cell`)."""
+  iterator then yields 3 x `per_cell`). `mix` (distinct only): weights of the efforts, in
+  `EFFORTS` order; each prompt's effort is then drawn from them with `rng`, so a cell holds
+  anywhere from 0 to 3 x `per_cell` prompts."""
   out = []
   for d in DOMAINS:
-    exs = next(iters[d])
+    exs = list(next(iters[d]))
+    if mix:
+      p = np.asarray(mix, np.float64) / np.sum(mix)
+      drawn = rng.choice(len(EFFORTS), size=len(exs), p=p)
+      out.extend([ex for ex, e in zip(exs, drawn) if e == j] for j in range(len(EFFORTS)))
+      continue
     for j, _ in enumerate(EFFORTS):
-      out.append(list(exs) if shared else list(exs[j * per_cell:(j + 1) * per_cell]))
+      out.append(exs if shared else exs[j * per_cell:(j + 1) * per_cell])
   return out
 
 
@@ -721,6 +737,7 @@ def mopd_stage(run: Run) -> None:
   tasks = {d: get_task(d) for d in DOMAINS}
   cells = [(d, e) for d in DOMAINS for e in EFFORTS]
   shared = _prompts_across_efforts(c) == "shared"
+  mix = tuple(c.get("effort_mix", ()))
   iters = {d: run.iterator(d, c.prompts_per_cell * (1 if shared else len(EFFORTS)),
                            salt=200 + i) for i, d in enumerate(DOMAINS)}
   # Co-located or disaggregated (config.placement): log-probs come back on the student mesh.
@@ -742,9 +759,12 @@ def mopd_stage(run: Run) -> None:
 
   def sample(params, step):
     drawn_at[step] = {d: it.state() for d, it in iters.items()}
-    per_cell = cell_prompts(iters, c.prompts_per_cell, shared)
+    # Effort draws: a pure function of (seed, step), so a resumed run draws the same.
+    per_cell = cell_prompts(iters, c.prompts_per_cell, shared, mix,
+                            np.random.RandomState([run.config.seed, step]))
     rng = jax.random.fold_in(jax.random.PRNGKey(run.config.seed + 3), step)
-    return mopd.sample_batch(params, bank, run.engine, tasks, cells, per_cell, run.taus, rng)
+    return mopd.sample_batch(params, bank, run.engine, tasks, cells, per_cell, run.taus, rng,
+                             rows_per_teacher=c.prompts_per_cell * (len(EFFORTS) if mix else 1))
 
   def submit(sampled):  # dispatched without blocking: JAX's async dispatch
     return scorer.submit(sampled.tokens, sampled.input_mask)

@@ -89,8 +89,9 @@ def plateaued(history, window: int, delta: float) -> bool:
 def train_width(longest: int, floor: int) -> int:
   """Padded length of an RL batch: the power of two that holds its longest trajectory, at
   least `floor`. Powers of two bound the distinct widths, and so the compilations of the
-  update, to a handful per run (a multiple of 32 gave agt's lane five), while a batch of
-  short trajectories is not padded to the longest one the lane ever sees."""
+  update, to a few per run (with multiples of 32, agt's lane compiled more than the padding
+  saved), while a batch of short trajectories is not padded to the longest one the lane
+  ever sees."""
   return max(floor, 1 << (max(longest, 1) - 1).bit_length())
 
 

@@ -27,6 +27,9 @@ CASES = [
     ("c.rl.anneal_tau_kl = -1.0", "tau_kl > 0"),
     ("c.rl.lane_processes = 0", "rl.lane_processes"),
     ("c.mopd.prompts_across_efforts = 'paired'", "mopd.prompts_across_efforts"),
+    ("c.mopd.prompts_across_efforts = 'distinct'; c.mopd.effort_mix = (1.0, -1.0, 1.0)",
+     "mopd.effort_mix"),
+    ("c.mopd.effort_mix = (1.0, 1.0, 2.0)", "needs mopd.prompts_across_efforts='distinct'"),
 ]
 
 

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,6 +111,27 @@ def test_mopd_cell_prompts_shared_or_distinct_across_efforts():
   distinct = pipeline.cell_prompts(iters(6), 2, shared=False)
   assert distinct[:3] == [["gen0", "gen1"], ["gen2", "gen3"], ["gen4", "gen5"]]
   assert distinct[8] == ["cod4", "cod5"]
+  # An effort mix: every prompt in exactly one of its domain's cells, efforts as drawn.
+  rng = np.random.RandomState(0)
+  mixed = pipeline.cell_prompts(iters(600), 200, shared=False, mix=(0.0, 1.0, 3.0), rng=rng)
+  for i, d in enumerate(DOMAINS):
+    low, high, top = mixed[3 * i:3 * i + 3]
+    assert low == [] and sorted(high + top) == sorted(f"{d}{j}" for j in range(600))
+    assert 0.2 < len(high) / 600 < 0.3  # weight 1 of 4
+
+
+def test_mopd_stage_with_an_effort_mix(workdir, tmp_path):
+  """mopd.effort_mix through the real stage: cells of varying size, every effort drawn."""
+  wd = str(tmp_path / "mix")
+  shutil.copytree(workdir, wd)
+  shutil.rmtree(os.path.join(wd, "mopd"))
+  proc = _run_cli(wd, "--config.stages=mopd", "--config.mopd.prompts_across_efforts=distinct",
+                  "--config.mopd.prompts_per_cell=2", "--config.mopd.effort_mix=(1.,1.,2.)")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  hist = json.load(open(os.path.join(wd, "mopd", "history.json")))
+  assert len(hist) == 3 and all(h["num_rows"] == 18 for h in hist)  # 3 domains x 6 prompts
+  sizes = [sum(1 for n in h["cells"] if n.endswith("/max")) for h in hist]
+  assert max(sizes) >= 2  # max (weight 2) drawn in at least two domains in some step
 
 
 def test_rl_reward_plateau_rule():
