@@ -314,7 +314,7 @@ LANES_TEST = "test_rl_lanes_side_by_side_equal_one_after_another"
 @pytest.fixture(scope="module", autouse=True)
 def reference(request, tmp_path_factory, env):
   """The uninterrupted run, started with the module's first test so that it overlaps the
-  in-process tests (it only runs when the pipeline test is selected)."""
+  in-process tests (it only runs when the pipeline or the lanes test is selected)."""
   if not any(item.name in (PIPELINE_TEST, LANES_TEST) for item in request.session.items):
     yield None
     return
