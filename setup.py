@@ -21,6 +21,7 @@ setup(
         "numpy>=2.0",
         "tqdm>=4.67",  # progress bars with ETA for every stage
         "tokenizers>=0.23.3",  # Hugging Face tokenizer.json adapter (mopd_jax.tokenizer)
+        "safetensors>=0.8.0",  # Hugging Face checkpoints (mopd_jax.hf; the pipeline imports it)
         "matplotlib>=3.8",  # report plots
         "tensorboardX>=2.6.5",  # TensorBoard event files without TensorFlow
         "jinja2>=3.1",  # chat templates of Hugging Face tokenizers (sandboxed rendering)
