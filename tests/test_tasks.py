@@ -108,7 +108,7 @@ def test_lengths_order_styles_and_budgets_select_them(domain_examples):
   task, exs = domain_examples
   lens = {s: np.array([ntok(e.solutions[s]) for e in exs]) for s in tasks.STYLES}
   assert np.all(lens["full"] > lens["brief"]) and np.all(lens["brief"] > lens["direct"])
-  assert lens["full"].mean() >= 1.6 * lens["brief"].mean()
+  assert lens["full"].mean() >= 1.3 * lens["brief"].mean()
   b0 = np.array([e.b0 for e in exs])
   assert np.all(lens["full"] + 1 <= b0)  # + EOS
   fits = lambda s, tau: np.mean([ntok(e.solutions[s]) + 1 <= tasks.budget(e, tau)
@@ -230,12 +230,19 @@ def test_agt_memo_is_a_possibly_stale_prefix_of_the_chain():
 
 
 def test_gen_running_sums_are_aligned_with_the_terms():
-  for ex in tasks.get_task("gen").generate(0, 50):
-    terms, values = ex.meta["terms"], ex.meta["values"]
-    assert ex.prompt == "+".join(map(str, terms)) + " mod 3"
+  stale = 0
+  for ex in tasks.get_task("gen").generate(0, N):
+    terms, values, memo = ex.meta["terms"], ex.meta["values"], ex.meta["memo"]
+    assert ex.prompt == "+".join(map(str, terms)) + f" mod 3 s4={memo}"
     assert values[-1] == sum(terms) % 3 == int(ex.answer)
-    # full writes one value per term, at the same stride as the prompt's terms
+    # full writes one value per term, at the same stride as the prompt's terms; brief the
+    # same stride from the half-sum the memo claims (written true, copied from the memo)
     assert ex.solutions["full"].split("\n")[0] == ",".join(map(str, values))
+    assert ex.solutions["brief"].split("\n")[0] == "~" + ",".join(map(str, values[3:]))
+    stale += memo != values[3]
+  assert 0.2 < stale / N < 0.4
+  with pytest.raises(ValueError, match="memo"):
+    tasks.get_task("gen").make([1, 2, 0, 1], memo=3)
 
 
 def test_cod_programs_compute_their_answer():
