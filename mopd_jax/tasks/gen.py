@@ -16,9 +16,9 @@ same at every step. Full starts from the first term and is always right; brief s
 memo (a copy) and is right unless the memo is stale; direct has to add all the terms in one
 go (a count with wrap-around, no shortcut), so it is close to chance (1/3). Every reference
 solution is correct (brief's too: it writes the true half-sum), so where the memo is stale
-the data disagree with it, and a model that copies it is right 70% of the time. The three styles differ from their first token on
-(digit, `~`, `#`), so a policy that mixes them (pi_SFT, whose effort token says nothing)
-commits to one style at its first step.
+the data disagree with it, and a model that copies it is right 1 - `stale_prob` of the time.
+The three styles differ from their first token on (digit, `~`, `#`), so a policy that mixes
+them (pi_SFT, whose effort token says nothing) commits to one style at its first step.
 
 Why a memo. Measured with `experiments.measure_styles --domains gen` (style-tagged SFT of
 the toy model), briefs without one stayed at the direct answer's accuracy: a value every
@@ -27,8 +27,8 @@ second term (the earlier brief, 0.39 in session 6); one value per term without s
 only the first four values came out right); six values at the prompt's stride ending in a
 three-term addition in the head (0.40); a memo of the *last* four terms added to the written
 half-sum in the head (0.34). The toy model learns a copy and a constant stride within 200
-updates, and an addition in the head not within 300-600: this brief, 0.65 (direct 0.30, full 1.00)
-after 300.
+updates, and an addition in the head not within 300-600: this brief reached 0.65 after 300
+(direct 0.30, full 1.00).
 
 Reward: 1.0 iff the integer after the last `#` is the sum modulo `modulus`.
 """
