@@ -72,14 +72,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.effort.tau_low = 0.3  # only a direct answer fits (cod's, 7 tokens, with one to spare)
 
   c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 12 if fast else 960  # updates; each trains on one domain (sft.schedule)
+  c.sft.steps = 12 if fast else 1040  # updates; each trains on one domain (sft.schedule)
   # The repeating sequence of domains, one per update; empty = round-robin (gen,agt,cod).
-  # With the token-mean SFT loss each full style is learned in a phase change whose timing
-  # varies from run to run. gen's came last and latest: after ~270 of 300 round-robin
-  # updates in one run of session 9, not within 300 in two others (agt's within ~70, cod's
-  # within ~170). gen's updates are the cheapest (its sequences are the shortest), so it
-  # gets two in every four.
-  c.sft.schedule = "gen,agt,cod,gen"
+  # With the token-mean SFT loss each style is learned in a phase change whose timing varies
+  # from run to run. Session 9's measurements: gen's full needs ~160-320 updates, cod's
+  # (with its style marks) more than 240, agt's brief about 240. This sequence gives
+  # gen 390, cod 390 and agt 260 of the 1040; agt's updates cost the most (~0.6 s against
+  # cod's 0.38 and gen's 0.2: its sequences are the longest).
+  c.sft.schedule = "gen,cod,agt,gen,cod,agt,gen,cod"
+  # Per domain, the weights of the reference styles (full, brief, direct) in SFT data; a
+  # domain not named draws them uniformly. agt: pi_SFT's greedy decode follows its most
+  # likely style, and with three equal weights which one wins varied from run to run (full,
+  # 0.990, in session 9, which left RL nothing to add at max effort). Brief twice as likely
+  # makes pi_SFT's greedy agt brief; RL at max then has to find full among its samples (a
+  # quarter of them), as RL from a cold start is meant to.
+  c.sft.style_weights = ml_collections.ConfigDict({"agt": (1.0, 2.0, 1.0)})
   c.sft.batch_size = 16 if fast else 48  # sequences per update
   c.sft.lr = 3e-3  # AdamW peak learning rate (warmup + cosine)
   c.sft.warmup_steps = 2 if fast else 20  # linear warmup before the cosine decay

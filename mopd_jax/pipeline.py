@@ -105,6 +105,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
       raise ValueError(f"rl: the {e} phase needs lr > 0, tau_kl > 0 and steps >= 1, got {ph}")
   outside_teacher(config)  # raises on a bad outside-teacher ablation
   sft_schedule(config)
+  sft_style_weights(config)
   _prompts_across_efforts(config.mopd)
   lanes_mod.process_count(config.rl, 1)  # raises on a bad rl.lane_processes
   every = checkpoint_every(config)
@@ -371,10 +372,24 @@ def _train_sft(run: Run, seed: int, name: str, directory: str):
         width=lambda exs: width_for(max(len(rollout.encode_prompt(run.tok, ex, "max")) +
                                         len(run.tok.encode(ex.solutions["full"])) + 1
                                         for ex in exs)),
-        loop=loop)
+        loop=loop, style_weights=sft_style_weights(run.config))
   bar.close()
   log.close()
   return state, history
+
+
+def sft_style_weights(config: ml_collections.ConfigDict) -> dict:
+  """`sft.style_weights` as {domain: (w_full, w_brief, w_direct)}; a domain it does not name
+  draws its styles uniformly."""
+  spec = config.sft.get("style_weights", None) or {}
+  weights = {d: tuple(float(x) for x in w) for d, w in dict(spec).items()}
+  unknown = sorted(set(weights) - set(DOMAINS))
+  if unknown:
+    raise ValueError(f"sft.style_weights names unknown domains {unknown}; known: "
+                     f"{list(DOMAINS)}")
+  for w in weights.values():
+    sft.style_probs(w, task_base.STYLES)  # raises on a bad tuple
+  return weights
 
 
 def sft_schedule(config: ml_collections.ConfigDict) -> list:

@@ -24,12 +24,28 @@ from mopd_jax.tokenizer import EFFORTS
 STYLE_EFFORT = {"full": "max", "brief": "high", "direct": "low"}
 
 
+def style_probs(weights: Optional[Sequence[float]], styles: Sequence[str]):
+  """`weights` (one per style, any positive scale) as probabilities; None = uniform."""
+  if weights is None:
+    return None
+  w = np.asarray(weights, np.float64)
+  if w.shape != (len(styles),) or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+    raise ValueError(f"style weights {tuple(weights)!r} must be {len(styles)} non-negative "
+                     f"numbers, one per style of {tuple(styles)}, not all zero")
+  return w / w.sum()
+
+
 def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomState,
-              effort_mode: str, width: int,
-              styles: Sequence[str] = task_base.STYLES) -> train.TrainBatch:
+              effort_mode: str, width: int, styles: Sequence[str] = task_base.STYLES,
+              style_weights: Optional[Mapping[str, Sequence[float]]] = None
+              ) -> train.TrainBatch:
+  """One padded batch: each example with one of its reference solutions, drawn uniformly
+  or, for a domain named in `style_weights`, with that domain's weights over `styles`."""
+  probs = {d: style_probs(w, styles) for d, w in (style_weights or {}).items()}
   trajs = []
   for ex in examples:
-    style = styles[rng.randint(len(styles))]
+    p = probs.get(ex.domain)
+    style = styles[rng.randint(len(styles)) if p is None else rng.choice(len(styles), p=p)]
     if effort_mode == "style":
       effort = STYLE_EFFORT[style]
     elif effort_mode == "random":
@@ -46,11 +62,13 @@ def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomS
 def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
               next_examples: Callable[[int], list], *, steps: int, effort_mode: str,
               width, seed: int, log: Optional[Callable] = None,
-              start_step: int = 0, loop=None):
+              start_step: int = 0, loop=None,
+              style_weights: Optional[Mapping[str, Sequence[float]]] = None):
   """Runs `steps` SFT updates; `next_examples(step)` returns the step's examples.
 
   The batch rng is a pure function of (seed, step), so a resumed run sees the same data.
   `width`: the padded length, or a function of the step's examples returning it.
+  `style_weights`: per domain, the weights of (full, brief, direct) (see `sft_batch`).
   `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
   run then starts at `loop.start_step` and the returned history includes restored steps.
   """
@@ -60,7 +78,8 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
   for step in range(start_step, steps):
     rng = np.random.RandomState([seed, step])
     exs = next_examples(step)
-    batch = sft_batch(tok, exs, rng, effort_mode, width(exs) if callable(width) else width)
+    batch = sft_batch(tok, exs, rng, effort_mode, width(exs) if callable(width) else width,
+                      style_weights=style_weights)
     state, m = trainer.step(state, batch)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     if loop is not None:

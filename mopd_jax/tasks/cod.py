@@ -1,11 +1,18 @@
 """`cod`, coding: fold the constants of a one-line program into canonical form.
 
     prompt  210212%3*x+2011%3#b=1
-    full    200112%3*x+2200%3\n#2*x+0      the code again, every digit replaced by the value
+    full    =200112%3*x+2200%3\n#2*x+0     the code again, every digit replaced by the value
                                           of its number's prefix mod 3
-    brief   200112\n#2*x+0                 folds the slope only; b is written unfolded (a
+    brief   ~200112\n#2*x+0                folds the slope only; b is written unfolded (a
                                           model can only copy the comment, stale here)
     direct  #2*x+0                         the program only
+
+Each style opens with its own mark (`=`, `~`, `#`), so the style is chosen at the first token.
+Without the marks full and brief share their first seven tokens: a student distilled at high
+effort wrote the slope's trace and then, as often as not, went on with full's `%3*x+...` and
+ran over its budget (session 9: student cod/high 0.000 at 20 tokens against its teacher's
+14). Both traces carry a mark, so the trace digits stay at the same offset from their code
+digits in both styles.
 
 The program is `f(x) = A%3*x + B%3` for two decimal literals A (6 digits) and B (4 digits)
 whose digits are 0-2 (so `A%3` is the digit sum mod 3); the trailing comment claims the
@@ -106,7 +113,7 @@ class CodTask(base.Task):
     ps, pi = self._prefix_values(slope), self._prefix_values(intercept)
     a, b = int(ps[-1]), int(pi[-1])
     expr = canonical_expr(a, b)
-    solutions = dict(full=f"{ps}%{m}*x+{pi}%{m}\n#{expr}", brief=f"{ps}\n#{expr}",
+    solutions = dict(full=f"={ps}%{m}*x+{pi}%{m}\n#{expr}", brief=f"~{ps}\n#{expr}",
                      direct=f"#{expr}")
     tests = [[int(t), a * int(t) + b] for t in test_x]
     return base.make_example(self.name, seed, index, f"{code}#b={int(claimed_b)}", expr,
