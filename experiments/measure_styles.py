@@ -51,6 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--batch_size", type=int, default=48, help="sequences per update")
   p.add_argument("--lr", type=float, default=3e-3, help="AdamW peak learning rate")
   p.add_argument("--warmup_steps", type=int, default=20)
+  p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW (decoupled) decay")
   p.add_argument("--num_train", type=int, default=4000, help="training examples per domain")
   p.add_argument("--num_test", type=int, default=96, help="test examples per domain")
   p.add_argument("--domains", default="gen,agt,cod", help="comma-separated subset")
@@ -193,6 +194,7 @@ def main(argv=None) -> dict:
   mesh = sharding.make_mesh({}, jax.devices()[:1])
   trainer = train.Trainer(cfg, train.LossConfig(kind="sft"),
                           train.OptimConfig(lr=args.lr, warmup_steps=args.warmup_steps,
+                                            weight_decay=args.weight_decay,
                                             total_steps=args.steps), mesh)
   state = trainer.init(models.init_params(cfg, jax.random.PRNGKey(args.seed)))
   # The default schedule names all three domains; with a --domains subset, its own entries.

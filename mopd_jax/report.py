@@ -121,8 +121,16 @@ def markdown(rep: dict) -> str:
       lines.append("| " + " | ".join(row) + " |")
   kl = rep["kl"]
   if kl["curve"]:
+    drop = (f"x{kl['initial'] / kl['final']:.1f} drop" if kl["final"] > 0 else
+            "a sampled-token estimate at or below 0, so no ratio")
+    # One step's value is a noisy estimate; the means over the first and last tenth of the
+    # steps show the trend.
+    vals = [v for _, v in kl["curve"]]
+    n = max(1, len(vals) // 10)
+    first, last = sum(vals[:n]) / n, sum(vals[-n:]) / n
     lines += ["", f"Per-token KL student vs routed teacher: initial {kl['initial']:.4f}, "
-              f"final {kl['final']:.4f} (x{kl['initial'] / max(kl['final'], 1e-9):.1f} drop)."]
+              f"final {kl['final']:.4f} ({drop}); mean over the first / last {n} steps "
+              f"{first:.4f} / {last:.4f}."]
   if kl.get("initial_by_cell"):
     lines += ["", "Initial per-token KL (first MOPD step) per routed teacher; origin `same` = "
               "trained from the student's pi_SFT, `outside` = from another SFT "

@@ -184,6 +184,15 @@ def test_report_checks_evaluate_the_bars():
   assert got["per-token KL, first / last MOPD step"] is False  # a 4x drop
   assert got["teacher factory wall seconds (sft + rl)"] is True
   assert got["pipeline wall seconds"] is False
+  assert "x4.0 drop" in report.markdown(rep)
+  # The last step's value is a sampled-token estimate and can fall below 0: no ratio is
+  # claimed, the bar stays undecided, and the first / last tenths' means are shown.
+  curve = [[i, 0.2 - 0.025 * i] for i in range(10)]
+  rep["kl"] = {"initial": 0.2, "final": curve[-1][1], "curve": curve}
+  assert {c["name"]: c["ok"] for c in report.checks(rep)}[
+      "per-token KL, first / last MOPD step"] is None
+  md = report.markdown(rep)
+  assert "no ratio" in md and "first / last 1 steps 0.2000 / -0.0250" in md, md
 
 
 def test_rerun_skips_finished_stages(workdir):

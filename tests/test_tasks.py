@@ -106,6 +106,10 @@ def test_every_style_verifies_and_wrong_answers_do_not(domain_examples):
 
 def test_lengths_order_styles_and_budgets_select_them(domain_examples):
   task, exs = domain_examples
+  # Every domain's styles differ at their first token, where the effort token predicts the
+  # style (a choice made later has to look back past the trace to it).
+  for e in exs:
+    assert len({TOK.encode(e.solutions[s])[0] for s in tasks.STYLES}) == 3, e.solutions
   lens = {s: np.array([ntok(e.solutions[s]) for e in exs]) for s in tasks.STYLES}
   assert np.all(lens["full"] > lens["brief"]) and np.all(lens["brief"] > lens["direct"])
   assert lens["full"].mean() >= 1.3 * lens["brief"].mean()
