@@ -69,8 +69,7 @@ def checks(rep: dict) -> list:
       sl, tl = get("student", d, e, "mean_length"), get("teacher", d, e, "mean_length")
       add(f"student {d}/{e} mean length / teacher's", None if sl is None else [sl, tl],
           "within +-25%", None if sl is None or tl is None else abs(sl - tl) <= 0.25 * tl)
-  kl = rep["kl"]
-  drop = (kl["initial"] / kl["final"] if kl.get("curve") and kl["final"] > 0 else None)
+  drop = kl_drop(rep["kl"])
   add("per-token KL, first / last MOPD step", drop, ">= 5", None if drop is None else drop >= 5)
   w = rep["wall_seconds"]
   factory = w["sft"] + w["rl"] if "sft" in w and "rl" in w else None
@@ -79,6 +78,12 @@ def checks(rep: dict) -> list:
   total = w.get("total")
   add("pipeline wall seconds", total, "<= 1200", None if total is None else total <= 1200)
   return out
+
+
+def kl_drop(kl: dict):
+  """First over last step's per-token KL; None without a curve or when the last step's
+  estimate (sampled tokens) is at or below 0, where no ratio means anything."""
+  return kl["initial"] / kl["final"] if kl.get("curve") and kl["final"] > 0 else None
 
 
 def initial_kl_by_cell(workdir: str, history: list) -> dict:
@@ -121,7 +126,8 @@ def markdown(rep: dict) -> str:
       lines.append("| " + " | ".join(row) + " |")
   kl = rep["kl"]
   if kl["curve"]:
-    drop = (f"x{kl['initial'] / kl['final']:.1f} drop" if kl["final"] > 0 else
+    ratio = kl_drop(kl)
+    drop = (f"x{ratio:.1f} drop" if ratio is not None else
             "a sampled-token estimate at or below 0, so no ratio")
     # One step's value is a noisy estimate; the means over the first and last tenth of the
     # steps show the trend.
