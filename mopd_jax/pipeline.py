@@ -106,6 +106,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
   outside_teacher(config)  # raises on a bad outside-teacher ablation
   sft_schedule(config)
   sft_style_weights(config)
+  if not config.sft.get("weight_decay", 0.0) >= 0:
+    raise ValueError(f"sft.weight_decay must be >= 0, got {config.sft.weight_decay}")
   _prompts_across_efforts(config.mopd)
   lanes_mod.process_count(config.rl, 1)  # raises on a bad rl.lane_processes
   every = checkpoint_every(config)
@@ -346,6 +348,7 @@ def _train_sft(run: Run, seed: int, name: str, directory: str):
   trainer = train.Trainer(run.model_cfg, train.LossConfig(kind="sft"),
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps,
+                                            weight_decay=c.get("weight_decay", 0.0),
                                             microbatches=c.get("microbatches", 1)), run.mesh)
   iters = {d: run.iterator(d, c.batch_size, salt=i, seed=seed) for i, d in enumerate(DOMAINS)}
   schedule = sft_schedule(run.config)
@@ -748,6 +751,7 @@ def mopd_stage(run: Run) -> None:
   trainer = train.Trainer(run.model_cfg, loss_cfg,
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps,
+                                            weight_decay=c.get("weight_decay", 0.0),
                                             microbatches=c.get("microbatches", 1)), run.mesh)
   tasks = {d: get_task(d) for d in DOMAINS}
   cells = [(d, e) for d in DOMAINS for e in EFFORTS]

@@ -20,6 +20,7 @@ CASES = [
     ("c.sft.style_weights.agt = (1.0, 2.0)", "one per style"),
     ("c.sft.style_weights.agt = (0.0, 0.0, 0.0)", "not all zero"),
     ("c.sft.style_weights = {'math': (1.0, 1.0, 1.0)}", "unknown domains ['math']"),
+    ("c.sft.weight_decay = -0.1", "sft.weight_decay"),
     ("c.mopd.staleness = 1; c.mopd.is_bounds = (1.5, 2.0)", "mopd.is_bounds"),
     ("c.mopd.staleness = 1; c.mopd.loss = 'topk'", "needs mopd.loss='mopd'"),
     ("c.rl.reference = 'teacher'", "rl.reference"),
