@@ -751,7 +751,6 @@ def mopd_stage(run: Run) -> None:
   trainer = train.Trainer(run.model_cfg, loss_cfg,
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps,
-                                            weight_decay=c.get("weight_decay", 0.0),
                                             microbatches=c.get("microbatches", 1)), run.mesh)
   tasks = {d: get_task(d) for d in DOMAINS}
   cells = [(d, e) for d in DOMAINS for e in EFFORTS]
