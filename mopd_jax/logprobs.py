@@ -190,7 +190,9 @@ def _fused_bwd(loss_fn, chunk_size, res, cts):
   del loss_fn, chunk_size
   dh, dw = res
   ct_loss = cts[0]  # metrics are gradient-stopped: their cotangents are ignored
-  return ct_loss * dh, ct_loss * dw, None, None
+  # A cotangent has its primal's dtype: the float32 loss cotangent would otherwise promote
+  # a bfloat16 hidden state's or head's gradient to float32.
+  return (ct_loss * dh).astype(dh.dtype), (ct_loss * dw).astype(dw.dtype), None, None
 
 
 _fused_loss.defvjp(_fused_fwd, _fused_bwd)
