@@ -12,7 +12,7 @@ Tiny variant (random Qwen3-shaped model of toy size, char tokenizer; its smoke s
 The student comes from a Hugging Face checkpoint (`model.hf_path`, read by
 `mopd_jax.hf.load_checkpoint`; empty = the `qwen3-0.6b` preset, randomly initialised). The
 teachers are either nine Hugging Face checkpoints (`teacher.hf_paths`, in the order of
-`mopd_jax.teachers.DEFAULT_NAMES`: gen/low, gen/high, gen/max, agt/low, ..., cod/max) or, when
+the grid's teacher names: gen/low, gen/high, gen/max, agt/low, ..., cod/max) or, when
 empty, trained by the rl stage as in the toy run (then they share the student's shape).
 `mopd_jax.hf.resolve_model_config(config.model, vocab_size)` (or `config.teacher`) turns a
 block into a ModelConfig.
@@ -20,9 +20,12 @@ block into a ModelConfig.
 Stages, in order: data (TFDS builders) -> sft (pi_SFT, QAT) -> rl (3 domains x 3 efforts =
 9 frozen teachers) -> mopd (the student) -> eval (pi_SFT, teachers, student on the test
 split) -> report (report.json, report.md, PNG plots). `smoke` samples from the student
-(the checkpoint, or a freshly initialised model) and prints the samples.
+(the checkpoint, or a freshly initialised model) and prints the samples. Every field not set
+here is configs/base.py's default.
 """
 import ml_collections
+
+from configs import base
 
 # Shape of the tiny variant: d_model 64, 2 layers, GQA 4:2, QK-norm (Qwen3 family).
 _TINY_SHAPE = dict(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -36,26 +39,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"unknown config variant {arg!r}; known: tiny, 8b")
   tiny = arg == "tiny"
   big = arg == "8b"
-  c = ml_collections.ConfigDict()
-  c.seed = 0  # every rng in the run is derived from this
-  c.stages = "data,sft,rl,mopd,eval,report"  # comma-separated subset, run in pipeline order
-  c.log_every = 10  # console / TensorBoard interval in steps
-  # A step whose loss or gradient norm is not finite is never applied. False: stop with a
-  # message naming the step and the metric; True: skip such steps and count the skips.
-  c.skip_nonfinite = False
+  c = base.get_config()
+  # A Qwen3 step (rollouts + update) takes tens of seconds while an async save blocks only
+  # for the device->host copy, so every 5 steps costs little and loses at most a few minutes.
+  c.checkpoint.every = 1 if tiny else 5
 
-  # Per-step checkpoints of every training loop (orbax, last 2 complete steps kept, saved
-  # asynchronously). A SIGTERM always saves the step it interrupts; the interval bounds what
-  # a SIGKILL or crash loses. A Qwen3 step (rollouts + update) takes tens of seconds while an
-  # async save blocks only for the device->host copy, so every 5 steps costs little and
-  # loses at most a few minutes.
-  c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every = 1 if tiny else 5  # steps between saves
-
-  c.model = ml_collections.ConfigDict()
   c.model.preset = "qwen3-0.6b"  # a name from mopd_jax.models.PRESETS
-  c.model.hf_path = ""  # student checkpoint dir (config.json + safetensors); empty = the preset
-  c.model.tokenizer_path = ""  # a tokenizer.json; empty = the toy CharTokenizer
   if tiny:  # overrides of the preset's shape (vocab_size comes from the tokenizer)
     for name, value in _TINY_SHAPE.items():
       setattr(c.model, name, value)
@@ -64,26 +53,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   else:
     c.model.num_layers = 28  # override of the preset's depth (= Qwen3-0.6B's)
     c.model.d_model = 1024  # override of the preset's width (= Qwen3-0.6B's)
-  c.model.quant = "int4"  # QAT from SFT on: none | int8 | int4 (group-wise)
-  c.model.quant_group = 32  # weights per quantisation group
-  # Activation rematerialisation of the training forward: none | block (jax.checkpoint per
-  # transformer block, saving nothing) | dots (saving the weight-matmul outputs). Exact; it
-  # recomputes a forward in the backward pass to keep only the block inputs alive. Used with
-  # the 8B student, together with plan.microbatches below.
+  # The 8B student rematerialises each block (with plan.microbatches below).
   c.model.remat = "block" if big else "none"
 
-  c.teacher = ml_collections.ConfigDict()
-  c.teacher.preset = "qwen3-8b" if big else "qwen3-1.7b"  # shape of the nine teachers
-  c.teacher.hf_paths = ()  # nine checkpoint dirs in teachers.DEFAULT_NAMES order, or empty
+  c.teacher.preset = "qwen3-8b" if big else "qwen3-1.7b"  # shape of the teachers
   if tiny:  # tiny teachers: the student's shape, twice as deep
     for name, value in _TINY_SHAPE.items():
       setattr(c.teacher, name, value)
     c.teacher.num_layers = 4
 
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = 1  # mesh axis sizes; their product must equal the device count
   c.mesh.fsdp = 1  # e.g. --config.mesh.fsdp=8 on 8 accelerators
-  c.mesh.tensor = 1
   c.mesh.teacher = 1  # co-located placement: split the stacked bank over this many slices
 
   # Multi-host (jax.distributed). Empty / 0 / -1 = take the value from the environment
@@ -122,74 +101,31 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # remat=block in the plan, see the README).
   c.plan.microbatches = 9 if big else 1
 
-  c.data = ml_collections.ConfigDict()
   c.data.sizes = (400, 48, 48) if tiny else (4000, 300, 300)  # train / validation / test
-  c.data.dir = ""  # TFDS data_dir; empty = <workdir>/data
 
-  # Effort levels: budget of example x at effort e is floor(tau_e * b0(x)) tokens.
-  c.effort = ml_collections.ConfigDict()
-  c.effort.tau_max = 1.0
-  c.effort.tau_high = 0.55
-  c.effort.tau_low = 0.25
-
-  c.sft = ml_collections.ConfigDict()
   c.sft.steps = 12 if tiny else 450  # updates; each trains on one domain, round-robin
   c.sft.batch_size = 16 if tiny else 48  # sequences per update
   c.sft.lr = 3e-3 if tiny else 1e-5  # AdamW peak learning rate (warmup + cosine)
   c.sft.warmup_steps = 2 if tiny else 20
-  c.sft.effort_mode = "random"  # effort token of SFT examples: random | style (see sft.py)
 
-  c.rl = ml_collections.ConfigDict()
-  c.rl.loss = "pmd"  # pmd (Kimi K1.5/K2 policy mirror descent) | grpo (clipped ratio)
   c.rl.steps_per_effort = 2 if tiny else 20  # RL iterations per effort level and domain
   c.rl.prompts_per_step = 4 if tiny else 16  # prompts per iteration
   c.rl.group_size = 2 if tiny else 4  # K samples per prompt
   c.rl.lr = 1e-3 if tiny else 1e-6
-  c.rl.tau_kl = 0.5  # PMD log-ratio weight
-  c.rl.token_clip = 5.0  # PMD per-token log-ratio clip (K2.5-style regulariser); 0 = off
-  c.rl.temperature = 1.0  # sampling temperature of RL rollouts
-  c.rl.lane_processes = 1  # lanes one after another (each uses every device of the mesh)
+  c.rl.token_clip = 5.0  # PMD per-token log-ratio clip (K2.5-style regulariser)
 
-  c.mopd = ml_collections.ConfigDict()
   c.mopd.steps = 3 if tiny else 60  # student updates
   c.mopd.prompts_per_cell = 1 if tiny else 4  # b prompts per (domain, effort) cell per step
   c.mopd.lr = 1e-3 if tiny else 1e-6
   c.mopd.warmup_steps = 0 if tiny else 5
-  # Gradient accumulation of the student update, as planned (plan.microbatches below).
+  # Gradient accumulation of the student update, as planned (plan.microbatches above).
   c.mopd.microbatches = 9 if big else 1
-  c.mopd.r_max = 5.0  # clip of the per-token reward r_t (K3 eq. 15)
-  # mopd (eq. 15) | pg (clipped ratio, reward as advantage) | topk (ablation: reverse KL on
-  # the routed teacher's top_k tokens at each position, corrected for the truncation)
-  c.mopd.loss = "mopd"
-  c.mopd.top_k = 8  # teacher tokens per position of the topk loss
-  # Weight of the outcome-reward term: alpha * (verifier reward - its (domain, effort)
-  # cell's batch mean) on every generated token, REINFORCE; 0 = pure distillation.
-  c.mopd.alpha = 0.0
-  # Student initialisation: sft (pi_SFT, as the MOPD paper assumes) | teacher_sft (pi_SFT
-  # further fine-tuned on trajectories of all nine teachers, each with its effort token).
-  c.mopd.init = "sft"
   c.mopd.init_samples_per_cell = 8 if tiny else 64  # teacher rollouts per cell (teacher_sft)
   c.mopd.init_sft_steps = 3 if tiny else 60  # SFT updates on them (teacher_sft)
 
-  c.rollout = ml_collections.ConfigDict()
   c.rollout.max_response_tokens = 96 if tiny else 512  # cap on a response (generated + obs.)
-  c.rollout.max_turns = 4  # tool calls per agt trajectory
   c.rollout.width = 128 if tiny else 1024  # padded length of train batches (prompt + response)
 
-  c.eval = ml_collections.ConfigDict()
   c.eval.num_examples = 16 if tiny else 96  # test examples per (domain, effort) cell
-  c.eval.temperature = 0.0  # 0 = greedy
-
-  # Profiling switch (off by default): trace steps [start_step, start_step + num_steps) of
-  # one training loop with the JAX profiler into <workdir>/profile/<loop>/. `stage`: "" (off),
-  # "sft", "rl" (the first RL run; "rl gen/high" picks one), "mopd", "mopd init: teacher SFT".
-  # E.g. --config.profile.stage=mopd --config.profile.start_step=2 --config.profile.num_steps=3
-  c.profile = ml_collections.ConfigDict()
-  c.profile.stage = ""
-  c.profile.start_step = 2  # earlier steps compile and warm up, so they are left out
-  c.profile.num_steps = 3  # traced steps (keep it short: traces grow fast)
-
-  c.smoke = ml_collections.ConfigDict()
-  c.smoke.prompts = ("12+34=", "<call>", "f(1)=3")  # texts to complete
   c.smoke.max_new_tokens = 32 if tiny else 64
   return c

@@ -22,7 +22,6 @@ from configs import toy
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = toy.get_config(arg)
-  c.teacher = ml_collections.ConfigDict()
   c.teacher.outside_cell = "gen/max"  # "domain/effort" of the replaced teacher
   c.teacher.outside_seed = c.seed + 1  # seed of the outside SFT; must differ from c.seed
   return c

@@ -1,6 +1,6 @@
 """The rl stage's lanes side by side, each in a process of its own (`rl.lane_processes`).
 
-Lanes never share state (`pipeline.run_lane`): each trains its own teachers from its own
+Lanes never share state (`stages.rl.train_lane`): each trains its own teachers from its own
 checkpoint, data stream and rng, and keeps its records in its own directory until they join
 the manifest. So running them side by side changes no number, only the wall time. On a CPU a
 lane uses the cores poorly (its decode loop runs many small ops: the toy RL stage ran only
@@ -11,9 +11,9 @@ lanes one after another, every host taking part in each.
 
 The rl stage spawns, per lane,
 
-    python -m mopd_jax.lanes --workdir DIR --lane N
+    python -m mopd_jax.stages.rl --workdir DIR --lane N --config DIR/rl/lanes_config.json
 
-which reads the run's resolved config from DIR/rl/lanes_config.json, writes its console
+which reads the run's resolved config from the file it is given, writes its console
 output to <lane dir>/lane.log and its progress to <lane dir>/progress.json (the parent draws
 one bar per lane from these), and exits with the pipeline's preemption code after a SIGTERM
 (which the parent forwards): every lane has then saved its step, and the same command resumes
@@ -22,8 +22,6 @@ naming it and its log, and a re-run trains only what is missing.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import signal
 import subprocess
@@ -33,7 +31,7 @@ from typing import Sequence
 
 import jax
 
-from mopd_jax import checkpoint, rl
+from mopd_jax import checkpoint
 
 RECORDS = "records.json"  # a lane's finished teachers: its manifest section's entries
 PROGRESS = "progress.json"
@@ -42,7 +40,7 @@ LOG = "lane.log"
 
 def process_count(c, num_lanes: int) -> int:
   """How many lane processes the `rl` config `c` asks for, and this run allows."""
-  k = c.get("lane_processes", 1)
+  k = c.lane_processes
   if not isinstance(k, int) or k < 1:
     raise ValueError(f"rl.lane_processes={k!r}; expected an integer >= 1 (1 = the lanes one "
                      "after another in this process)")
@@ -55,33 +53,32 @@ def read_records(lane) -> dict:
   return checkpoint.read_json(os.path.join(lane.directory, RECORDS), default={})
 
 
-def _lane_steps(c, lane) -> list:
-  return [rl.phase_settings(c, e)["steps"] for e in lane.efforts]
-
-
 def _finished(lane) -> bool:
   records = read_records(lane)
   return all(f"{lane.domain}/{e}" in records and
              os.path.exists(os.path.join(lane.directory, f"teacher_{e}")) for e in lane.efforts)
 
 
-def run_side_by_side(run, lanes: Sequence, processes: int) -> None:
+def run_side_by_side(workdir: str, config_json: str, lanes: Sequence, processes: int,
+                     total_steps: Sequence[int]) -> None:
   """Runs the unfinished `lanes` in at most `processes` worker processes at a time; returns
-  once all have finished. Raises `checkpoint.Preempted` after a SIGTERM (forwarded to the
+  once all have finished. Each worker gets the run's resolved config (`config_json`, written
+  to <workdir>/rl/lanes_config.json) explicitly; `total_steps[i]` is lane i's step count
+  (its progress bar). Raises `checkpoint.Preempted` after a SIGTERM (forwarded to the
   workers, which save their step first), RuntimeError if a lane failed."""
   from tqdm.auto import tqdm
 
-  os.makedirs(run.path("rl"), exist_ok=True)
-  with open(run.path("rl", "lanes_config.json"), "w") as f:
-    f.write(run.config.to_json(indent=1))
+  config_path = os.path.join(workdir, "rl", "lanes_config.json")
+  os.makedirs(os.path.dirname(config_path), exist_ok=True)
+  with open(config_path, "w") as f:
+    f.write(config_json)
   env = dict(os.environ)
   # On a GPU each process would otherwise reserve most of the memory for itself.
   env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   todo = [i for i, lane in enumerate(lanes) if not _finished(lane)]
   bars = {}
   for i in todo:
-    total = sum(_lane_steps(run.config.rl, lanes[i]))
-    bars[i] = tqdm(total=total, desc=f"rl lane {lanes[i].name}", unit="step",
+    bars[i] = tqdm(total=total_steps[i], desc=f"rl lane {lanes[i].name}", unit="step",
                    position=len(bars), dynamic_ncols=True, mininterval=1.0)
   running, failed, preempted = {}, [], False
   pending = list(todo)
@@ -91,8 +88,8 @@ def run_side_by_side(run, lanes: Sequence, processes: int) -> None:
         i = pending.pop(0)
         os.makedirs(lanes[i].directory, exist_ok=True)
         log = open(os.path.join(lanes[i].directory, LOG), "a")
-        cmd = [sys.executable, "-m", "mopd_jax.lanes", "--workdir", run.workdir,
-               "--lane", str(i)]
+        cmd = [sys.executable, "-m", "mopd_jax.stages.rl", "--workdir", workdir,
+               "--lane", str(i), "--config", config_path]
         running[i] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log)
       if checkpoint.preemption_requested() and not preempted:
         preempted = True
@@ -140,45 +137,3 @@ def _show(bar, lane) -> None:
     bar.set_postfix({k: f"{p[k]:.3f}" if isinstance(p[k], float) else p[k]
                      for k in ("effort", "reward", "length") if k in p}, refresh=False)
     bar.update(p["done"] - bar.n)
-
-
-def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description="One lane of the rl stage (spawned by it).")
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--lane", type=int, required=True)
-  args = parser.parse_args(argv)
-  import ml_collections
-
-  from mopd_jax import pipeline
-  with open(os.path.join(args.workdir, "rl", "lanes_config.json")) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  run = pipeline.Run(config, args.workdir)
-  lanes = pipeline.rl_lanes(run)
-  lane = lanes[args.lane]
-  os.makedirs(lane.directory, exist_ok=True)
-  # Teachers this lane finished in an earlier run of the lanes one after another count too.
-  manifest = checkpoint.read_json(run.path("teachers.json"), default={})
-  names = {f"{lane.domain}/{e}" for e in lane.efforts}
-  record = {k: v for k, v in manifest.get(lane.section, {}).items()
-            if k in names and v.get("origin") != "outside"}
-  record.update(read_records(lane))
-  steps = _lane_steps(config.rl, lane)
-  progress = os.path.join(lane.directory, PROGRESS)
-
-  def on_step(effort, step, m):
-    done = sum(steps[:lane.efforts.index(effort)]) + step + 1
-    checkpoint.write_json(progress, {"done": done, "effort": effort, "reward": m["reward"],
-                                     "length": m["length"]})
-
-  try:
-    with checkpoint.sigterm_guard():
-      pipeline.run_lane(run, lane, record,
-                        lambda: checkpoint.write_json(os.path.join(lane.directory, RECORDS),
-                                                      record), on_step=on_step)
-  except checkpoint.Preempted as e:
-    print(f"PREEMPTED: {e}", file=sys.stderr, flush=True)
-    sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
-
-
-if __name__ == "__main__":
-  main()

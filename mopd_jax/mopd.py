@@ -1,4 +1,5 @@
-"""Multi-teacher on-policy distillation (Kimi K3 §4.1.3): one student, nine frozen teachers.
+"""Multi-teacher on-policy distillation (Kimi K3 §4.1.3): one student, a frozen teacher per
+(domain, effort) cell of the run's grid.
 
 One step:
   1. draw prompts with their (domain, effort) labels: b prompts per (domain, effort) cell, so
@@ -12,6 +13,9 @@ One step:
 
 Diagnostics per cell: per-token KL (student vs routed teacher, on the sampled tokens),
 mean reward r_t, clip fraction, accuracy, mean length, over-budget rate at the cell's budget.
+
+Which prompts each cell gets (`cell_prompts`): a domain's prompts shared across its efforts,
+distinct per cell, or each prompt's effort drawn from `mopd.effort_mix`.
 
 Options (the loss kind is the trainer's): `topk` distils on the routed teacher's top-k
 log-probs instead of the sampled token's; `alpha` > 0 adds an outcome-reward REINFORCE term.
@@ -27,6 +31,51 @@ import numpy as np
 
 from mopd_jax import distributed, rollout, teachers, train
 from mopd_jax.tasks import base as task_base
+
+
+PROMPT_MODES = ("distinct", "shared")
+
+
+def prompt_mode(mode: str, mix: Sequence[float], efforts: Sequence[str]) -> str:
+  """`mopd.prompts_across_efforts`, checked together with `mopd.effort_mix`."""
+  if mode not in PROMPT_MODES:
+    raise ValueError(f"mopd.prompts_across_efforts={mode!r}; expected one of {PROMPT_MODES}")
+  mix = tuple(mix)
+  if mix and not (len(mix) == len(efforts) and
+                  all(isinstance(w, (int, float)) and np.isfinite(w) and w >= 0 for w in mix)
+                  and sum(mix) > 0):
+    raise ValueError(f"mopd.effort_mix={mix!r}; expected {len(efforts)} finite weights >= 0 "
+                     f"(efforts {tuple(efforts)}), not all 0, or () for prompts_per_cell "
+                     "prompts per cell")
+  if mix and mode == "shared":
+    raise ValueError("mopd.effort_mix draws one effort per prompt; it needs "
+                     "mopd.prompts_across_efforts='distinct' (shared poses every prompt at "
+                     "every effort)")
+  return mode
+
+
+def cell_prompts(iters: dict, grid, per_cell: int, shared: bool, mix: Sequence[float] = (),
+                 rng: Optional[np.random.RandomState] = None) -> list:
+  """One step's prompts of every (domain, effort) cell, in `grid.cells` order (domain-major).
+
+  `shared`: each domain's `per_cell` prompts are posed at every effort, so the cells'
+  updates of a domain differ only by the effort token and whatever the student and its
+  teachers make of it; else each cell gets `per_cell` prompts of its own (the domain's
+  iterator then yields |efforts| x `per_cell`). `mix` (distinct only): weights of the
+  efforts, in the grid's order; each prompt's effort is then drawn from them with `rng`, so a
+  cell holds anywhere from 0 to |efforts| x `per_cell` prompts."""
+  out = []
+  n = len(grid.efforts)
+  for d in grid.domains:
+    exs = list(next(iters[d]))
+    if mix:
+      p = np.asarray(mix, np.float64) / np.sum(mix)
+      drawn = rng.choice(n, size=len(exs), p=p)
+      out.extend([ex for ex, e in zip(exs, drawn) if e == j] for j in range(n))
+      continue
+    for j in range(n):
+      out.append(exs if shared else exs[j * per_cell:(j + 1) * per_cell])
+  return out
 
 
 @dataclasses.dataclass
@@ -94,14 +143,10 @@ def train_batch(arr: dict, teacher_lp_BxT, *, topk: Optional[tuple] = None,
     # rollout's outcome term weighs the same whatever its length.
     adv = jnp.asarray(alpha * np.asarray(advantages_B, np.float32)[:, None] *
                       np.asarray(arr["loss_mask"], np.float32))
-  return train.TrainBatch(tokens=jnp.asarray(arr["tokens"]),
-                          input_mask=jnp.asarray(arr["input_mask"]),
-                          loss_mask=jnp.asarray(arr["loss_mask"]),
-                          sampler_logprobs=jnp.asarray(arr["sampler_logprobs"]),
-                          teacher_logprobs=jnp.asarray(teacher_lp_BxT),
-                          advantages=adv,
-                          teacher_topk_logprobs=None if topk is None else jnp.asarray(topk[0]),
-                          teacher_topk_ids=None if topk is None else jnp.asarray(topk[1]))
+  return train.TrainBatch.from_padded(
+      arr, sampler_logprobs=True, teacher_logprobs=teacher_lp_BxT, advantages=adv,
+      teacher_topk_logprobs=None if topk is None else topk[0],
+      teacher_topk_ids=None if topk is None else topk[1])
 
 
 @dataclasses.dataclass

@@ -7,8 +7,9 @@
 Steps [start_step, start_step + num_steps) of the first training loop whose progress bar
 matches `stage` are traced into `<workdir>/profile/<bar name>/` (open it with TensorBoard's
 profile plugin, XProf or Perfetto: `plugins/profile/<run>/*.trace.json.gz`). Steps are
-counted by the loop's `pipeline.Progress` bar, so every stage's loop gets the switch without
-code of its own, and a resumed loop counts from the step it resumed at.
+counted by the loop's progress bar (`stages.context.Progress`, which asks the run's `Switch`
+for a profiler), so every stage's loop gets the switch without code of its own, and a
+resumed loop counts from the step it resumed at.
 """
 from __future__ import annotations
 
@@ -28,10 +29,6 @@ class ProfileSpec:
   root: str  # traces go to <root>/<bar name>
 
 
-_spec: Optional[ProfileSpec] = None
-_used = False  # one traced range per configured run: a second trace would bury the first
-
-
 def spec_from_config(profile_cfg, workdir: str) -> Optional[ProfileSpec]:
   """The switch as a spec (None when off); raises ValueError on a bad value."""
   if profile_cfg is None or not profile_cfg.get("stage", ""):
@@ -45,13 +42,6 @@ def spec_from_config(profile_cfg, workdir: str) -> Optional[ProfileSpec]:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
       raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
   return ProfileSpec(stage, start, num, os.path.join(workdir, "profile"))
-
-
-def configure(profile_cfg, workdir: str) -> Optional[ProfileSpec]:
-  """Arm (or disarm) the switch for the loops that run next in this process."""
-  global _spec, _used
-  _spec, _used = spec_from_config(profile_cfg, workdir), False
-  return _spec
 
 
 def matches(stage: str, bar_name: str) -> bool:
@@ -95,13 +85,20 @@ class StepProfiler:
       self.stop_at = -1  # never again in this loop
 
 
-def for_stage(bar_name: str, initial: int = 0) -> Optional[StepProfiler]:
-  """A profiler for the loop behind progress bar `bar_name`, or None if the switch is off,
-  names another loop, or has already traced one."""
-  global _used
-  if _spec is None or _used or not matches(_spec.stage, bar_name):
-    return None
-  _used = True
-  safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", bar_name).strip("_")
-  return StepProfiler(os.path.join(_spec.root, safe), _spec.start_step, _spec.num_steps,
-                      initial)
+class Switch:
+  """The profile switch of one run: hands a `StepProfiler` to the first loop it names, and
+  to no other (one traced range per run: a second trace would bury the first)."""
+
+  def __init__(self, profile_cfg=None, workdir: str = ""):
+    self.spec = spec_from_config(profile_cfg, workdir)  # raises on a bad switch
+    self.used = False
+
+  def for_loop(self, bar_name: str, initial: int = 0) -> Optional[StepProfiler]:
+    """A profiler for the loop behind progress bar `bar_name`, or None if the switch is off,
+    names another loop, or has already traced one."""
+    if self.spec is None or self.used or not matches(self.spec.stage, bar_name):
+      return None
+    self.used = True
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", bar_name).strip("_")
+    return StepProfiler(os.path.join(self.spec.root, safe), self.spec.start_step,
+                        self.spec.num_steps, initial)

@@ -1,4 +1,5 @@
-"""The run report: report.json (machine-readable), report.md and PNG plots."""
+"""The run report: report.json (machine-readable), report.md and PNG plots, for any task grid
+(the run's domains x efforts, recorded in report.json as `grid`)."""
 from __future__ import annotations
 
 import os
@@ -6,18 +7,18 @@ import os
 import numpy as np
 
 from mopd_jax import checkpoint
-from mopd_jax.tokenizer import EFFORTS
+from mopd_jax.grid import Grid
 
-DOMAINS = ("gen", "agt", "cod")
 POLICIES = ("sft", "teacher", "student")
 
 
-def build(workdir: str, config_json: dict, wall_seconds: dict) -> dict:
+def build(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> dict:
   ev = checkpoint.read_json(os.path.join(workdir, "eval.json"))
   hist_path = os.path.join(workdir, "mopd", "history.json")
   history = checkpoint.read_json(hist_path) if os.path.exists(hist_path) else []
   curve = [[h["step"], h["kl"]] for h in history]
   return {
+      "grid": grid.to_json(),
       "cells": ev["cells"],
       "kl": {"initial": curve[0][1] if curve else None,
              "final": curve[-1][1] if curve else None, "curve": curve,
@@ -32,11 +33,14 @@ def build(workdir: str, config_json: dict, wall_seconds: dict) -> dict:
 
 
 def checks(rep: dict) -> list:
-  """The toy bars of the teacher-factory and MOPD issues, evaluated on this run: a list of
-  {name, value, target, ok}; `ok` is None where the run lacks what a check needs (e.g. a
-  `--config.stages` subset). pi_SFT's accuracy on a domain is taken in the max cell, the
-  one budget where no style is cut, so a teacher is compared with pi_SFT at equal room."""
+  """The toy run's expected results, evaluated on this run: a list of {name, value, target,
+  ok}; `ok` is None where the run lacks what a check needs (e.g. a `--config.stages`
+  subset). pi_SFT's accuracy on a domain is taken in its largest-tau cell, the one budget
+  where no style is cut, so a teacher is compared with pi_SFT at equal room. Lengths are
+  expected to grow with tau."""
   cells, out = rep["cells"], []
+  grid = Grid.from_json(rep["grid"])
+  top, by_budget = grid.top_effort, grid.by_budget
 
   def add(name, value, target, ok):
     out.append({"name": name, "value": value, "target": target,
@@ -46,23 +50,24 @@ def checks(rep: dict) -> list:
     c = _cell(cells, policy, d, e)
     return None if c is None else c[key]
 
-  for d in DOMAINS:
-    t, f = get("teacher", d, "max", "accuracy"), get("sft", d, "max", "accuracy")
+  for d in grid.domains:
+    t, f = get("teacher", d, top, "accuracy"), get("sft", d, top, "accuracy")
     gain = None if t is None or f is None else t - f
-    add(f"teacher {d}/max accuracy - pi_SFT {d}/max accuracy", gain, ">= 0.10",
+    add(f"teacher {d}/{top} accuracy - pi_SFT {d}/{top} accuracy", gain, ">= 0.10",
         None if gain is None else gain >= 0.10 - 1e-9)
-  for policy in ("teacher", "student"):
-    for d in DOMAINS:
-      lens = [get(policy, d, e, "mean_length") for e in EFFORTS]  # low, high, max
-      ok = None if None in lens else all(b > a for a, b in zip(lens, lens[1:]))
-      add(f"{policy} {d} mean length low < high < max", lens, "strict", ok)
-  for d in DOMAINS:
-    for e in EFFORTS:
+  if len(by_budget) > 1:
+    for policy in ("teacher", "student"):
+      for d in grid.domains:
+        lens = [get(policy, d, e, "mean_length") for e in by_budget]  # smallest tau first
+        ok = None if None in lens else all(b > a for a, b in zip(lens, lens[1:]))
+        add(f"{policy} {d} mean length {' < '.join(by_budget)}", lens, "strict", ok)
+  for d in grid.domains:
+    for e in grid.effort_names:
       over = get("teacher", d, e, "over_budget_rate")
       add(f"teacher {d}/{e} over-budget rate", over, "<= 0.05",
           None if over is None else over <= 0.05)
-  for d in DOMAINS:
-    for e in EFFORTS:
+  for d in grid.domains:
+    for e in grid.effort_names:
       sa, ta = get("student", d, e, "accuracy"), get("teacher", d, e, "accuracy")
       add(f"student {d}/{e} accuracy / teacher's", None if sa is None else [sa, ta],
           ">= 0.9 x", None if sa is None or ta is None else sa >= 0.9 * ta - 1e-9)
@@ -117,13 +122,12 @@ def markdown(rep: dict) -> str:
            "", "| domain | effort | " + " | ".join(
                f"{p} acc | {p} len" for p in POLICIES) + " |",
            "|---|---|" + "---|---|" * len(POLICIES)]
-  for d in DOMAINS:
-    for e in EFFORTS:
-      row = [d, e]
-      for p in POLICIES:
-        c = _cell(cells, p, d, e)
-        row += ["-", "-"] if c is None else [f"{c['accuracy']:.3f}", f"{c['mean_length']:.1f}"]
-      lines.append("| " + " | ".join(row) + " |")
+  for d, e in Grid.from_json(rep["grid"]).cells:
+    row = [d, e]
+    for p in POLICIES:
+      c = _cell(cells, p, d, e)
+      row += ["-", "-"] if c is None else [f"{c['accuracy']:.3f}", f"{c['mean_length']:.1f}"]
+    lines.append("| " + " | ".join(row) + " |")
   kl = rep["kl"]
   if kl["curve"]:
     ratio = kl_drop(kl)
@@ -149,8 +153,8 @@ def markdown(rep: dict) -> str:
   if rep.get("checks"):
     passed = sum(c["ok"] is True for c in rep["checks"])
     known = sum(c["ok"] is not None for c in rep["checks"])
-    lines += ["", f"Toy bars of the teacher-factory and MOPD issues: {passed} of {known} met "
-              "(pi_SFT's domain accuracy is its max cell's).", "",
+    lines += ["", f"Expected results of the toy run: {passed} of {known} met (pi_SFT's domain "
+              "accuracy is its largest-tau cell's).", "",
               "| check | value | target | met |", "|---|---|---|---|"]
     lines += [f"| {c['name']} | {_fmt(c['value'])} | {c['target']} | "
               f"{'-' if c['ok'] is None else 'yes' if c['ok'] else 'no'} |" for c in rep["checks"]]
@@ -173,16 +177,18 @@ def plots(rep: dict, outdir: str) -> list:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   cells = rep["cells"]
+  grid = Grid.from_json(rep["grid"])
+  efforts, n = list(grid.by_budget), len(grid.domains)
   written = []
-  fig, axes = plt.subplots(2, 3, figsize=(13, 7))
-  for j, d in enumerate(DOMAINS):
+  fig, axes = plt.subplots(2, n, figsize=(1 + 4 * n, 7), squeeze=False)
+  for j, d in enumerate(grid.domains):
     for i, key in enumerate(("accuracy", "mean_length")):
       ax = axes[i, j]
-      x = np.arange(len(EFFORTS))
+      x = np.arange(len(efforts))
       for k, p in enumerate(POLICIES):
-        vals = [(_cell(cells, p, d, e) or {}).get(key, np.nan) for e in EFFORTS]
+        vals = [(_cell(cells, p, d, e) or {}).get(key, np.nan) for e in efforts]
         ax.bar(x + (k - 1) * 0.27, vals, 0.27, label=p)
-      ax.set_xticks(x, EFFORTS)
+      ax.set_xticks(x, efforts)
       ax.set_title(f"{d}: {key}")
       if i == 0 and j == 0:
         ax.legend()
@@ -212,13 +218,13 @@ def plots(rep: dict, outdir: str) -> list:
     plt.close(fig)
     written.append(path)
 
-  fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
-  for j, d in enumerate(DOMAINS):
+  fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.5), squeeze=False)
+  for j, d in enumerate(grid.domains):
     for p in POLICIES:
-      vals = [(_cell(cells, p, d, e) or {}).get("mean_length", np.nan) for e in EFFORTS]
-      axes[j].plot(EFFORTS, vals, marker="o", label=p)
-    axes[j].set_title(f"{d}: length vs effort")
-  axes[0].legend()
+      vals = [(_cell(cells, p, d, e) or {}).get("mean_length", np.nan) for e in efforts]
+      axes[0, j].plot(efforts, vals, marker="o", label=p)
+    axes[0, j].set_title(f"{d}: length vs effort")
+  axes[0, 0].legend()
   fig.tight_layout()
   path = os.path.join(outdir, "length.png")
   fig.savefig(path, dpi=90)
@@ -227,8 +233,8 @@ def plots(rep: dict, outdir: str) -> list:
   return written
 
 
-def write(workdir: str, config_json: dict, wall_seconds: dict) -> dict:
-  rep = build(workdir, config_json, wall_seconds)
+def write(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> dict:
+  rep = build(workdir, config_json, wall_seconds, grid)
   rep["checks"] = checks(rep)
   checkpoint.write_json(os.path.join(workdir, "report.json"), rep)
   with open(os.path.join(workdir, "report.md"), "w") as f:

@@ -1,6 +1,7 @@
 """Domain RL with an annealed length budget: one lane per domain, three frozen teachers each.
 
-A lane starts from pi_SFT and runs the efforts in order max -> high -> low, each continuing
+A lane starts from pi_SFT and runs the efforts from the largest tau down (the toy's
+max -> high -> low), each continuing
 from the previous one. A trajectory scores -1 once it exceeds `tau_e * b0(x)` tokens
 (decoding is cut there), else the verifier's reward. The default optimiser is the Kimi
 K1.5/K2 policy-mirror-descent squared loss over K samples per prompt; GRPO with the clipped
@@ -19,54 +20,53 @@ can run one after another in one process or side by side as separate processes.
 """
 from __future__ import annotations
 
-import os
-import time
 from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import checkpoint, models, rollout, sft, train
+from mopd_jax import rollout, train
 from mopd_jax.tasks import base as task_base
 
-EFFORT_ORDER = ("max", "high", "low")
 REFERENCES = ("sampler", "sft", "parent")
 
 
-def references(spec: str) -> dict:
-  """`rl.reference` -> {effort: PMD old policy}: one value for every effort, or one per effort
-  in EFFORT_ORDER ("sampler,sft,sft"). "sampler": the policy that sampled the batch (one
-  update old: policy iteration); "sft": the lane's start (pi_SFT), held fixed; "parent": the
-  effort's parent teacher (pi_SFT for max), held fixed for the phase."""
+def references(spec: str, phases) -> dict:
+  """`rl.reference` -> {effort: PMD old policy} for a lane's `phases` (effort names in anneal
+  order, largest tau first). The spec is one value for every phase, two (the first phase,
+  then every budget phase), or one per phase, comma-separated ("sampler,sft"). "sampler":
+  the policy that sampled the batch (one update old: policy iteration); "sft": the lane's
+  start (pi_SFT), held fixed; "parent": the effort's parent teacher (pi_SFT for the first
+  phase), held fixed for the phase."""
+  phases = tuple(phases)
   kinds = [k.strip() for k in str(spec).split(",")]
-  if len(kinds) == 1:
-    kinds = kinds * len(EFFORT_ORDER)
-  if len(kinds) != len(EFFORT_ORDER) or not set(kinds) <= set(REFERENCES):
-    raise ValueError(f"rl.reference={spec!r}: expected one of {REFERENCES}, or one per effort "
-                     f"{EFFORT_ORDER} separated by commas (e.g. 'sampler,sft,sft')")
-  return dict(zip(EFFORT_ORDER, kinds))
+  if not set(kinds) <= set(REFERENCES) or len(kinds) not in (1, 2, len(phases)):
+    raise ValueError(f"rl.reference={spec!r}: expected one of {REFERENCES}; one value, two "
+                     f"(first phase, budget phases) or one per phase {phases}, separated by "
+                     "commas (e.g. 'sampler,sft')")
+  if len(kinds) != len(phases):  # one value for all, or (first phase, budget phases)
+    kinds = kinds[:1] + kinds[-1:] * (len(phases) - 1)
+  return dict(zip(phases, kinds))
 
 
-def phase_settings(c, effort: str) -> dict:
+def phase_settings(c, effort: str, phases) -> dict:
   """PMD old policy, learning rate, tau_kl and step count of one effort phase of the `rl`
-  config `c`: max uses `lr`/`tau_kl`/`steps_per_effort`; the budget phases (high, low) use
-  `anneal_lr`/`anneal_tau_kl`/`anneal_steps`, each falling back to the max value when unset
-  (0)."""
-  anneal = effort != EFFORT_ORDER[0]
-  return {"reference": references(c.get("reference", "sampler"))[effort],
-          "lr": (anneal and c.get("anneal_lr", 0)) or c.lr,
-          "tau_kl": (anneal and c.get("anneal_tau_kl", 0)) or c.tau_kl,
-          "steps": (anneal and c.get("anneal_steps", 0)) or c.steps_per_effort}
+  config `c` (`phases`: the lane's efforts in anneal order): the first phase uses
+  `lr`/`tau_kl`/`steps_per_effort`; the budget phases after it use
+  `anneal_lr`/`anneal_tau_kl`/`anneal_steps`, each falling back to the first phase's value
+  when 0."""
+  anneal = effort != tuple(phases)[0]
+  return {"reference": references(c.reference, phases)[effort],
+          "lr": (anneal and c.anneal_lr) or c.lr,
+          "tau_kl": (anneal and c.anneal_tau_kl) or c.tau_kl,
+          "steps": (anneal and c.anneal_steps) or c.steps_per_effort}
 
 
 def rl_batch(tok, trajs, rewards, width: int) -> train.TrainBatch:
-  arr = rollout.pad_batch(trajs, tok.pad_id, width)
-  return train.TrainBatch(tokens=jnp.asarray(arr["tokens"]),
-                          input_mask=jnp.asarray(arr["input_mask"]),
-                          loss_mask=jnp.asarray(arr["loss_mask"]),
-                          sampler_logprobs=jnp.asarray(arr["sampler_logprobs"]),
-                          rewards=jnp.asarray(rewards, jnp.float32))
+  return train.TrainBatch.from_padded(rollout.pad_batch(trajs, tok.pad_id, width),
+                                      sampler_logprobs=True,
+                                      rewards=jnp.asarray(rewards, jnp.float32))
 
 
 def rewards_of(task, examples, result: rollout.RolloutResult) -> np.ndarray:
@@ -97,12 +97,13 @@ def train_width(longest: int, floor: int) -> int:
 
 def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.RolloutEngine,
                task, next_examples: Callable[[int], list], *, effort: str, tau: float,
-               steps: int, group_size: int, width: int, seed: int,
+               phase: int, steps: int, group_size: int, width: int, seed: int,
                log: Optional[Callable] = None, start_step: int = 0, loop=None,
                reference=None, plateau: tuple = (0, 0.0)):
   """At most `steps` RL iterations at one effort level, fewer when the reward plateaus
   (`plateau` = (window, delta), see `plateaued`); returns the new state and per-step
-  metrics (their count is the number of steps run).
+  metrics (their count is the number of steps run). `phase`: the effort's place in its
+  lane's anneal (0 = the largest tau), which salts the sampling rng.
 
   `reference`: params held as PMD's old policy for the whole phase (`rl.reference` "sft"
   or "parent"), instead of the policy that sampled each batch.
@@ -120,9 +121,8 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
     exs = next_examples(step)
     rows = [ex for ex in exs for _ in range(group_size)]
     budgets = [task_base.budget(ex, tau) for ex in rows]
-    # A pure function of (seed, effort, step): a resumed lane draws the same samples.
-    rng = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed),
-                                                EFFORT_ORDER.index(effort)), step)
+    # A pure function of (seed, phase, step): a resumed lane draws the same samples.
+    rng = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), phase), step)
     res = engine.run(state.params, rows, [effort] * len(rows), budgets, rng,
                      environment=task.environment)
     rewards = rewards_of(task, rows, res)

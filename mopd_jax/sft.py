@@ -9,17 +9,14 @@ Effort token of an SFT example (`effort_mode`):
 """
 from __future__ import annotations
 
-import dataclasses
-import time
 from typing import Callable, Mapping, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import models, rollout, train
+from mopd_jax import rollout, train
 from mopd_jax.tasks import base as task_base
-from mopd_jax.tokenizer import EFFORTS
+from mopd_jax.tokenizer import DEFAULT_EFFORTS
 
 STYLE_EFFORT = {"full": "max", "brief": "high", "direct": "low"}
 
@@ -35,12 +32,43 @@ def style_probs(weights: Optional[Sequence[float]], styles: Sequence[str]):
   return w / w.sum()
 
 
+def schedule(spec: str, domains: Sequence[str], known: Sequence[str]) -> list:
+  """The repeating sequence of domains SFT trains on, one per update (`sft.schedule`, e.g.
+  "gen,agt,agt,cod,cod" gives the longer traces twice the updates; "" = round-robin over
+  `domains`). Known domains outside the run's `domains` are dropped from it, so one config's
+  schedule serves a `--config.domains` subset; it must still name every run domain."""
+  spec = spec or ",".join(domains)
+  out = [d.strip() for d in spec.split(",") if d.strip()]
+  unknown = sorted(set(out) - set(known))
+  out = [d for d in out if d in domains]
+  if unknown or set(out) != set(domains):
+    raise ValueError(f"sft.schedule={spec!r} must name every domain of {list(domains)} "
+                     f"and no unknown one{f' (unknown: {unknown})' if unknown else ''}")
+  return out
+
+
+def domain_style_weights(spec, domains: Sequence[str], known: Sequence[str],
+                         styles: Sequence[str] = task_base.STYLES) -> dict:
+  """`sft.style_weights` as {domain: (w_full, w_brief, w_direct)} for the run's `domains`;
+  a domain it does not name draws its styles uniformly, a known domain outside the run is
+  ignored, an unknown one raises."""
+  weights = {d: tuple(float(x) for x in w) for d, w in dict(spec or {}).items()}
+  unknown = sorted(set(weights) - set(known))
+  if unknown:
+    raise ValueError(f"sft.style_weights names unknown domains {unknown}; known: "
+                     f"{sorted(known)}")
+  for w in weights.values():
+    style_probs(w, styles)  # raises on a bad tuple
+  return {d: w for d, w in weights.items() if d in domains}
+
+
 def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomState,
               effort_mode: str, width: int, styles: Sequence[str] = task_base.STYLES,
-              style_weights: Optional[Mapping[str, Sequence[float]]] = None
-              ) -> train.TrainBatch:
+              style_weights: Optional[Mapping[str, Sequence[float]]] = None,
+              efforts: Sequence[str] = DEFAULT_EFFORTS) -> train.TrainBatch:
   """One padded batch: each example with one of its reference solutions, drawn uniformly
-  or, for a domain named in `style_weights`, with that domain's weights over `styles`."""
+  or, for a domain named in `style_weights`, with that domain's weights over `styles`; its
+  effort token (effort_mode "random") drawn uniformly from `efforts`."""
   probs = {d: style_probs(w, styles) for d, w in (style_weights or {}).items()}
   trajs = []
   for ex in examples:
@@ -49,26 +77,25 @@ def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomS
     if effort_mode == "style":
       effort = STYLE_EFFORT[style]
     elif effort_mode == "random":
-      effort = EFFORTS[rng.randint(len(EFFORTS))]
+      effort = efforts[rng.randint(len(efforts))]
     else:
       raise ValueError(f"unknown effort_mode {effort_mode!r}; expected 'random' or 'style'")
     trajs.append(rollout.sft_trajectory(tok, ex, effort, ex.solutions[style]))
-  arr = rollout.pad_batch(trajs, tok.pad_id, width)
-  return train.TrainBatch(tokens=jnp.asarray(arr["tokens"]),
-                          input_mask=jnp.asarray(arr["input_mask"]),
-                          loss_mask=jnp.asarray(arr["loss_mask"]))
+  return train.TrainBatch.from_padded(rollout.pad_batch(trajs, tok.pad_id, width))
 
 
 def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
               next_examples: Callable[[int], list], *, steps: int, effort_mode: str,
               width, seed: int, log: Optional[Callable] = None,
               start_step: int = 0, loop=None,
-              style_weights: Optional[Mapping[str, Sequence[float]]] = None):
+              style_weights: Optional[Mapping[str, Sequence[float]]] = None,
+              efforts: Sequence[str] = DEFAULT_EFFORTS):
   """Runs `steps` SFT updates; `next_examples(step)` returns the step's examples.
 
   The batch rng is a pure function of (seed, step), so a resumed run sees the same data.
   `width`: the padded length, or a function of the step's examples returning it.
   `style_weights`: per domain, the weights of (full, brief, direct) (see `sft_batch`).
+  `efforts`: the run's effort names, whose tokens the random effort mode draws from.
   `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
   run then starts at `loop.start_step` and the returned history includes restored steps.
   """
@@ -79,7 +106,7 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
     rng = np.random.RandomState([seed, step])
     exs = next_examples(step)
     batch = sft_batch(tok, exs, rng, effort_mode, width(exs) if callable(width) else width,
-                      style_weights=style_weights)
+                      style_weights=style_weights, efforts=efforts)
     state, m = trainer.step(state, batch)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     if loop is not None:

@@ -26,10 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from mopd_jax import logprobs, models
-from mopd_jax.tokenizer import EFFORTS
+from mopd_jax.tasks.base import TOY_DOMAINS
+from mopd_jax.tokenizer import DEFAULT_EFFORTS
 
-DOMAINS = ("gen", "agt", "cod")
-DEFAULT_NAMES = tuple(f"{d}/{e}" for d, e in itertools.product(DOMAINS, EFFORTS))
+# The toy grid's teacher names (gen/low, gen/high, gen/max, agt/low, ...); a run's own names
+# are its grid's (`grid.Grid.names`).
+DEFAULT_NAMES = tuple(f"{d}/{e}"
+                      for d, e in itertools.product(TOY_DOMAINS, DEFAULT_EFFORTS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,3 +203,76 @@ def scatter_stratified(y_KxbxT, index_Kxb, batch_size: int):
   valid = index_Kxb >= 0
   out[index_Kxb[valid]] = y[valid]
   return out
+
+
+# --- the teacher manifest (<workdir>/teachers.json) ------------------------------------------
+# {"grid": Grid.to_json(), "teachers": {"d/e": entry}, ...}; an entry holds the teacher's
+# checkpoint `path`, its `format` ("hf" for a Hugging Face checkpoint, else orbax), `tau`,
+# `parent`, the student `model` signature it was trained with and its validation metrics.
+
+def model_signature(cfg: models.ModelConfig) -> dict:
+  """What a teacher must share with the student to be scored against it (manifest field)."""
+  return {"family": cfg.family, "vocab_size": cfg.vocab_size, "num_layers": cfg.num_layers,
+          "d_model": cfg.d_model}
+
+
+def check_manifest_grid(manifest: dict, path: str, grid) -> None:
+  """A manifest written for another task grid (domains, efforts or taus) is not this run's:
+  ValueError naming both grids."""
+  from mopd_jax.grid import Grid  # pylint: disable=g-import-not-at-top
+  recorded = manifest.get("grid") if isinstance(manifest, dict) else None
+  if recorded is not None and Grid.from_json(recorded) != grid:
+    raise ValueError(f"teacher manifest {path} holds teachers trained on the "
+                     f"{Grid.from_json(recorded).describe()}, but this run's is the "
+                     f"{grid.describe()}; use another workdir, or the same domains, efforts "
+                     "and taus")
+
+
+def validate_manifest(manifest: dict, path: str, grid, student_cfg: models.ModelConfig,
+                      resolve_hf=None) -> None:
+  """The run's grid, every cell of it present, each checkpoint where the manifest says, and
+  each teacher of the student's architecture family and vocabulary; raises naming the
+  offending cells. `resolve_hf(path) -> ModelConfig` reads a Hugging Face teacher's config."""
+  import os  # pylint: disable=g-import-not-at-top
+  cells = manifest.get("teachers") if isinstance(manifest, dict) else None
+  if not isinstance(cells, dict):
+    raise ValueError(f"teacher manifest {path} has no 'teachers' mapping")
+  check_manifest_grid(manifest, path, grid)
+  names = grid.names
+  missing = [n for n in names if n not in cells]
+  if missing:
+    raise FileNotFoundError(f"teacher manifest {path} lacks {missing} ({len(names)} cells "
+                            f"{list(names)} are needed); run the rl stage")
+  problems = []
+  student = model_signature(student_cfg)
+  for name in names:
+    entry = cells[name]
+    if not os.path.isdir(entry.get("path", "")):
+      problems.append(f"{name}: no checkpoint directory {entry.get('path')!r}")
+    if entry.get("format") == "hf":
+      try:
+        check_compatible(student_cfg, resolve_hf(entry["path"]), what=name)
+      except (ValueError, OSError) as e:
+        problems.append(f"{name}: {e}")
+      continue
+    sig = entry.get("model", student)  # an entry without the field is checked on load
+    # rl-stage teachers are copies of pi_SFT: family, vocabulary and shape all match.
+    diffs = [f"{k} {sig.get(k)!r} (student: {v!r})" for k, v in student.items()
+             if sig.get(k) != v]
+    if diffs:
+      problems.append(f"{name}: " + ", ".join(diffs))
+  if problems:
+    raise ValueError(f"teacher manifest {path} is inconsistent with the student:\n  " +
+                     "\n  ".join(problems))
+
+
+def teacher_table(manifest: dict) -> str:
+  lines = ["teacher     tau   acc(val)  length  over-budget",
+           "----------  ----  --------  ------  -----------"]
+  for name, t in sorted(manifest["teachers"].items()):
+    m = t["eval_validation"]
+    if m is None:
+      continue
+    lines.append(f"{name:10s}  {t['tau']:.2f}  {m['accuracy']:8.3f}  {m['mean_length']:6.1f}  "
+                 f"{m['over_budget_rate']:11.3f}")
+  return "\n".join(lines)

@@ -4,15 +4,27 @@ same interface over a Hugging Face `tokenizers` file (`load_tokenizer` picks one
 Every tokenizer exposes the same small interface: `encode(text) -> list[int]`,
 `decode(ids) -> str`, `vocab_size`, the special ids (`pad_id`, `bos_id`, `eos_id`), one token
 per effort level (`effort_id(name)`) and the tool-call / observation markers.
+
+The effort tokens follow the run's efforts (`grid.Grid.effort_names`): `<name>` for each, in
+the config's order, between the PAD/BOS/EOS and the tool markers. The toy's three efforts
+give the ids listed in `SPECIALS`.
 """
 from __future__ import annotations
 
 import string
 from typing import Iterable
 
-EFFORTS = ("low", "high", "max")
-SPECIALS = ("<pad>", "<bos>", "<eos>", "<low>", "<high>", "<max>", "<call>", "</call>", "<obs>",
-            "</obs>")
+DEFAULT_EFFORTS = ("low", "high", "max")  # the toy's efforts
+_HEAD = ("<pad>", "<bos>", "<eos>")
+_TOOL = ("<call>", "</call>", "<obs>", "</obs>")
+
+
+def specials(efforts=DEFAULT_EFFORTS) -> tuple:
+  """The special tokens of a tokenizer for these efforts, in id order."""
+  return _HEAD + tuple(f"<{e}>" for e in efforts) + _TOOL
+
+
+SPECIALS = specials()
 # Printable ASCII minus a few characters the toy tasks never use, plus newline.
 CHARSET = string.digits + string.ascii_lowercase + string.ascii_uppercase + " \n" + \
     "+-*/%=<>()[]{},.:;?!_'\"#&|^~"
@@ -21,13 +33,14 @@ CHARSET = string.digits + string.ascii_lowercase + string.ascii_uppercase + " \n
 class CharTokenizer:
   """One id per special token, then one per character of `CHARSET`."""
 
-  def __init__(self, charset: str = CHARSET):
+  def __init__(self, charset: str = CHARSET, efforts=DEFAULT_EFFORTS):
     if len(set(charset)) != len(charset):
       raise ValueError("charset has repeated characters")
-    self._specials = {s: i for i, s in enumerate(SPECIALS)}
-    self._chars = {c: i + len(SPECIALS) for i, c in enumerate(charset)}
+    self.efforts = _check_efforts(efforts)
+    self._specials = {s: i for i, s in enumerate(specials(self.efforts))}
+    self._chars = {c: i + len(self._specials) for i, c in enumerate(charset)}
     self._inverse = {i: s for s, i in {**self._specials, **self._chars}.items()}
-    self.pad_id, self.bos_id, self.eos_id = (self._specials[s] for s in SPECIALS[:3])
+    self.pad_id, self.bos_id, self.eos_id = (self._specials[s] for s in _HEAD)
     self.call_id, self.call_end_id = self._specials["<call>"], self._specials["</call>"]
     self.obs_id, self.obs_end_id = self._specials["<obs>"], self._specials["</obs>"]
 
@@ -36,8 +49,8 @@ class CharTokenizer:
     return len(self._inverse)
 
   def effort_id(self, effort: str) -> int:
-    if effort not in EFFORTS:
-      raise ValueError(f"unknown effort {effort!r}; expected one of {EFFORTS}")
+    if effort not in self.efforts:
+      raise ValueError(f"unknown effort {effort!r}; expected one of {self.efforts}")
     return self._specials[f"<{effort}>"]
 
   def encode(self, text: str) -> list:
@@ -72,7 +85,7 @@ class CharTokenizer:
 class HFTokenizer:
   """The same interface over a Hugging Face `tokenizers` `tokenizer.json`.
 
-  The effort tokens (`<low> <high> <max>`) and the tool markers (`<call> </call> <obs> </obs>`)
+  The effort tokens (`<low> <high> <max>`, or `<name>` of each of `efforts`) and the tool markers (`<call> </call> <obs> </obs>`)
   are added as special tokens (a token the file already has keeps its id). PAD/BOS/EOS reuse
   the tokens named by `pad_token`/`bos_token`/`eos_token` when the file has them (e.g.
   `"<|endoftext|>"`), otherwise our `<pad> <bos> <eos>` are added. `encode` never adds BOS/EOS
@@ -81,7 +94,7 @@ class HFTokenizer:
   """
 
   def __init__(self, path: str, pad_token: str | None = None, bos_token: str | None = None,
-               eos_token: str | None = None):
+               eos_token: str | None = None, efforts=DEFAULT_EFFORTS):
     from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
     import os  # pylint: disable=g-import-not-at-top
     path = str(path)
@@ -92,9 +105,10 @@ class HFTokenizer:
     except Exception as e:  # pylint: disable=broad-except  (the Rust error types vary)
       raise ValueError(f"cannot load tokenizer from {path!r}: {e}") from None
     self.path = path
+    self.efforts = _check_efforts(efforts)
     chosen = {"<pad>": pad_token, "<bos>": bos_token, "<eos>": eos_token}
     names = {}
-    for ours in SPECIALS:
+    for ours in specials(self.efforts):
       theirs = chosen.get(ours)
       if theirs is not None and self._tok.token_to_id(theirs) is None:
         raise ValueError(f"{path}: has no token {theirs!r} to use for {ours}")
@@ -103,7 +117,7 @@ class HFTokenizer:
     # (matched whole in the text, dropped by `decode(skip_special=True)`).
     self._tok.add_special_tokens(list(dict.fromkeys(names.values())))
     self._special_ids = {ours: self._tok.token_to_id(n) for ours, n in names.items()}
-    self.pad_id, self.bos_id, self.eos_id = (self._special_ids[s] for s in SPECIALS[:3])
+    self.pad_id, self.bos_id, self.eos_id = (self._special_ids[s] for s in _HEAD)
     self.call_id, self.call_end_id = self._special_ids["<call>"], self._special_ids["</call>"]
     self.obs_id, self.obs_end_id = self._special_ids["<obs>"], self._special_ids["</obs>"]
     self.chat_template = _read_chat_template(os.path.dirname(path))
@@ -122,8 +136,8 @@ class HFTokenizer:
         messages=messages, add_generation_prompt=add_generation_prompt, **kwargs)
 
   def effort_id(self, effort: str) -> int:
-    if effort not in EFFORTS:
-      raise ValueError(f"unknown effort {effort!r}; expected one of {EFFORTS}")
+    if effort not in self.efforts:
+      raise ValueError(f"unknown effort {effort!r}; expected one of {self.efforts}")
     return self._special_ids[f"<{effort}>"]
 
   def encode(self, text: str) -> list:
@@ -161,15 +175,27 @@ def _read_chat_template(folder: str):
   return template
 
 
-def load_tokenizer(spec: str = "char", **kwargs):
-  """`"char"` -> `CharTokenizer()`; a path to a `tokenizer.json` (or a folder holding one) ->
-  `HFTokenizer(path, **kwargs)`. ValueError for anything else."""
+def _check_efforts(efforts) -> tuple:
+  efforts = tuple(efforts)
+  if not efforts or len(set(efforts)) != len(efforts) or not all(
+      isinstance(e, str) and e.isidentifier() for e in efforts):
+    raise ValueError(f"efforts must be distinct identifier-like names, got {efforts!r}")
+  clash = [e for e in efforts if f"<{e}>" in _HEAD + _TOOL]
+  if clash:
+    raise ValueError(f"effort name(s) {clash} clash with the tokenizer's own special tokens")
+  return efforts
+
+
+def load_tokenizer(spec: str = "char", efforts=DEFAULT_EFFORTS, **kwargs):
+  """`"char"` -> `CharTokenizer(efforts=efforts)`; a path to a `tokenizer.json` (or a folder
+  holding one) -> `HFTokenizer(path, efforts=efforts, **kwargs)`. ValueError for anything
+  else."""
   import os  # pylint: disable=g-import-not-at-top
   if spec == "char":
     if kwargs:
       raise ValueError(f"CharTokenizer takes no options, got {sorted(kwargs)}")
-    return CharTokenizer()
+    return CharTokenizer(efforts=efforts)
   if isinstance(spec, str) and (os.path.isfile(spec) or
                                 os.path.isfile(os.path.join(spec, "tokenizer.json"))):
-    return HFTokenizer(spec, **kwargs)
+    return HFTokenizer(spec, efforts=efforts, **kwargs)
   raise ValueError(f"unknown tokenizer {spec!r}: expected 'char' or a path to a tokenizer.json")

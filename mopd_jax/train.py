@@ -40,6 +40,17 @@ class TrainBatch:
   teacher_topk_ids: Optional[jax.Array] = None  # int32 [B, T, k]
   rewards: Optional[jax.Array] = None  # f32 [B] sequence rewards, rows prompt-major (RL)
 
+  @classmethod
+  def from_padded(cls, arr: dict, *, sampler_logprobs: bool = False, **fields) -> "TrainBatch":
+    """The batch of a `rollout.pad_batch` result (the one padded layout every loop uses):
+    its tokens and masks, its sampler log-probs when `sampler_logprobs`, and any other
+    field given (arrays or None)."""
+    kw = {k: jnp.asarray(arr[k]) for k in ("tokens", "input_mask", "loss_mask")}
+    if sampler_logprobs:
+      kw["sampler_logprobs"] = jnp.asarray(arr["sampler_logprobs"])
+    kw.update({k: None if v is None else jnp.asarray(v) for k, v in fields.items()})
+    return cls(**kw)
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:

@@ -9,14 +9,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CASES = [
     ("c.mesh.data = 2", "mesh"),
-    ("c.effort.tau_high = 1.5", "strictly ordered"),
-    ("c.effort.tau_low = 0.8", "strictly ordered"),
+    ("c.effort.high.tau = 1.5", "taus must differ"),
+    ("c.effort.low.tau = float('nan')", "tau must be a finite number"),
+    ("c.effort.low.tau = -1.0", "tau must be a finite number"),
+    ("c.domains = 'gen,math'", "unknown domain"),
+    ("c.efforts = 'low,medium'", "unknown effort"),
+    ("c.efforts = 'low,low'", "repeats a name"),
+    ("c.domains = ''", "names no entry"),
+    ("c.tasks.gen.task = 'algebra'", "not a registered task"),
     ("c.mopd.r_max = 0.0", "r_max"),
     ("c.mopd.loss = 'kl'", "mopd.loss"),
     ("c.checkpoint.every = 0", "checkpoint.every"),
     ("c.mopd.staleness = 2", "mopd.staleness"),
     ("c.sft.schedule = 'gen,agt'", "sft.schedule"),
     ("c.sft.schedule = 'gen,agt,cod,math'", "unknown: ['math']"),
+    ("c.tasks.x = {'task': 'gen'}; c.domains = 'gen,agt,cod,x'", "must name every domain"),
     ("c.sft.style_weights.agt = (1.0, 2.0)", "one per style"),
     ("c.sft.style_weights.agt = (0.0, 0.0, 0.0)", "not all zero"),
     ("c.sft.style_weights = {'math': (1.0, 1.0, 1.0)}", "unknown domains ['math']"),
@@ -26,9 +33,24 @@ CASES = [
     ("c.rl.reference = 'teacher'", "rl.reference"),
     ("c.mopd.teacher_temperature = 0.0", "mopd.teacher_temperature"),
     ("c.rl.loss = 'grpo'", "needs rl.loss='pmd'"),  # the toy's high and low hold pi_SFT
-    ("c.rl.reference = 'sampler,sft'", "one per effort"),
+    ("c.rl.reference = 'sampler,sft,sft,sft'", "one per phase"),
     ("c.rl.reference = 'phase'", "rl.reference"),
-    ("c.rl.anneal_tau_kl = -1.0", "tau_kl > 0"),
+    ("c.rl.anneal_tau_kl = -1.0", "rl.anneal_tau_kl must be a finite number >= 0"),
+    ("c.sft.steps = 0", "sft.steps must be an int >= 1, got 0"),
+    ("c.mopd.steps = -3", "mopd.steps must be an int >= 1, got -3"),
+    ("c.rl.group_size = 0", "rl.group_size must be an int >= 1"),
+    ("c.rl.temperature = float('nan')", "rl.temperature must be a finite number >= 0"),
+    ("c.eval.temperature = -0.5", "eval.temperature must be a finite number >= 0"),
+    ("c.mopd.lr = 0.0", "mopd.lr must be a finite number > 0"),
+    ("c.sft.lr = float('inf')", "sft.lr must be a finite number > 0"),
+    ("c.rl.tau_kl = -0.5", "rl.tau_kl must be a finite number > 0"),
+    ("c.data.sizes = (10, 0, 5)", "data.sizes must be three ints >= 1"),
+    ("c.sft.effort_mode = 'styled'", "sft.effort_mode='styled'"),
+    ("c.mopd.init = 'teacher'", "mopd.init='teacher'"),
+    ("c.rollout.max_response_tokens = 0", "rollout.max_response_tokens must be an int >= 1"),
+    ("c.mopd.effort_mix = (1.0, float('nan'), 1.0); "
+     "c.mopd.prompts_across_efforts = 'distinct'", "mopd.effort_mix"),
+    ("c.teacher.outside_cell = 'gen/medium'", "not a teacher cell"),
     ("c.rl.lane_processes = 0", "rl.lane_processes"),
     ("c.mopd.prompts_across_efforts = 'paired'", "mopd.prompts_across_efforts"),
     ("c.mopd.prompts_across_efforts = 'distinct'; c.mopd.effort_mix = (1.0, -1.0, 1.0)",
@@ -39,9 +61,9 @@ CASES = [
 
 @pytest.mark.parametrize("change, match", CASES)
 def test_bad_config_raises_under_python_O(change, match):
-  code = ("from configs import toy\nfrom mopd_jax import pipeline\n"
+  code = ("from configs import toy\nfrom mopd_jax import config\n"
           f"c = toy.get_config('fast')\n{change}\n"
-          "try:\n  pipeline.validate_config(c, 1)\nexcept ValueError as e:\n"
+          "try:\n  config.validate(c, 1)\nexcept ValueError as e:\n"
           "  print('ValueError:', e)\nelse:\n  print('no error')\n")
   out = subprocess.run([sys.executable, "-O", "-c", code], cwd=ROOT, capture_output=True,
                        text=True, timeout=120,
@@ -61,8 +83,8 @@ def test_unknown_key_and_wrong_type_are_rejected():
 
 def test_batch_not_divisible_by_data_axis():
   from configs import toy
-  from mopd_jax import pipeline
+  from mopd_jax import config
   c = toy.get_config("fast")
   c.mesh.data = 2
   with pytest.raises(ValueError, match="multiple of the data x fsdp"):
-    pipeline.validate_config(c, 2)
+    config.validate(c, 2)

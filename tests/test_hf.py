@@ -351,7 +351,7 @@ def test_missing_and_misshapen_tensors(tiny_ckpt, tmp_path):
 
 def test_qwen3_mopd_config(tiny_ckpt):
   import configs.qwen3_mopd as q
-  from mopd_jax import pipeline
+  from mopd_jax import config as config_mod
   from mopd_jax.tokenizer import CharTokenizer
 
   full = q.get_config()
@@ -366,14 +366,14 @@ def test_qwen3_mopd_config(tiny_ckpt):
 
   tiny = q.get_config("tiny")
   vocab = CharTokenizer().vocab_size
-  pipeline.validate_config(tiny, 1)
-  # The model block minus its checkpoint/tokenizer paths is what pipeline.model_config builds.
+  config_mod.validate(tiny, 1)
+  # The model block minus its checkpoint/tokenizer paths is what config.model_config builds.
   view = tiny.copy_and_resolve_references()
   with view.unlocked():
     for key in hf.BLOCK_KEYS[1:]:
       if key in view.model:
         del view.model[key]
-  cfg = pipeline.model_config(view, vocab)
+  cfg = config_mod.model_config(view, vocab)
   assert cfg == hf.resolve_model_config(tiny.model, vocab)
   assert (cfg.d_model, cfg.num_layers, cfg.vocab_size) == (64, 2, vocab)
   assert cfg.family == "qwen3" and cfg.qk_norm and cfg.param_dtype == "float32"

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from mopd_jax import logprobs, models, mopd, placement, rollout, sharding, teachers, train
-from mopd_jax.tasks import DOMAINS, get_task
-from mopd_jax.tokenizer import EFFORTS, CharTokenizer
+from mopd_jax.tasks import TOY_DOMAINS as DOMAINS, get_task
+from mopd_jax.tokenizer import DEFAULT_EFFORTS as EFFORTS, CharTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOK = CharTokenizer()
@@ -142,13 +142,13 @@ def test_outside_teacher_config_reports_initial_kl_per_cell(tmp_path):
 ])
 def test_bad_outside_teacher_config_raises(change, match):
   import configs.toy_outside_teacher as cfg_mod
-  from mopd_jax import pipeline
+  from mopd_jax import config as config_mod
   c = cfg_mod.get_config("fast")
   for k, v in change.items():
     setattr(c.teacher, k, v)
   with pytest.raises(ValueError, match=match):
-    pipeline.validate_config(c, 1)
+    config_mod.validate(c, 1)
   c = cfg_mod.get_config("fast")
   c.mopd.loss, c.mopd.top_k = "topk", 0
   with pytest.raises(ValueError, match="top_k"):
-    pipeline.validate_config(c, 1)
+    config_mod.validate(c, 1)

@@ -49,14 +49,21 @@ def test_rl_phase_settings():
   c = ml_collections.ConfigDict(dict(reference="sampler,sft,parent", lr=1e-3, tau_kl=0.5,
                                      anneal_lr=0.0, anneal_tau_kl=0.1, steps_per_effort=20,
                                      anneal_steps=30))
-  assert [rl.phase_settings(c, e) for e in rl.EFFORT_ORDER] == [
+  order = ("max", "high", "low")
+  assert [rl.phase_settings(c, e, order) for e in order] == [
       dict(reference="sampler", lr=1e-3, tau_kl=0.5, steps=20),
       dict(reference="sft", lr=1e-3, tau_kl=0.1, steps=30),
       dict(reference="parent", lr=1e-3, tau_kl=0.1, steps=30)]
-  assert rl.references("sft") == dict(max="sft", high="sft", low="sft")
-  for bad in ("phase", "sampler,sft", "sampler,,sft"):
+  assert rl.references("sft", order) == dict(max="sft", high="sft", low="sft")
+  # Two values: the first phase, then every budget phase, for any number of phases.
+  assert rl.references("sampler,sft", order) == dict(max="sampler", high="sft", low="sft")
+  assert rl.references("sampler,sft", ("a", "b")) == dict(a="sampler", b="sft")
+  assert rl.references("sampler,sft", ("only",)) == dict(only="sampler")
+  assert rl.references("sampler,sft,parent,sft", "abcd") == dict(a="sampler", b="sft",
+                                                                 c="parent", d="sft")
+  for bad in ("phase", "sampler,sft,sft,sft", "sampler,,sft"):
     with pytest.raises(ValueError, match="rl.reference"):
-      rl.references(bad)
+      rl.references(bad, order)
 
 
 def test_rl_train_width_is_a_power_of_two_above_the_floor():
@@ -72,7 +79,6 @@ def test_rl_lane_processes():
   c = lambda k: ml_collections.ConfigDict(dict(lane_processes=k))
   assert lanes.process_count(c(3), 3) == 3
   assert lanes.process_count(c(8), 4) == 4  # never more processes than lanes
-  assert lanes.process_count(ml_collections.ConfigDict({}), 3) == 1  # default: one process
   for bad in (0, -1, 1.5):
     with pytest.raises(ValueError, match="rl.lane_processes"):
       lanes.process_count(c(bad), 3)
@@ -82,9 +88,12 @@ def test_failed_rl_lane_processes_are_named_with_their_logs(tmp_path):
   """Lanes side by side with no pi_SFT to start from: every lane process fails, and the
   stage names each lane, its exit status and the end of its log (in a fresh process with
   one CPU device, the config's mesh)."""
-  code = ("from configs import toy\nfrom mopd_jax import lanes, pipeline\n"
-          f"run = pipeline.Run(toy.get_config('fast'), {str(tmp_path)!r})\n"
-          "try:\n  lanes.run_side_by_side(run, pipeline.rl_lanes(run), 3)\n"
+  code = ("from configs import toy\nfrom mopd_jax import lanes\n"
+          "from mopd_jax.stages import context, rl\n"
+          f"run = context.Run(toy.get_config('fast'), {str(tmp_path)!r})\n"
+          "lanes_ = rl.lanes_of(run)\n"
+          "try:\n  lanes.run_side_by_side(run.workdir, run.config.to_json(), lanes_, 3, "
+          "[rl.lane_steps(run, lane) for lane in lanes_])\n"
           "except RuntimeError as e:\n  print('RuntimeError:', e)\n")
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
@@ -98,22 +107,25 @@ def test_failed_rl_lane_processes_are_named_with_their_logs(tmp_path):
 
 
 def test_mopd_cell_prompts_shared_or_distinct_across_efforts():
-  from mopd_jax import pipeline
-  from mopd_jax.tasks import DOMAINS
+  from mopd_jax import grid as grid_mod, mopd
+  from mopd_jax.tasks import TOY_DOMAINS as DOMAINS
+  grid = grid_mod.Grid(DOMAINS, tuple(grid_mod.Effort(e, t) for e, t in
+                                      (("low", 0.3), ("high", 0.7), ("max", 1.5))))
 
   def iters(n):
     return {d: iter([[f"{d}{i}" for i in range(n)]]) for d in DOMAINS}
 
-  shared = pipeline.cell_prompts(iters(2), 2, shared=True)
+  shared = mopd.cell_prompts(iters(2), grid, 2, shared=True)
   assert len(shared) == 9  # domain-major: (gen, low), (gen, high), (gen, max), (agt, low), ...
   assert shared[0] == shared[1] == shared[2] == ["gen0", "gen1"]
   assert shared[3] == shared[5] == ["agt0", "agt1"]
-  distinct = pipeline.cell_prompts(iters(6), 2, shared=False)
+  distinct = mopd.cell_prompts(iters(6), grid, 2, shared=False)
   assert distinct[:3] == [["gen0", "gen1"], ["gen2", "gen3"], ["gen4", "gen5"]]
   assert distinct[8] == ["cod4", "cod5"]
   # An effort mix: every prompt in exactly one of its domain's cells, efforts as drawn.
   rng = np.random.RandomState(0)
-  mixed = pipeline.cell_prompts(iters(600), 200, shared=False, mix=(0.0, 1.0, 3.0), rng=rng)
+  mixed = mopd.cell_prompts(iters(600), grid, 200, shared=False, mix=(0.0, 1.0, 3.0),
+                            rng=rng)
   for i, d in enumerate(DOMAINS):
     low, high, top = mixed[3 * i:3 * i + 3]
     assert low == [] and sorted(high + top) == sorted(f"{d}{j}" for j in range(600))
@@ -156,7 +168,8 @@ def test_report_schema(workdir):
   for png in ("cells.png", "kl.png", "length.png"):
     assert os.path.getsize(os.path.join(workdir, png)) > 1000
   assert len(rep["checks"]) == 39 and all(c["ok"] in (True, False) for c in rep["checks"])
-  assert "Toy bars of the teacher-factory and MOPD issues" in open(
+  assert rep["grid"]["domains"] == ["gen", "agt", "cod"]
+  assert "Expected results of the toy run" in open(
       os.path.join(workdir, "report.md")).read()
 
 
@@ -164,16 +177,19 @@ def test_report_checks_evaluate_the_bars():
   """Each bar is computed from the cells, the KL curve and the wall times; a missing policy
   leaves its checks undecided (None) rather than failed."""
   from mopd_jax import report
+  from mopd_jax.tasks import TOY_DOMAINS
   lengths = {"low": 3.0, "high": 9.0, "max": 19.0}
   cells = []
-  for d in report.DOMAINS:
+  for d in TOY_DOMAINS:
     for e, n in lengths.items():
       cells.append({"policy": "sft", "domain": d, "effort": e, "accuracy": 0.5,
                     "mean_length": 19.0, "over_budget_rate": 0.0, "n": 8})
       cells.append({"policy": "teacher", "domain": d, "effort": e,
                     "accuracy": 0.6 if e == "max" else 0.4, "mean_length": n,
                     "over_budget_rate": 0.1 if (d, e) == ("cod", "low") else 0.0, "n": 8})
-  rep = {"cells": cells, "kl": {"initial": 2.0, "final": 0.5, "curve": [[0, 2.0], [1, 0.5]]},
+  grid = {"domains": list(TOY_DOMAINS), "efforts": {"low": 0.3, "high": 0.72, "max": 1.5}}
+  rep = {"grid": grid, "cells": cells,
+         "kl": {"initial": 2.0, "final": 0.5, "curve": [[0, 2.0], [1, 0.5]]},
          "wall_seconds": {"sft": 300.0, "rl": 400.0, "total": 1300.0}}
   got = {c["name"]: c["ok"] for c in report.checks(rep)}
   assert got["teacher gen/max accuracy - pi_SFT gen/max accuracy"] is True  # +0.10
@@ -240,9 +256,9 @@ def test_student_from_hugging_face_checkpoint(tmp_path):
   """`model.hf_path`: the run starts from a safetensors checkpoint written by our exporter."""
   import jax
   import configs.qwen3_mopd as q
-  from mopd_jax import hf, pipeline
+  from mopd_jax import config as config_mod, hf
   from mopd_jax.tokenizer import CharTokenizer
-  cfg = pipeline.model_config(q.get_config("tiny"), CharTokenizer().vocab_size)
+  cfg = config_mod.model_config(q.get_config("tiny"), CharTokenizer().vocab_size)
   ckpt = tmp_path / "student"
   hf.save_checkpoint(cfg, jax.device_get(__import__("mopd_jax").models.init_params(
       cfg, jax.random.PRNGKey(3))), str(ckpt))
@@ -261,12 +277,12 @@ def test_teachers_from_hugging_face_checkpoints(tmp_path):
   registered instead of trained, and MOPD distils from them."""
   import jax
   import configs.qwen3_mopd as q
-  from mopd_jax import hf, models, pipeline
+  from mopd_jax import config as config_mod, hf, models
   from mopd_jax.tokenizer import CharTokenizer
   cfg = q.get_config("tiny")
   vocab = CharTokenizer().vocab_size
   tcfg = hf.resolve_model_config(cfg.teacher, vocab)
-  assert tcfg.num_layers != pipeline.model_config(cfg, vocab).num_layers
+  assert tcfg.num_layers != config_mod.model_config(cfg, vocab).num_layers
   paths = []
   for i in range(9):
     p = tmp_path / f"t{i}"

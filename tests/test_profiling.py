@@ -8,14 +8,13 @@ import jax.numpy as jnp
 import pytest
 
 from configs import toy
-from mopd_jax import pipeline, profiling
+from mopd_jax import profiling
+from mopd_jax.stages.context import Progress
 
 
 @pytest.fixture
 def profile_cfg():
-  c = toy.get_config("fast").profile
-  yield c
-  profiling.configure(None, "")  # disarm: later tests build Progress bars too
+  return toy.get_config("fast").profile
 
 
 def _trace_files(root):
@@ -24,9 +23,9 @@ def _trace_files(root):
 
 def test_traces_the_configured_step_range(tmp_path, profile_cfg):
   profile_cfg.stage, profile_cfg.start_step, profile_cfg.num_steps = "sft", 1, 2
-  profiling.configure(profile_cfg, str(tmp_path))
-  assert pipeline.Progress("rl gen/max", 4).profiler is None  # another loop
-  bar = pipeline.Progress("sft", 4)
+  switch = profiling.Switch(profile_cfg, str(tmp_path))
+  assert Progress("rl gen/max", 4, switch=switch).profiler is None  # another loop
+  bar = Progress("sft", 4, switch=switch)
   f = jax.jit(lambda x: x @ x)
   running = []
   for _ in range(4):
@@ -36,12 +35,14 @@ def test_traces_the_configured_step_range(tmp_path, profile_cfg):
   bar.close()
   assert running == [False, True, True, False]
   assert _trace_files(tmp_path / "profile" / "sft")
-  assert pipeline.Progress("sft", 4).profiler is None  # one traced range per run
+  assert Progress("sft", 4, switch=switch).profiler is None  # one traced range per run
+  assert Progress("sft", 4).profiler is None  # no switch: no profiler
 
 
 def test_off_by_default_and_stage_names(tmp_path, profile_cfg):
-  assert profiling.configure(profile_cfg, str(tmp_path)) is None
-  assert pipeline.Progress("sft", 2).profiler is None
+  switch = profiling.Switch(profile_cfg, str(tmp_path))
+  assert switch.spec is None
+  assert Progress("sft", 2, switch=switch).profiler is None
   assert profiling.matches("rl", "rl gen/high") and profiling.matches("rl gen", "rl gen/high")
   assert profiling.matches("mopd", "mopd")
   assert not profiling.matches("mopd", "mopd init: teacher SFT")
@@ -54,4 +55,4 @@ def test_bad_switch_is_an_error(tmp_path, profile_cfg, field, value):
   profile_cfg.stage = "sft"
   setattr(profile_cfg, field, value)
   with pytest.raises(ValueError, match="profile"):
-    profiling.configure(profile_cfg, str(tmp_path))
+    profiling.Switch(profile_cfg, str(tmp_path))

@@ -25,7 +25,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from mopd_jax import checkpoint, models, pipeline, sharding, teachers, train
+from mopd_jax import checkpoint, grid as grid_mod, models, sharding, teachers, train
+from mopd_jax.tasks import TOY_DOMAINS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "experiments.run", "--config", "configs/toy.py:tiny"]
@@ -242,22 +243,32 @@ def test_skip_nonfinite_counts_skips(tmp_path):
 
 def test_teacher_manifest_validation(tmp_path):
   student = models.ModelConfig(**{**CFG.__dict__, "family": "qwen3"})
-  run = types.SimpleNamespace(model_cfg=student)
-  sig = pipeline.model_signature(student)
+  grid = grid_mod.Grid(TOY_DOMAINS, tuple(grid_mod.Effort(e, t) for e, t in
+                                          (("low", 0.3), ("high", 0.72), ("max", 1.5))))
+  check = lambda m: teachers.validate_manifest(m, "m.json", grid, student)
+  sig = teachers.model_signature(student)
   entries = {}
   for name in teachers.DEFAULT_NAMES:
     os.makedirs(tmp_path / name.replace("/", "_"))
     entries[name] = {"path": str(tmp_path / name.replace("/", "_")), "model": dict(sig)}
-  pipeline.validate_manifest(run, {"teachers": entries}, "m.json")  # consistent: no error
+  check({"teachers": entries})  # consistent: no error
+  check({"teachers": entries, "grid": grid.to_json()})  # recorded on the same grid
+  other = grid_mod.Grid(("gen", "cod"), grid.efforts)
+  with pytest.raises(ValueError, match=r"trained on the 2 x 3 grid: domains gen,cod.*this "
+                                       r"run's is the 3 x 3 grid"):
+    check({"teachers": entries, "grid": other.to_json()})
+  retaued = grid_mod.Grid(TOY_DOMAINS, grid.efforts[:2] + (grid_mod.Effort("max", 1.0),))
+  with pytest.raises(ValueError, match="tau 1"):
+    check({"teachers": entries, "grid": retaued.to_json()})
   partial = {k: v for k, v in entries.items() if k != "cod/low"}
   with pytest.raises(FileNotFoundError, match=r"m.json lacks \['cod/low'\]"):
-    pipeline.validate_manifest(run, {"teachers": partial}, "m.json")
+    check({"teachers": partial})
   bad = json.loads(json.dumps(entries))
   bad["gen/max"]["model"]["vocab_size"] = 999
   bad["agt/high"]["model"]["family"] = "llama"
   bad["cod/max"]["path"] = str(tmp_path / "nowhere")
   with pytest.raises(ValueError) as err:
-    pipeline.validate_manifest(run, {"teachers": bad}, "m.json")
+    check({"teachers": bad})
   msg = str(err.value)
   assert "gen/max: vocab_size 999" in msg and "agt/high: family 'llama'" in msg
   assert "cod/max: no checkpoint directory" in msg

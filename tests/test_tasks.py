@@ -13,13 +13,12 @@ from mopd_jax.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
 N = 400  # examples per domain in the generator tests
-_EFFORT = toy.get_config().effort
-TAUS = dict(max=_EFFORT.tau_max, high=_EFFORT.tau_high, low=_EFFORT.tau_low)  # the toy config's
+TAUS = {name: block.tau for name, block in toy.get_config().effort.items()}  # the toy config's
 # Length caps that keep toy sequences short (characters; a special token counts once).
 MAX_PROMPT, MAX_LEN = 64, dict(full=90, brief=56, direct=15)
 
 
-@pytest.fixture(scope="module", params=tasks.DOMAINS)
+@pytest.fixture(scope="module", params=tasks.TOY_DOMAINS)
 def domain_examples(request):
   task = tasks.get_task(request.param)
   return task, task.generate(seed=0, n=N)
@@ -42,17 +41,19 @@ def wrong_response(ex):
 
 # --- the interface ----------------------------------------------------------------------------
 def test_registry_and_names():
-  for d in tasks.DOMAINS:
+  for d in tasks.TOY_DOMAINS:
     t = tasks.get_task(d)
     assert t.name == d and (t.environment is not None) == (d == "agt")
   assert tasks.get_task("gen") is not tasks.get_task("gen")  # fresh counters per instance
-  with pytest.raises(ValueError, match="unknown domain"):
+  with pytest.raises(ValueError, match=r"unknown task 'math'; registered: \['agt', 'cod', "):
     tasks.get_task("math")
-  with pytest.raises(ValueError, match="unknown effort"):
-    tasks.validate_effort("medium")
-  assert tasks.validate_effort("max") == "max"
+  assert set(tasks.TOY_DOMAINS) <= set(tasks.registered())
+  relabelled = tasks.get_task("gen", domain="arith").generate(0, 2)
+  assert all(ex.domain == "arith" and ex.uid.startswith("arith-") for ex in relabelled)
+  with pytest.raises(ValueError, match="not a valid domain name"):
+    tasks.get_task("gen", domain="a/b")
   ex = tasks.get_task("gen").generate(0, 1)[0]
-  with pytest.raises(ValueError, match="unknown effort"):
+  with pytest.raises(ValueError, match="no tau configured"):
     tasks.effort_budget(ex, "turbo", TAUS)
   with pytest.raises(ValueError, match="no tau configured"):
     tasks.effort_budget(ex, "low", dict(max=1.0))
@@ -156,8 +157,9 @@ def test_bad_examples_are_refused():
   with pytest.raises(tasks.DataError, match="not valid UTF-8"):
     tasks.check_text(b"\xff\xfe", "prompt")
   assert tasks.check_text("ok".encode(), "prompt") == "ok"
-  with pytest.raises(ValueError, match="unknown domain"):
-    base.Example(prompt="p", **{**kw, "domain": "math"})
+  assert base.Example(prompt="p", **{**kw, "domain": "math"}).domain == "math"  # any name
+  with pytest.raises(ValueError, match="not a valid domain name"):
+    base.Example(prompt="p", **{**kw, "domain": "gen/max"})
   with pytest.raises(tasks.DataError, match="unknown style"):
     base.Example(prompt="p", solutions={"long": "x"}, **kw)
   with pytest.raises(tasks.DataError, match="b0"):
@@ -165,7 +167,7 @@ def test_bad_examples_are_refused():
 
 
 def test_prompt_length_error_or_counted_skip():
-  exs = [e for d in tasks.DOMAINS for e in tasks.get_task(d).generate(0, 10)]
+  exs = [e for d in tasks.TOY_DOMAINS for e in tasks.get_task(d).generate(0, 10)]
   cap = max(len(e.prompt) for e in exs) - 1
   with pytest.raises(tasks.DataError, match="over the maximum"):
     tasks.check_prompt_length(exs, cap, on_too_long="error")
@@ -305,7 +307,7 @@ SIZES = (300, 60, 60)
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   d = tmp_path_factory.mktemp("tfds")
-  for domain in tasks.DOMAINS:
+  for domain in tasks.TOY_DOMAINS:
     datasets.prepare(domain, str(d), seed=0, sizes=SIZES)
   return str(d)
 
@@ -315,7 +317,7 @@ def test_tfds_builds_without_tensorflow(data_dir):
   assert "tensorflow" not in sys.modules
 
 
-@pytest.mark.parametrize("domain", tasks.DOMAINS)
+@pytest.mark.parametrize("domain", tasks.TOY_DOMAINS)
 def test_tfds_splits_are_disjoint_and_match_the_generator(data_dir, domain):
   splits = {s: datasets.load_split(domain, s, data_dir, sizes=SIZES) for s in datasets.SPLITS}
   assert [len(splits[s]) for s in datasets.SPLITS] == list(SIZES)
@@ -337,8 +339,11 @@ def test_tfds_is_deterministic(data_dir, tmp_path):
       [e.to_json() for e in mine.__getitems__(range(60))]
   assert datasets.make_config("gen").name == "gen"
   assert datasets.make_config("gen", seed=1).name != datasets.make_config("gen", seed=2).name
-  with pytest.raises(ValueError, match="unknown domain"):
+  with pytest.raises(ValueError, match="unknown task 'math'"):
     datasets.make_config("math")
+  # A domain of another name runs a registered task: its own config, examples labelled so.
+  assert datasets.make_config("arith", task="gen").name == "arith_gen"
+  assert datasets.make_config("gen", task="gen").name == "gen"
   with pytest.raises(ValueError, match="unknown split"):
     datasets.load_split("gen", "dev", data_dir, sizes=SIZES)
 

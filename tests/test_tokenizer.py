@@ -4,7 +4,7 @@ import json
 import pytest
 
 from mopd_jax import tokenizer as tok_lib
-from mopd_jax.tokenizer import EFFORTS, SPECIALS, CharTokenizer, HFTokenizer, load_tokenizer
+from mopd_jax.tokenizer import DEFAULT_EFFORTS as EFFORTS, SPECIALS, CharTokenizer, HFTokenizer, load_tokenizer
 
 
 def _hf():
@@ -145,7 +145,7 @@ def test_same_interface(hf_path):
                  "vocab_size"):
       assert isinstance(getattr(t, attr), int), attr
     assert callable(t.encode) and callable(t.decode) and callable(t.effort_id)
-  assert tok_lib.EFFORTS == ("low", "high", "max")
+  assert tok_lib.DEFAULT_EFFORTS == ("low", "high", "max")
 
 
 def test_hf_chat_template(hf_path, tmp_path):
@@ -166,3 +166,30 @@ def test_hf_chat_template(hf_path, tmp_path):
   assert HFTokenizer(hf_path).chat_template is None
   with pytest.raises(ValueError, match="no chat_template"):
     HFTokenizer(hf_path).apply_chat_template([])
+
+
+def test_effort_tokens_follow_the_configured_efforts():
+  """The effort specials are the run's efforts, in order; ids stay inside the vocabulary."""
+  two = CharTokenizer(efforts=("low", "max"))
+  assert two.vocab_size == CharTokenizer().vocab_size - 1
+  assert [two.effort_id(e) for e in ("low", "max")] == [3, 4]
+  ids = two.encode("<call>~Zz</call>")
+  assert max(ids) < two.vocab_size and two.decode(ids) == "<call>~Zz</call>"
+  with pytest.raises(ValueError, match="unknown effort 'high'"):
+    two.effort_id("high")
+  five = CharTokenizer(efforts=("e0", "e1", "e2", "e3", "e4"))
+  assert five.vocab_size == CharTokenizer().vocab_size + 2
+  assert len({five.effort_id(f"e{i}") for i in range(5)}) == 5
+  for bad in ((), ("low", "low"), ("a b",), ("call",)):
+    with pytest.raises(ValueError, match="effort"):
+      CharTokenizer(efforts=bad)
+
+
+def test_hf_effort_specials_follow_the_configured_efforts(hf_path):
+  base_vocab = _hf().Tokenizer.from_file(hf_path).get_vocab_size(with_added_tokens=True)
+  t = HFTokenizer(hf_path, efforts=("short", "long"))
+  assert t.vocab_size == base_vocab + len(tok_lib.specials(("short", "long")))
+  assert len(t.encode("<short>")) == 1 and t.encode("<long>") == [t.effort_id("long")]
+  with pytest.raises(ValueError, match="unknown effort 'max'"):
+    t.effort_id("max")
+  assert load_tokenizer(hf_path, efforts=("short",)).effort_id("short") >= base_vocab

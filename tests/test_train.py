@@ -17,8 +17,8 @@ import pytest
 from benchmarks import memory_plan
 from configs import qwen3_mopd
 from mopd_jax import hf, models, mopd, placement, rollout, sharding, teachers, train
-from mopd_jax.tasks import DOMAINS, get_task
-from mopd_jax.tokenizer import EFFORTS, CharTokenizer
+from mopd_jax.tasks import TOY_DOMAINS as DOMAINS, get_task
+from mopd_jax.tokenizer import DEFAULT_EFFORTS as EFFORTS, CharTokenizer
 
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("none", "int8", "int4")

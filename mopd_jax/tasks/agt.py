@@ -86,8 +86,8 @@ class AgtEnvironment:
       return obs_text(ERR_BAD_CALL)
 
 
+@base.register("agt")
 class AgtTask(base.Task):
-  name = "agt"
 
   def __init__(self, num_people: int = 8, hops: int = 3, memo_hops: int = 2,
                stale_prob: float = 0.3):

@@ -21,9 +21,9 @@ import math
 import re
 from typing import Any, Callable, Iterable, Sequence
 
-from mopd_jax.tokenizer import EFFORTS, CharTokenizer
+from mopd_jax.tokenizer import CharTokenizer
 
-DOMAINS = ("gen", "agt", "cod")
+TOY_DOMAINS = ("gen", "agt", "cod")  # the toy's registered tasks (configs/toy.py runs these)
 STYLES = ("full", "brief", "direct")  # reasoning styles of the reference solutions, longest first
 B0_MARGIN = 1.1  # b0 = ceil(B0_MARGIN * (full-response tokens + 1 EOS))
 ON_TOO_LONG = ("error", "skip")
@@ -35,16 +35,45 @@ class DataError(ValueError):
   """Bad input data (a malformed record, an empty or over-long prompt, undecodable bytes)."""
 
 
+# --- the task registry -------------------------------------------------------------------
+_REGISTRY: dict = {}
+
+
+def register(name: str):
+  """Class decorator: `@register("gen")` next to a Task's definition makes it the task of
+  that name (`get_task(name)`, and a domain of a run config's `tasks` blocks)."""
+  def deco(cls):
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+      raise ValueError(f"a task named {name!r} is already registered ({_REGISTRY[name]})")
+    _REGISTRY[name] = cls
+    cls.name = name
+    return cls
+  return deco
+
+
+def registered() -> tuple:
+  """The names of every registered task."""
+  return tuple(sorted(_REGISTRY))
+
+
+def get_task(name: str, domain: str | None = None, **kwargs) -> "Task":
+  """A fresh instance (its own verifier counters) of the task registered as `name`.
+  `domain`: the label its examples carry when a run's domain runs a task of another name
+  (default: the task's own name)."""
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown task {name!r}; registered: {list(registered())}")
+  task = _REGISTRY[name](**kwargs)
+  if domain is not None and domain != name:
+    task.name = validate_domain(domain)
+  return task
+
+
 def validate_domain(domain: str) -> str:
-  if domain not in DOMAINS:
-    raise ValueError(f"unknown domain {domain!r}; expected one of {DOMAINS}")
+  """A domain label: a letter, then letters, digits or _ (the run's grid says which exist)."""
+  if not (isinstance(domain, str) and domain.isidentifier()):
+    raise ValueError(f"domain {domain!r} is not a valid domain name (a letter, then letters, "
+                     "digits or _)")
   return domain
-
-
-def validate_effort(effort: str) -> str:
-  if effort not in EFFORTS:
-    raise ValueError(f"unknown effort {effort!r}; expected one of {EFFORTS}")
-  return effort
 
 
 def check_text(text: Any, what: str = "text") -> str:
@@ -68,7 +97,7 @@ class Example:
   """One prompt with its labels. Every field is JSON-serialisable.
 
   uid: unique id within its dataset (e.g. "gen-3-17").
-  domain: one of DOMAINS (the router's `d`).
+  domain: the domain it belongs to (the router's `d`).
   prompt: the prompt text, never empty.
   b0: base budget in tokens (see module docstring); the budget at effort e is tau_e * b0.
   answer: the reference final answer (what follows the `#` of a correct response).
@@ -131,7 +160,6 @@ def budget(example: Example, tau: float) -> int:
 
 def effort_budget(example: Example, effort: str, taus: dict) -> int:
   """Budget at a named effort; `taus` maps effort name -> tau (from the config)."""
-  validate_effort(effort)
   if effort not in taus:
     raise ValueError(f"no tau configured for effort {effort!r}; have {sorted(taus)}")
   return budget(example, taus[effort])

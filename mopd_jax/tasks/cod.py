@@ -73,8 +73,8 @@ def expr_program(expr: str) -> str | None:
   return f"def f(x):\n    return ({expr})\n"
 
 
+@base.register("cod")
 class CodTask(base.Task):
-  name = "cod"
 
   def __init__(self, num_hidden: int = 8, timeout_s: float = 2.0, memory_mb: int = 256,
                cache_size: int = 4096, slope_digits: int = 6, intercept_digits: int = 4,

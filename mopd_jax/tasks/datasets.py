@@ -43,17 +43,24 @@ FILE_FORMAT = "array_record"
 
 @dataclasses.dataclass(eq=False)
 class TaskConfig(tfds.core.BuilderConfig):
-  """Which domain, from which seed, how many examples per split."""
+  """Which domain (and the registered task that generates it), from which seed, how many
+  examples per split."""
   domain: str = "gen"
+  task: str = ""  # "" = the task named like the domain
   seed: int = 0
   num_train: int = DEFAULT_SIZES[0]
   num_validation: int = DEFAULT_SIZES[1]
   num_test: int = DEFAULT_SIZES[2]
 
 
-def make_config(domain: str, seed: int = 0, sizes: Sequence[int] | None = None) -> TaskConfig:
-  """The config for (domain, seed, sizes); the defaults are the registered `mopd_tasks/<d>`."""
+def make_config(domain: str, seed: int = 0, sizes: Sequence[int] | None = None,
+                task: str = "") -> TaskConfig:
+  """The config for (domain, seed, sizes, task); the defaults are the registered
+  `mopd_tasks/<d>`. `task`: the registered task generating the domain ("" = `domain`)."""
   base.validate_domain(domain)
+  task = "" if task == domain else task
+  if (task or domain) not in base.registered():
+    raise ValueError(f"unknown task {task or domain!r}; registered: {list(base.registered())}")
   sizes = tuple(int(s) for s in (sizes or DEFAULT_SIZES))
   if len(sizes) != 3 or min(sizes) < 0:
     raise ValueError(f"sizes must be three non-negative ints (train, validation, test), got "
@@ -62,9 +69,11 @@ def make_config(domain: str, seed: int = 0, sizes: Sequence[int] | None = None) 
     raise ValueError(f"seed must be a non-negative int, got {seed!r}")
   name = domain if (seed, sizes) == (0, DEFAULT_SIZES) else \
       f"{domain}_s{seed}_{sizes[0]}_{sizes[1]}_{sizes[2]}"
-  return TaskConfig(name=name, domain=domain, seed=seed, num_train=sizes[0],
+  if task:
+    name += f"_{task}"
+  return TaskConfig(name=name, domain=domain, task=task, seed=seed, num_train=sizes[0],
                     num_validation=sizes[1], num_test=sizes[2],
-                    description=f"toy {domain} task, seed {seed}, sizes {sizes}")
+                    description=f"{domain} ({task or domain} task), seed {seed}, sizes {sizes}")
 
 
 class MopdTasks(tfds.core.GeneratorBasedBuilder):
@@ -72,7 +81,7 @@ class MopdTasks(tfds.core.GeneratorBasedBuilder):
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "gen/agt/cod toy tasks with full/brief/direct solutions."}
-  BUILDER_CONFIGS = [make_config(d) for d in base.DOMAINS]
+  BUILDER_CONFIGS = [make_config(d) for d in base.TOY_DOMAINS]
 
   @tfds.core.utils.classproperty
   @classmethod
@@ -96,7 +105,7 @@ class MopdTasks(tfds.core.GeneratorBasedBuilder):
   def _split_generators(self, dl_manager):
     del dl_manager  # nothing to download
     c = self.builder_config
-    task = get_task(c.domain)
+    task = get_task(c.task or c.domain, domain=c.domain)
     seen: set = set()
     out = {}
     for k, (split, n) in enumerate(zip(SPLITS, (c.num_train, c.num_validation, c.num_test))):
@@ -111,8 +120,8 @@ class MopdTasks(tfds.core.GeneratorBasedBuilder):
 
 
 def make_builder(domain: str, data_dir: str, seed: int = 0,
-                 sizes: Sequence[int] | None = None) -> MopdTasks:
-  config = make_config(domain, seed, sizes)
+                 sizes: Sequence[int] | None = None, task: str = "") -> MopdTasks:
+  config = make_config(domain, seed, sizes, task)
   # tfds refuses a config object that shares a registered config's name: pass the name then.
   registered = {c.name for c in MopdTasks.BUILDER_CONFIGS}
   return MopdTasks(data_dir=str(data_dir),
@@ -121,9 +130,9 @@ def make_builder(domain: str, data_dir: str, seed: int = 0,
 
 
 def prepare(domain: str, data_dir: str, seed: int = 0,
-            sizes: Sequence[int] | None = None) -> MopdTasks:
+            sizes: Sequence[int] | None = None, task: str = "") -> MopdTasks:
   """Builds the dataset into `data_dir` unless it is already there; returns the builder."""
-  builder = make_builder(domain, data_dir, seed, sizes)
+  builder = make_builder(domain, data_dir, seed, sizes, task)
   builder.download_and_prepare(file_format=FILE_FORMAT)
   return builder
 
@@ -161,11 +170,11 @@ class ExampleSource:
 
 
 def load_split(domain: str, split: str, data_dir: str, seed: int = 0,
-               sizes: Sequence[int] | None = None) -> ExampleSource:
+               sizes: Sequence[int] | None = None, task: str = "") -> ExampleSource:
   """Random-access `Example`s of one split, building the dataset first if needed."""
   if split not in SPLITS:
     raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-  builder = prepare(domain, data_dir, seed, sizes)
+  builder = prepare(domain, data_dir, seed, sizes, task)
   return ExampleSource(builder.as_data_source(split=split))
 
 

@@ -39,8 +39,8 @@ import itertools
 from mopd_jax.tasks import base
 
 
+@base.register("gen")
 class GenTask(base.Task):
-  name = "gen"
 
   def __init__(self, num_terms: int = 8, modulus: int = 3, stale_prob: float = 0.3):
     super().__init__()

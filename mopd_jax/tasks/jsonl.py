@@ -5,7 +5,7 @@
     task.verify(data.examples[0], "... so she pays 18 dollars.\\n#### 18")   # 1.0
 
 Records. `prompt` (non-empty string) and `answer` (string or number) are required; `domain`
-(one of DOMAINS, default `default_domain`) routes the example to its teachers; `budget`
+(a domain name, default `default_domain`) routes the example to its teachers; `budget`
 (positive int) is b0 in tokens. Without `budget`, b0 is estimated from the answer: if the answer
 holds reasoning (a `#` marker, GSM8K style `... #### 72`), b0 = ceil(1.1 * (its tokens + 1)),
 like the toy tasks; otherwise `default_budget`. Lengths are in tokens of `tokenizer`, or
@@ -84,8 +84,11 @@ def answers_match(predicted: str | None, reference: str) -> bool:
 
 def load_jsonl(path: str, *, max_prompt_len: int | None = None, tokenizer=None,
                on_too_long: str = "error", default_domain: str = "gen",
-               default_budget: int = 256) -> JsonlData:
-  """Reads a JSONL file into `Example`s (see the module docstring for the rules)."""
+               default_budget: int = 256, domains=None) -> JsonlData:
+  """Reads a JSONL file into `Example`s (see the module docstring for the rules).
+  `domains`: the domain names a record may carry (the run's grid); None = the registered
+  tasks."""
+  domains = tuple(base.registered() if domains is None else domains)
   if on_too_long not in base.ON_TOO_LONG:
     raise ValueError(f"on_too_long must be one of {base.ON_TOO_LONG}, got {on_too_long!r}")
   base.validate_domain(default_domain)
@@ -129,8 +132,8 @@ def load_jsonl(path: str, *, max_prompt_len: int | None = None, tokenizer=None,
       if not _reference(answer):
         fail("empty answer")
       domain = rec.get("domain", default_domain)
-      if domain not in base.DOMAINS:
-        fail(f"unknown domain {domain!r}; expected one of {base.DOMAINS}")
+      if domain not in domains:
+        fail(f"unknown domain {domain!r}; expected one of {list(domains)}")
       budget = rec.get("budget")
       if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
                                  or budget <= 0):

@@ -1,0 +1,172 @@
+"""The defaults of every run config: each field once, with what it does.
+
+`configs/toy.py` and `configs/qwen3_mopd.py` start from `get_config()` and override only
+what differs; the pipeline reads every field from the config, with no fallbacks of its own.
+Override any field from the command line, e.g. `--config.rl.lr=1e-4`, and the task grid with
+`--config.domains=gen,cod --config.efforts=low,max` (names of the `tasks` and `effort`
+blocks below; see mopd_jax/grid.py).
+"""
+import ml_collections
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  del arg  # the variants live in the configs that build on this one
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # every rng in the run is derived from this
+  c.stages = "data,sft,rl,mopd,eval,report"  # comma-separated subset, run in pipeline order
+  c.log_every = 10  # console / TensorBoard interval in steps
+  # A step whose loss or gradient norm is not finite is never applied. False: stop with a
+  # message naming the step and the metric; True: skip such steps and count the skips.
+  c.skip_nonfinite = False
+
+  # The task grid: one teacher per (domain, effort) cell. `domains` and `efforts` name
+  # blocks of `tasks` and `effort`, comma-separated, in the order tables list them.
+  c.domains = "gen,agt,cod"
+  c.efforts = "low,high,max"
+  # Per domain: the registered task it runs (mopd_jax.tasks; a domain that is itself a
+  # registered task's name needs no block).
+  c.tasks = ml_collections.ConfigDict({d: {"task": d} for d in ("gen", "agt", "cod")})
+  # Per effort: its budget multiplier; the budget of example x is floor(tau * b0(x)) tokens.
+  # The RL lanes anneal from the largest tau down.
+  c.effort = ml_collections.ConfigDict({"low": {"tau": 0.25}, "high": {"tau": 0.55},
+                                        "max": {"tau": 1.0}})
+
+  # Per-step checkpoints of every training loop (orbax, last 2 complete steps kept, saved
+  # asynchronously). A SIGTERM always saves the step it interrupts; the interval bounds what
+  # a SIGKILL or crash loses.
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 10  # steps between saves
+
+  c.model = ml_collections.ConfigDict()
+  c.model.preset = "toy"  # a name from mopd_jax.models.PRESETS
+  c.model.hf_path = ""  # student checkpoint dir (config.json + safetensors); empty = the preset
+  c.model.tokenizer_path = ""  # a tokenizer.json; empty = the toy CharTokenizer
+  c.model.quant = "int4"  # QAT from SFT on: none | int8 | int4 (group-wise)
+  c.model.quant_group = 32  # weights per quantisation group
+  # Activation rematerialisation of the training forward: none | block (jax.checkpoint per
+  # transformer block, saving nothing) | dots (saving the weight-matmul outputs). Exact; it
+  # trades recompute for memory.
+  c.model.remat = "none"
+
+  # Teachers: trained by the rl stage from pi_SFT (the default), or brought as Hugging Face
+  # checkpoints, one per cell in the grid's teacher order (gen/low, gen/high, ...).
+  c.teacher = ml_collections.ConfigDict()
+  c.teacher.hf_paths = ()
+  # Outside-teacher ablation (configs/toy_outside_teacher.py): "domain/effort" of a cell
+  # whose teacher is trained from a second SFT of `outside_seed`; "" = off.
+  c.teacher.outside_cell = ""
+  c.teacher.outside_seed = 1
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = 1  # mesh axis sizes; their product must equal the device count
+  c.mesh.fsdp = 1  # splits the batch and also the params (their embed dimension)
+  c.mesh.tensor = 1  # splits attention heads, MLP columns and the vocabulary
+
+  c.data = ml_collections.ConfigDict()
+  c.data.sizes = (4000, 300, 300)  # train / validation / test examples per domain
+  c.data.dir = ""  # TFDS data_dir; empty = <workdir>/data
+
+  c.sft = ml_collections.ConfigDict()
+  c.sft.steps = 1000  # updates; each trains on one domain (sft.schedule)
+  # The repeating sequence of domains, one per update; empty = round-robin over `domains`.
+  # Domains outside the run's grid are dropped from it.
+  c.sft.schedule = ""
+  # Per domain, the weights of the reference styles (full, brief, direct) in SFT data; a
+  # domain not named draws them uniformly.
+  c.sft.style_weights = ml_collections.ConfigDict()
+  c.sft.batch_size = 48  # sequences per update
+  c.sft.lr = 3e-3  # AdamW peak learning rate (warmup + cosine)
+  c.sft.warmup_steps = 20  # linear warmup before the cosine decay
+  c.sft.weight_decay = 0.0  # AdamW's decoupled weight decay
+  # Gradient accumulation (train.OptimConfig.microbatches): each update's rows in this many
+  # equal slices, one slice's activations alive at a time; the same update, exactly.
+  c.sft.microbatches = 1
+  c.sft.effort_mode = "random"  # effort token of SFT examples: random | style (see sft.py)
+
+  c.rl = ml_collections.ConfigDict()
+  c.rl.loss = "pmd"  # pmd (Kimi K1.5/K2 policy mirror descent) | grpo (clipped ratio)
+  c.rl.steps_per_effort = 20  # RL iterations of the first (largest-tau) effort phase
+  c.rl.prompts_per_step = 16  # prompts per iteration
+  c.rl.group_size = 4  # K samples per prompt
+  c.rl.microbatches = 1  # gradient accumulation; slices must hold whole groups
+  # PMD's old policy: one value for every phase, two (first phase, budget phases) or one per
+  # phase. "sampler" (the policy that sampled the batch, one update old) | "sft" (the lane's
+  # pi_SFT, held fixed) | "parent" (the effort's parent teacher, held fixed).
+  c.rl.reference = "sampler"
+  c.rl.lr = 3e-4  # AdamW learning rate of the first phase (cosine over each phase's steps)
+  c.rl.tau_kl = 0.5  # PMD log-ratio weight of the first phase
+  # The budget phases after the first; 0 = as the first phase.
+  c.rl.anneal_lr = 0.0
+  c.rl.anneal_tau_kl = 0.0
+  c.rl.anneal_steps = 0
+  # Reward-plateau stopping rule of every phase, on top of the step count: stop once the
+  # mean sample reward of the last `plateau_window` steps is less than `plateau_delta` above
+  # that of the window before; 0 = off.
+  c.rl.plateau_window = 0
+  c.rl.plateau_delta = 0.02
+  c.rl.token_clip = 0.0  # PMD per-token log-ratio clip (K2.5-style regulariser); 0 = off
+  c.rl.temperature = 1.0  # sampling temperature of RL rollouts
+  # Lanes side by side, each in a process of its own (mopd_jax/lanes.py), or 1: one after
+  # another in this process. Same teachers either way; on one accelerator use 1.
+  c.rl.lane_processes = 1
+
+  c.mopd = ml_collections.ConfigDict()
+  c.mopd.steps = 100  # student updates
+  c.mopd.prompts_per_cell = 4  # b prompts per (domain, effort) cell per step
+  # distinct: each cell of a domain gets its own prompts | shared: the domain's b prompts are
+  # posed at every effort, so the efforts' updates differ by the effort token alone.
+  c.mopd.prompts_across_efforts = "distinct"
+  # Effort mix (distinct only): weights of the efforts in `efforts` order; each prompt's
+  # effort is drawn from them, so cells vary in size from step to step (the teachers' batch
+  # is padded to the largest possible cell). () = prompts_per_cell prompts in every cell.
+  c.mopd.effort_mix = ()
+  c.mopd.lr = 1e-3  # AdamW peak learning rate of the student
+  c.mopd.warmup_steps = 5  # linear warmup before the cosine decay
+  c.mopd.microbatches = 1  # gradient accumulation (also of the teacher_sft init)
+  c.mopd.r_max = 5.0  # clip of the per-token reward r_t (K3 eq. 15)
+  # Temperature of the teachers' log-probs in r_t: 1 = K3 eq. 15 as written; < 1 sharpens
+  # each teacher towards its greedy behaviour (what the eval measures).
+  c.mopd.teacher_temperature = 1.0
+  # mopd (eq. 15) | pg (clipped ratio, reward as advantage) | topk (ablation: reverse KL on
+  # the routed teacher's top_k tokens at each position, corrected for the truncation)
+  c.mopd.loss = "mopd"
+  c.mopd.top_k = 8  # teacher tokens per position of the topk loss
+  # Weight of the outcome-reward term: alpha * (verifier reward - its (domain, effort)
+  # cell's batch mean) on every generated token, REINFORCE; 0 = pure distillation.
+  c.mopd.alpha = 0.0
+  # Teacher scoring one step behind sampling: 0 = synchronous; 1 = the teachers score batch
+  # k while the student samples batch k+1 (worth it with placement "disaggregated"). The
+  # one-update-stale batch is trained with truncated importance weights
+  # clip(pi_theta / pi_sampler, *is_bounds) on every token.
+  c.mopd.staleness = 0
+  c.mopd.is_bounds = (0.5, 2.0)
+  # Student initialisation: sft (pi_SFT, as the MOPD paper assumes) | teacher_sft (pi_SFT
+  # further fine-tuned on trajectories of every teacher, each with its effort token).
+  c.mopd.init = "sft"
+  c.mopd.init_samples_per_cell = 64  # teacher rollouts per cell (teacher_sft)
+  c.mopd.init_sft_steps = 60  # SFT updates on them (teacher_sft)
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.max_response_tokens = 96  # hard cap on a response (generated + observations)
+  c.rollout.max_turns = 4  # tool calls per agt trajectory
+  # Least padded length of RL train batches (prompt + response); a batch is padded to the
+  # power of two holding its longest trajectory.
+  c.rollout.width = 64
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.num_examples = 96  # test examples per (domain, effort) cell
+  c.eval.temperature = 0.0  # 0 = greedy
+
+  # Profiling switch (off by default): trace steps [start_step, start_step + num_steps) of
+  # one training loop with the JAX profiler into <workdir>/profile/<loop>/. `stage`: "" (off),
+  # "sft", "rl" (the first RL run; "rl gen/high" picks one), "mopd", "mopd init: teacher SFT".
+  # E.g. --config.profile.stage=mopd --config.profile.start_step=2 --config.profile.num_steps=3
+  c.profile = ml_collections.ConfigDict()
+  c.profile.stage = ""  # which loop to trace; "" = profiling off
+  c.profile.start_step = 2  # earlier steps compile and warm up, so they are left out
+  c.profile.num_steps = 3  # traced steps (keep it short: traces grow fast)
+
+  c.smoke = ml_collections.ConfigDict()
+  c.smoke.prompts = ("12+34=", "<call>", "f(1)=3")  # texts to complete
+  c.smoke.max_new_tokens = 64  # tokens sampled per smoke prompt
+  return c

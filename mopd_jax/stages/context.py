@@ -1,0 +1,216 @@
+"""The run context every stage takes, the progress bars and the training-loop skeleton.
+
+`Run(config, workdir)` validates the config (mopd_jax.config) and resolves, once: the task
+grid, the tokenizer (its effort tokens are the grid's), the student's ModelConfig, the
+student's and the teachers' meshes, and the profile switch. Stages then ask it for paths,
+rollout engines, data splits and iterators, teachers, loggers and checkpointed loops.
+
+`training(...)` is the skeleton every training loop shares (SFT, each RL phase, the
+teacher-SFT initialisation, MOPD): per-step checkpoints under a directory, restore or
+initialise the state, reposition the data iterators, and a progress bar.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import Callable, Optional
+
+import jax
+import ml_collections
+
+from mopd_jax import (checkpoint, config as config_mod, metrics, models, placement, profiling,
+                      rollout, sharding, teachers, train)
+from mopd_jax.tasks import base as task_base
+from mopd_jax.tokenizer import load_tokenizer
+
+
+class Run:
+  """What every stage needs: config, workdir, grid, tokenizer, model config, meshes."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self.grid = config_mod.validate(config, jax.device_count())
+    self.config = config
+    self.workdir = os.path.abspath(workdir)
+    self.profile = profiling.Switch(config.profile, self.workdir)  # raises on a bad switch
+    self.tok = load_tokenizer(config.model.tokenizer_path or "char",
+                              efforts=self.grid.effort_names)
+    self.model_cfg = config_mod.model_config(config, self.tok.vocab_size)
+    # The student's mesh, and the teachers' (the same one unless disaggregated).
+    self.mesh, self.teacher_mesh = placement.config_meshes(config)
+    self.taus = self.grid.taus
+    self.data_dir = config.data.dir or os.path.join(self.workdir, "data")
+
+  # --- files ---------------------------------------------------------------------------------
+  def path(self, *parts) -> str:
+    return os.path.join(self.workdir, *parts)
+
+  def done(self, stage: str) -> bool:
+    return os.path.exists(self.path(stage, "DONE.json"))
+
+  def mark_done(self, stage: str, info: dict) -> None:
+    os.makedirs(self.path(stage), exist_ok=True)
+    checkpoint.write_json(self.path(stage, "DONE.json"), info)
+
+  def logger(self, stage: str) -> metrics.MetricsLogger:
+    return metrics.MetricsLogger(self.path("tb", stage))
+
+  # --- tasks and data ------------------------------------------------------------------------
+  def task(self, domain: str) -> task_base.Task:
+    """A fresh instance of the task the domain runs (its examples labelled `domain`)."""
+    return task_base.get_task(self.grid.task_of(domain), domain=domain)
+
+  def split(self, domain: str, split: str):
+    from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)
+    return datasets.load_split(domain, split, self.data_dir, seed=self.config.seed,
+                               sizes=tuple(self.config.data.sizes),
+                               task=self.grid.task_of(domain))
+
+  def iterator(self, domain: str, batch_size: int, salt: int, seed: Optional[int] = None):
+    """Training batches; `seed` (default: the run's) sets the data order, not the data."""
+    from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)
+    seed = self.config.seed if seed is None else seed
+    return datasets.ResumableIterator(self.split(domain, "train"), batch_size,
+                                      seed=seed * 1000 + salt)
+
+  def budgets(self, examples, effort: str) -> list:
+    return [task_base.budget(ex, self.taus[effort]) for ex in examples]
+
+  # --- models ----------------------------------------------------------------------------------
+  @functools.lru_cache(maxsize=None)
+  def make_engine(self, model_cfg: models.ModelConfig,
+                  temperature: float) -> rollout.RolloutEngine:
+    """One rollout engine (and its compiled sampler) per (model, temperature)."""
+    c = self.config.rollout
+    return rollout.RolloutEngine(model_cfg, self.tok, max_response_tokens=c.max_response_tokens,
+                                 temperature=temperature, max_turns=c.max_turns)
+
+  @property
+  def engine(self) -> rollout.RolloutEngine:
+    """The student's sampling engine (RL and MOPD rollouts)."""
+    return self.make_engine(self.model_cfg, self.config.rl.temperature)
+
+  @property
+  def eval_engine(self) -> rollout.RolloutEngine:
+    return self.make_engine(self.model_cfg, self.config.eval.temperature)
+
+  @property
+  def teacher_hf_paths(self) -> tuple:
+    return tuple(self.config.teacher.hf_paths)
+
+  def resolve_teacher_hf(self, path: str) -> models.ModelConfig:
+    from mopd_jax import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
+    return hf.resolve_model_config(self.config.teacher, self.tok.vocab_size, hf_path=path)
+
+  @functools.cached_property
+  def teacher_cfg(self) -> models.ModelConfig:
+    """Teachers trained by the rl stage share the student's shape; teachers brought as
+    Hugging Face checkpoints (`teacher.hf_paths`) have their own (e.g. Qwen3-1.7B)."""
+    if not self.teacher_hf_paths:
+      return self.model_cfg
+    cfg = self.resolve_teacher_hf(self.teacher_hf_paths[0])
+    teachers.check_compatible(self.model_cfg, cfg)
+    return cfg
+
+  def teacher_engine(self, sampling: bool = False) -> rollout.RolloutEngine:
+    """Rollouts of a teacher: greedy for evaluation, or at the RL temperature."""
+    c = self.config
+    return self.make_engine(self.teacher_cfg,
+                            c.rl.temperature if sampling else c.eval.temperature)
+
+  def load_teacher(self, entry: dict):
+    if entry.get("format") == "hf":
+      from mopd_jax import hf  # pylint: disable=g-import-not-at-top
+      _, params = hf.load_checkpoint(entry["path"])
+      return params
+    return checkpoint.load_params(entry["path"], self.params_like())
+
+  def load_bank(self) -> teachers.TeacherBank:
+    """The grid's teachers from the manifest, checked against the run, stacked and placed
+    once on the teachers' mesh (placement.TeacherScorer then holds no second copy)."""
+    path = self.path("teachers.json")
+    manifest = checkpoint.read_json(path)
+    teachers.validate_manifest(manifest, path, self.grid, self.model_cfg,
+                               self.resolve_teacher_hf)
+    plist = [self.load_teacher(manifest["teachers"][n]) for n in self.grid.names]
+    shard = sharding.param_shardings(self.teacher_cfg, self.teacher_mesh,
+                                     num_stacked=len(plist))
+    return teachers.build_bank(self.teacher_cfg, plist, names=self.grid.names,
+                               student_cfg=self.model_cfg, sharding=shard)
+
+  def params_like(self):
+    """Shapes, dtypes and the student mesh's shardings of the params: the target every
+    checkpoint restores onto (each process reads only its own shards)."""
+    shapes = jax.eval_shape(lambda: models.init_params(self.model_cfg, jax.random.PRNGKey(0)))
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        shapes, sharding.param_shardings(self.model_cfg, self.mesh))
+
+  def initial_params(self, seed: Optional[int] = None):
+    """The policy SFT starts from: a Hugging Face checkpoint (`model.hf_path`) or a fresh
+    init (from `seed`, default the run's)."""
+    shardings = sharding.param_shardings(self.model_cfg, self.mesh)
+    if self.config.model.hf_path:
+      from mopd_jax import hf  # pylint: disable=g-import-not-at-top
+      _, params = hf.load_checkpoint(self.config.model.hf_path, sharding=shardings)
+      return params
+    return models.init_params(self.model_cfg, jax.random.PRNGKey(
+        self.config.seed if seed is None else seed), out_shardings=shardings)
+
+  # --- training loops --------------------------------------------------------------------------
+  @contextlib.contextmanager
+  def training(self, name: str, directory: str, trainer: train.Trainer, total_steps: int,
+               init: Callable[[], train.TrainState], data_state: Callable[[], dict] = dict,
+               restore_data: Callable[[dict], None] = lambda data: None):
+    """The skeleton of every training loop: yields (loop, state, bar).
+
+    Per-step checkpoints of the loop go under `directory` (checkpoint.TrainLoop: SIGTERM,
+    non-finite policy, restore validation). The state is the loop's last checkpoint restored
+    onto this run's mesh, with the data streams repositioned by `restore_data(loop.data)`,
+    or `init()` when there is none. The caller runs steps from `loop.start_step`, calling
+    `loop.end_step` and `bar.update` after each."""
+    loop = checkpoint.TrainLoop(name, directory, every=self.config.checkpoint.every,
+                                total_steps=total_steps, data_state=data_state,
+                                skip_nonfinite=bool(self.config.skip_nonfinite))
+    with loop:
+      state = loop.restore(trainer.abstract_state(self.params_like()))
+      if state is None:
+        state = init()
+      else:  # continue the data streams exactly where the checkpoint left them
+        restore_data(loop.data)
+      bar = Progress(name, total_steps, initial=loop.start_step, switch=self.profile)
+      try:
+        yield loop, state, bar
+      finally:
+        bar.close()
+
+
+class Progress:
+  """A progress line per loop with rate and ETA (tqdm); where the profile switch traces."""
+
+  def __init__(self, name: str, total: int, initial: int = 0,
+               switch: Optional[profiling.Switch] = None):
+    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+    # Every process runs the same loop; only process 0 draws the bar (like MetricsLogger).
+    self.bar = tqdm(total=total, initial=initial, desc=name, unit="step", dynamic_ncols=True,
+                    mininterval=1.0, disable=jax.process_index() != 0)
+    # The bar counts the loop's steps, so it is also where `config.profile` traces a range.
+    self.profiler = None if switch is None else switch.for_loop(name, initial)
+
+  def update(self, metrics: dict, keys=("loss", "reward", "length", "accuracy")):
+    self.bar.set_postfix({k: f"{metrics[k]:.3f}" for k in keys if k in metrics}, refresh=False)
+    self.bar.update(1)
+    if self.profiler is not None:
+      self.profiler.after_step()
+
+  def close(self):
+    self.bar.close()
+    if self.profiler is not None:
+      self.profiler.close()
+
+
+def width_for(trajs_or_len, multiple: int = 16, cap: Optional[int] = None) -> int:
+  """The padded length of a batch: its longest trajectory rounded up to `multiple`."""
+  n = trajs_or_len if isinstance(trajs_or_len, int) else max(
+      len(t.prompt_ids) + len(t.ids) for t in trajs_or_len)
+  w = -(-n // multiple) * multiple
+  return w if cap is None else min(w, max(cap, n))

@@ -1,0 +1,151 @@
+"""The mopd stage: the student, from pi_SFT (or the teacher-SFT initialisation), distilled
+from the grid's teachers on its own rollouts (mopd_jax/mopd.py), each prompt scored by the
+teacher of its (domain, effort) cell.
+
+`mopd.staleness` 1 runs the same steps through `async_scoring.run`: the teachers score
+batch k while the student samples batch k+1, and the stale batch is importance-weighted.
+The student checkpoint holds only the student's TrainState: teachers are loaded from the
+manifest on every (re)start and never saved with it.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from mopd_jax import (async_scoring, checkpoint, models, mopd, placement, rollout, teachers,
+                      train)
+from mopd_jax.stages.context import Run, width_for
+
+
+def run(ctx: Run) -> None:
+  c, grid = ctx.config.mopd, ctx.grid
+  bank = ctx.load_bank()
+  staleness = c.staleness
+  loss_cfg = train.LossConfig(kind=c.loss, r_max=c.r_max,
+                              is_bounds=tuple(c.is_bounds) if staleness else None)
+  trainer = train.Trainer(ctx.model_cfg, loss_cfg,
+                          train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
+                                            total_steps=c.steps, microbatches=c.microbatches),
+                          ctx.mesh)
+  tasks = {d: ctx.task(d) for d in grid.domains}
+  shared = c.prompts_across_efforts == "shared"
+  mix = tuple(c.effort_mix)
+  n_eff = len(grid.efforts)
+  iters = {d: ctx.iterator(d, c.prompts_per_cell * (1 if shared else n_eff), salt=200 + i)
+           for i, d in enumerate(grid.domains)}
+  # Co-located or disaggregated (config.placement): log-probs come back on the student mesh.
+  # The teachers score at `mopd.teacher_temperature` (their own rollouts, for the
+  # teacher_sft init, stay at the RL temperature).
+  scoring = bank.replace(params=models.with_temperature(bank.params, c.teacher_temperature))
+  scorer = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh,
+                                   top_k=c.top_k if c.loss == "topk" else 0)
+  log = ctx.logger("mopd")
+  t0 = time.time()
+  # Iterator positions before each step's prompts were drawn: with staleness 1 the next
+  # step's prompts are already drawn when a step is checkpointed, and a resumed run must
+  # draw them again.
+  drawn_at, last_step = {}, [-1]
+
+  def data_state():
+    return drawn_at.get(last_step[0] + 1) or {d: it.state() for d, it in iters.items()}
+
+  def restore_data(data):
+    for d, pos in data.items():
+      iters[d].restore(pos)
+
+  def sample(params, step):
+    drawn_at[step] = {d: it.state() for d, it in iters.items()}
+    # Effort draws: a pure function of (seed, step), so a resumed run draws the same.
+    per_cell = mopd.cell_prompts(iters, grid, c.prompts_per_cell, shared, mix,
+                                 np.random.RandomState([ctx.config.seed, step]))
+    rng = jax.random.fold_in(jax.random.PRNGKey(ctx.config.seed + 3), step)
+    return mopd.sample_batch(params, bank, ctx.engine, tasks, grid.cells, per_cell, ctx.taus,
+                             rng, rows_per_teacher=c.prompts_per_cell * (n_eff if mix else 1))
+
+  def submit(sampled):  # dispatched without blocking: JAX's async dispatch
+    return scorer.submit(sampled.tokens, sampled.input_mask)
+
+  def train_fn(state, sampled, scored):
+    return mopd.train_on(trainer, state, bank, sampled, scorer.fetch(scored), r_max=c.r_max,
+                         alpha=c.alpha)
+
+  def init():
+    student = checkpoint.load_params(ctx.path("sft", "params"), ctx.params_like())
+    if c.init == "teacher_sft":
+      student, pool_size = teacher_sft_init(ctx, student, bank)
+      print(f"[mopd] student initialised by SFT on "
+            f"{pool_size if pool_size is not None else 'restored'} teacher trajectories")
+    return trainer.init(student)
+
+  with ctx.training("mopd", ctx.path("mopd", "ckpt"), trainer, c.steps, init=init,
+                    data_state=data_state, restore_data=restore_data) as (loop, state, bar):
+
+    def on_step(step, state, rec):
+      last_step[0] = step
+      drawn_at.pop(step, None)
+      loop.end_step(step, state, rec.metrics, {"step": step, **rec.metrics, "cells": rec.cells})
+      bar.update(rec.metrics, keys=("loss", "kl", "accuracy", "length"))
+      log.scalars(step, rec.metrics)
+      for name, cm in rec.cells.items():
+        log.scalars(step, cm, prefix=f"{name}/")
+
+    state, _, times = async_scoring.run(state, c.steps, sample=sample, submit=submit,
+                                        train=train_fn, staleness=staleness, on_step=on_step,
+                                        start_step=loop.start_step)
+    history = loop.history
+  log.close()
+  checkpoint.save_params(ctx.path("mopd", "params"), state.params)
+  checkpoint.write_json(ctx.path("mopd", "history.json"), history)
+  ctx.mark_done("mopd", {"steps": c.steps, "seconds": time.time() - t0, "staleness": staleness,
+                         "phase_seconds_per_step": times.per_step(),
+                         "kl_initial": history[0]["kl"], "kl_final": history[-1]["kl"]})
+
+
+def teacher_sft_init(ctx: Run, student, bank: teachers.TeacherBank):
+  """pi_SFT further fine-tuned on trajectories of every teacher, each with its effort
+  token (K3 §4.1.2): rollouts of teacher (d, e) on training prompts at effort e, kept when
+  they finish within the cell's budget, then SFT on the pooled set. Returns (params, pool
+  size); the pool size is None when a restart found the init already finished."""
+  c = ctx.config.mopd
+  total = c.init_sft_steps
+  trainer = train.Trainer(ctx.model_cfg, train.LossConfig(kind="sft"),
+                          train.OptimConfig(lr=ctx.config.sft.lr, warmup_steps=0,
+                                            total_steps=total, microbatches=c.microbatches),
+                          ctx.mesh)
+  with ctx.training("mopd init: teacher SFT", ctx.path("mopd", "init_ckpt"), trainer, total,
+                    init=lambda: trainer.init(student)) as (loop, state, bar):
+    if loop.start_step == total:
+      return state.params, None  # finished before a restart: no need to rebuild the pool
+    pool = teacher_pool(ctx, bank)  # deterministic: rebuilt alike after a restart
+    width = width_for(pool)  # one width for the whole pool: one compilation
+    for step in range(loop.start_step, total):
+      # A pure function of (seed, step): a resumed init draws the same batches.
+      rng = np.random.RandomState([ctx.config.seed + 500, step])
+      picks = [pool[i] for i in rng.randint(len(pool), size=ctx.config.sft.batch_size)]
+      state, m = trainer.step(state, train.TrainBatch.from_padded(
+          rollout.pad_batch(picks, ctx.tok.pad_id, width)))
+      m = {k: float(v) for k, v in jax.device_get(m).items()}
+      loop.end_step(step, state, m, [step, m["loss"]])
+      bar.update(m)
+  return state.params, len(pool)
+
+
+def teacher_pool(ctx: Run, bank: teachers.TeacherBank) -> list:
+  """Teacher trajectories that finished within their cell's budget."""
+  c = ctx.config.mopd
+  pool = []
+  for k, name in enumerate(bank.router.names):
+    d, e = name.split("/")
+    tparams = jax.tree.map(lambda x, k=k: x[k], bank.params)
+    exs = next(ctx.iterator(d, c.init_samples_per_cell, salt=300 + k))
+    res = ctx.teacher_engine(sampling=True).run(tparams, exs, [e] * len(exs),
+                                                ctx.budgets(exs, e),
+                                                jax.random.PRNGKey(ctx.config.seed + 400 + k),
+                                                environment=ctx.task(d).environment)
+    pool += [t for t, over in zip(res.trajectories, res.over_budget) if not over]
+  if not pool:
+    raise RuntimeError("no teacher trajectory finished within its budget; cannot build the "
+                       "teacher-SFT initialisation")
+  return pool

@@ -1,0 +1,236 @@
+"""The rl stage: one lane per domain, each annealing its efforts from the largest tau down
+from pi_SFT (mopd_jax/rl.py), freezing a teacher per (domain, effort) cell; the manifest
+`<workdir>/teachers.json` records them with the grid they were trained on.
+
+Lanes share nothing, so they run one after another in this process or side by side in
+processes of their own (`rl.lane_processes`, mopd_jax/lanes.py); this module is also the
+lane worker those processes run:
+
+    python -m mopd_jax.stages.rl --workdir DIR --lane N --config DIR/rl/lanes_config.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Iterator, Optional
+
+import jax
+
+from mopd_jax import checkpoint, config as config_mod, lanes as lanes_mod, rl, sft, teachers, train
+from mopd_jax.stages.context import Run
+
+MANIFEST = "teachers.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lane:
+  """One RL lane: a domain's effort anneal from `parent`, its own directory and data stream.
+
+  `section`: the manifest section its teachers are recorded in ("teachers", or "outside"
+  for the outside teacher's lane); `tag` prefixes its progress and log names."""
+  domain: str
+  parent: str
+  directory: str
+  efforts: tuple
+  section: str
+  seed: int
+  tag: str = ""
+
+  @property
+  def name(self) -> str:
+    return f"{self.tag.replace(' ', '_')}{self.domain}"
+
+
+def lanes_of(ctx: Run) -> list:
+  """The rl stage's lanes, in the order they run one after another."""
+  order = ctx.grid.anneal_order
+  out = [Lane(d, ctx.path("sft", "params"), ctx.path("rl", d), order, "teachers",
+              ctx.config.seed) for d in ctx.grid.domains]
+  cell, outside_seed = config_mod.outside_teacher(ctx.config)
+  if cell:
+    # The outside teacher goes through its cell's own anneal (largest tau -> ... -> its
+    # effort), from the outside SFT, in a lane of its own.
+    d, e = cell.split("/")
+    out.append(Lane(d, ctx.path("sft", "outside", "params"), ctx.path("rl_outside", d),
+                    order[:order.index(e) + 1], "outside", outside_seed, "outside "))
+  return out
+
+
+def lane_steps(ctx: Run, lane: Lane) -> list:
+  return [rl.phase_settings(ctx.config.rl, e, ctx.grid.anneal_order)["steps"]
+          for e in lane.efforts]
+
+
+def run(ctx: Run) -> None:
+  path = ctx.path(MANIFEST)
+  manifest = checkpoint.read_json(path, default={"teachers": {}})
+  teachers.check_manifest_grid(manifest, path, ctx.grid)
+  manifest["grid"] = ctx.grid.to_json()
+  if ctx.teacher_hf_paths:  # teachers brought as checkpoints: register, do not train
+    for name, hf_path in zip(ctx.grid.names, ctx.teacher_hf_paths):
+      if not os.path.isdir(hf_path):
+        raise FileNotFoundError(f"teacher {name}: no checkpoint directory {hf_path}")
+      d, e = name.split("/")
+      manifest["teachers"][name] = {"domain": d, "effort": e, "tau": ctx.taus[e], "step": 0,
+                                    "parent": hf_path, "path": hf_path, "format": "hf",
+                                    "config_hash": config_mod.config_hash(ctx.config),
+                                    "eval_validation": None}
+    checkpoint.write_json(path, manifest)
+    ctx.mark_done("rl", {"teachers": sorted(manifest["teachers"]), "source": "hf"})
+    return
+  lanes = lanes_of(ctx)
+  processes = lanes_mod.process_count(ctx.config.rl, len(lanes))
+  if processes > 1:
+    # Each lane process keeps its records in its lane directory; they join the manifest here.
+    lanes_mod.run_side_by_side(ctx.workdir, ctx.config.to_json(indent=1), lanes, processes,
+                               [sum(lane_steps(ctx, lane)) for lane in lanes])
+    for lane in lanes:
+      manifest.setdefault(lane.section, {}).update(lanes_mod.read_records(lane))
+  else:
+    trainers = {}
+    for lane in lanes:
+      section = manifest.setdefault(lane.section, {})
+      for name, entry in train_lane(ctx, lane, section, trainers):
+        section[name] = entry
+        checkpoint.write_json(path, manifest)  # each teacher on record once it exists
+  cell, outside_seed = config_mod.outside_teacher(ctx.config)
+  if cell:
+    # Route the cell to the outside teacher; the same-origin one it replaces stays on record.
+    # Without its data_state: a restarted same-origin lane restores its own stream from
+    # `teachers`, and the outside lane's stream is not it.
+    if manifest["teachers"][cell].get("origin") != "outside":
+      manifest.setdefault("same_origin", {})[cell] = manifest["teachers"][cell]
+    manifest["teachers"][cell] = {
+        **{k: v for k, v in manifest["outside"][cell].items() if k != "data_state"},
+        "origin": "outside", "sft_seed": outside_seed}
+  checkpoint.write_json(path, manifest)
+  ctx.mark_done("rl", {"teachers": sorted(manifest["teachers"]),
+                       **({"outside_cell": cell} if cell else {})})
+  print(teachers.teacher_table(manifest))
+
+
+def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None,
+               on_step=None) -> Iterator[tuple]:
+  """Trains the lane's efforts not yet in `done` (its manifest section so far), yielding
+  (name, manifest entry) as each teacher is frozen; the caller records it.
+
+  `trainers`: a cache shared by lanes run in one process (a Trainer holds configs and
+  compiled steps, no state, so phases with the same settings share one, and so its
+  compilations: several seconds each on a CPU). `on_step(effort, step, metrics)`: called
+  after every RL step."""
+  c = ctx.config.rl
+  order = ctx.grid.anneal_order
+  trainers = {} if trainers is None else trainers
+
+  def trainer_for(ph):
+    key = (ph["lr"], ph["tau_kl"], ph["steps"])
+    if key not in trainers:
+      loss_cfg = train.LossConfig(kind=c.loss, group_size=c.group_size, tau_kl=ph["tau_kl"],
+                                  token_clip=c.token_clip or None)
+      # A fresh optimizer per phase, its cosine over the phase's steps.
+      trainers[key] = train.Trainer(
+          ctx.model_cfg, loss_cfg,
+          train.OptimConfig(lr=ph["lr"], warmup_steps=0, total_steps=ph["steps"],
+                            microbatches=c.microbatches), ctx.mesh)
+    return trainers[key]
+
+  like = ctx.params_like()
+  domain, tag, seed = lane.domain, lane.tag, lane.seed
+  di = ctx.grid.domains.index(domain)
+  task = ctx.task(domain)
+  os.makedirs(lane.directory, exist_ok=True)
+  parent = lane.parent
+  params = root = checkpoint.load_params(parent, like)
+  it = ctx.iterator(domain, c.prompts_per_step, salt=100 + di, seed=seed)
+  validation = ctx.split(domain, "validation")
+  val = [validation[i] for i in range(min(ctx.config.eval.num_examples, len(validation)))]
+  for effort in lane.efforts:
+    name = f"{domain}/{effort}"
+    out = os.path.join(lane.directory, f"teacher_{effort}")
+    if name in done and os.path.exists(out):
+      params, parent = checkpoint.load_params(out, like), out
+      if "data_state" in done[name]:  # the next effort reads on from here
+        it.restore(done[name]["data_state"])
+      continue
+    log = ctx.logger(f"rl_{lane.name}_{effort}")
+    t0 = time.time()
+    ph = rl.phase_settings(c, effort, order)
+    trainer = trainer_for(ph)
+    # One checkpoint directory per (domain, effort) run: lanes never share state.
+    with ctx.training(f"rl {tag}{name}", os.path.join(lane.directory, f"ckpt_{effort}"),
+                      trainer, ph["steps"], init=lambda p=params: trainer.init(p),
+                      data_state=lambda: {"train": it.state()},
+                      restore_data=lambda data: it.restore(data["train"])) as (loop, state,
+                                                                               bar):
+
+      def log_step(step, m, bar=bar, effort=effort, log=log):
+        bar.update(m)
+        log.scalars(step, m)
+        if on_step is not None:
+          on_step(effort, step, m)
+
+      state, hist = rl.run_effort(
+          trainer, state, ctx.engine, task, lambda step: next(it), effort=effort,
+          tau=ctx.taus[effort], phase=order.index(effort), steps=ph["steps"],
+          group_size=c.group_size, width=ctx.config.rollout.width, seed=seed * 10 + di,
+          log=log_step, loop=loop,
+          reference={"sampler": None, "sft": root, "parent": params}[ph["reference"]],
+          plateau=(c.plateau_window, c.plateau_delta))
+    log.close()
+    metrics = sft.evaluate(ctx.eval_engine, state.params, task, val, effort,
+                           ctx.budgets(val, effort), jax.random.PRNGKey(7))
+    checkpoint.save_params(out, state.params)
+    yield name, {
+        "domain": domain, "effort": effort, "tau": ctx.taus[effort],
+        "step": len(hist), "parent": parent, "path": out,
+        "pmd_reference": ph["reference"], "lr": ph["lr"], "tau_kl": ph["tau_kl"],
+        "config_hash": config_mod.config_hash(ctx.config), "seconds": time.time() - t0,
+        "eval_validation": metrics, "model": teachers.model_signature(ctx.model_cfg),
+        "data_state": it.state(),
+        "train_curve": [[s, m["reward"], m["length"]] for s, m in hist]}
+    params, parent = state.params, out
+
+
+def lane_main(argv=None) -> None:
+  """The lane worker: one lane of the run whose resolved config is `--config`."""
+  parser = argparse.ArgumentParser(description="One lane of the rl stage (spawned by it).")
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--lane", type=int, required=True)
+  parser.add_argument("--config", required=True, help="the run's resolved config (JSON)")
+  args = parser.parse_args(argv)
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  with open(args.config) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  ctx = Run(config, args.workdir)
+  lane = lanes_of(ctx)[args.lane]
+  os.makedirs(lane.directory, exist_ok=True)
+  # Teachers this lane finished in an earlier run of the lanes one after another count too.
+  manifest = checkpoint.read_json(ctx.path(MANIFEST), default={})
+  names = {f"{lane.domain}/{e}" for e in lane.efforts}
+  record = {k: v for k, v in manifest.get(lane.section, {}).items()
+            if k in names and v.get("origin") != "outside"}
+  record.update(lanes_mod.read_records(lane))
+  steps = lane_steps(ctx, lane)
+  progress = os.path.join(lane.directory, lanes_mod.PROGRESS)
+
+  def on_step(effort, step, m):
+    done = sum(steps[:lane.efforts.index(effort)]) + step + 1
+    checkpoint.write_json(progress, {"done": done, "effort": effort, "reward": m["reward"],
+                                     "length": m["length"]})
+
+  try:
+    with checkpoint.sigterm_guard():
+      for name, entry in train_lane(ctx, lane, record, on_step=on_step):
+        record[name] = entry
+        checkpoint.write_json(os.path.join(lane.directory, lanes_mod.RECORDS), record)
+  except checkpoint.Preempted as e:
+    print(f"PREEMPTED: {e}", file=sys.stderr, flush=True)
+    sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
+
+
+if __name__ == "__main__":
+  lane_main()

@@ -1,0 +1,66 @@
+"""The sft stage: pi_SFT on every domain's mixed-style data, one domain per update (each
+batch padded to its own length), QAT from here on. With `teacher.outside_cell` set, also the
+outside SFT (its own seed: init, data order and effort tokens differ) under sft/outside/."""
+from __future__ import annotations
+
+import os
+import time
+
+from mopd_jax import checkpoint, config as config_mod, rollout, sft, train
+from mopd_jax.stages.context import Run, width_for
+
+
+def run(ctx: Run) -> None:
+  t0 = time.time()
+  state, history = train_sft(ctx, ctx.config.seed, "sft", ctx.path("sft"))
+  checkpoint.save_params(ctx.path("sft", "params"), state.params)
+  info = {"steps": ctx.config.sft.steps, "final_loss": history[-1][1],
+          "seconds": time.time() - t0, "loss_curve": history}
+  cell, seed = config_mod.outside_teacher(ctx.config)
+  if cell:
+    state, hist = train_sft(ctx, seed, "sft outside", ctx.path("sft", "outside"))
+    checkpoint.save_params(ctx.path("sft", "outside", "params"), state.params)
+    info["outside"] = {"cell": cell, "seed": seed, "final_loss": hist[-1][1],
+                       "loss_curve": hist}
+  ctx.mark_done("sft", info)
+
+
+def train_sft(ctx: Run, seed: int, name: str, directory: str):
+  """One SFT run of `seed` (init, data order, batch rng), checkpointed under `directory`;
+  returns (state, loss history)."""
+  c = ctx.config.sft
+  trainer = train.Trainer(ctx.model_cfg, train.LossConfig(kind="sft"),
+                          train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
+                                            total_steps=c.steps, weight_decay=c.weight_decay,
+                                            microbatches=c.microbatches), ctx.mesh)
+  iters = {d: ctx.iterator(d, c.batch_size, salt=i, seed=seed)
+           for i, d in enumerate(ctx.grid.domains)}
+  schedule = config_mod.sft_schedule(ctx.config, ctx.grid)
+  log = ctx.logger(name.replace(" ", "_"))
+
+  def restore_data(data):
+    for d, pos in data.items():
+      iters[d].restore(pos)
+
+  def width(exs):  # each batch padded to its own length (one domain per update)
+    effort = ctx.grid.top_effort  # any effort: its token is one token
+    return width_for(max(len(rollout.encode_prompt(ctx.tok, ex, effort)) +
+                         len(ctx.tok.encode(ex.solutions["full"])) + 1 for ex in exs))
+
+  with ctx.training(name, os.path.join(directory, "ckpt"), trainer, c.steps,
+                    init=lambda: trainer.init(ctx.initial_params(seed)),
+                    data_state=lambda: {d: it.state() for d, it in iters.items()},
+                    restore_data=restore_data) as (loop, state, bar):
+
+    def log_step(step, m):
+      bar.update(m)
+      if step % ctx.config.log_every == 0 or step == c.steps - 1:
+        log.scalars(step, m)
+
+    state, history = sft.train_sft(
+        trainer, state, ctx.tok, lambda step: next(iters[schedule[step % len(schedule)]]),
+        steps=c.steps, effort_mode=c.effort_mode, seed=seed, log=log_step, width=width,
+        loop=loop, style_weights=config_mod.sft_style_weights(ctx.config, ctx.grid),
+        efforts=ctx.grid.effort_names)
+  log.close()
+  return state, history
