@@ -1,7 +1,7 @@
 """Core benchmark: `python -m benchmarks.core --json`.
 
 Every figure comes from one run on this machine, so ratios (KV-cache speedup, memory ratio,
-MFU against the measured matmul peak) compare like with like. Shapes follow the issues:
+MFU against the measured matmul peak) compare like with like. The benchmark shape:
 d_model 256, 4 layers, vocab 32k; decode B=8, prompt 64, 128 new tokens; log-prob memory
 B=8, T=512.
 """

@@ -2,6 +2,11 @@
 
 Thin on purpose: parse the locked config, log the devices, hand over to the library.
 Notebooks and tests call `mopd_jax.pipeline.run` directly.
+
+Errors: a bad config value (mopd_jax/config.py checks every field before any stage starts)
+or a missing `--workdir` prints one line naming the field, the value and what is allowed,
+and exits with status 2; `--verbosity=1` adds the traceback. A preempted run exits with
+`checkpoint.PREEMPTED_EXIT_CODE`; the same command resumes it.
 """
 import logging as pylogging
 import sys
@@ -37,7 +42,16 @@ def main(argv):
   logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                jax.device_count(), jax.default_backend(), jax.process_index(),
                jax.process_count())
-  from mopd_jax import checkpoint
+  from mopd_jax import checkpoint, config as config_mod
+  try:
+    config_mod.validate(_CONFIG.value, jax.device_count())
+    if _WORKDIR.value is None and _CONFIG.value.stages.strip() != "smoke":
+      raise ValueError("--workdir is required for every stage but smoke")
+  except ValueError as e:  # a bad config value or flag: one line, exit status 2
+    if logging.get_verbosity() >= 1:
+      raise
+    print(f"config error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
   try:
     pipeline.run(_CONFIG.value, _WORKDIR.value)
   except checkpoint.Preempted as e:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import flax.struct
 import jax
@@ -19,11 +19,40 @@ from jax.sharding import PartitionSpec as P
 
 from mopd_jax import distributed, logprobs, losses, models, sharding
 
-LOSSES = ("sft", "mopd", "pg", "topk", "pmd", "grpo")
-# Kinds whose loss is token-separable in the student's log-probs (see
-# `logprobs.fused_token_loss`): they can run with the head fused into the loss.
-# PMD pools log-probs over a sequence and top-k needs more than the sampled token's stats.
-SEPARABLE_LOSSES = ("sft", "mopd", "pg", "grpo")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossKind:
+  """A loss the train step can optimise, registered by name with `register_loss`.
+
+  fn(loss_cfg, stats, batch) -> (loss, metrics): `stats` are the student's TokenStats.
+  separable: token-separable in the student's log-probs (d loss / d lp[b, t] depends on
+    lp[b, t] alone), so the vocabulary head can be fused into it
+    (`logprobs.fused_token_loss`).
+  weighting: how `accumulate_gradients` weighs a microbatch: by its share of the batch's
+    loss tokens ("tokens"), of its rows holding loss tokens ("rows"), or equally over groups
+    of `group_size` rows ("groups").
+  groups: rows [p*K:(p+1)*K] form one group of `LossConfig.group_size` (kept whole).
+  group_mean_metrics: metrics that are means over groups (combined with equal weights).
+  topk: needs the teacher's top-k ids in the batch.
+  """
+  fn: Callable
+  separable: bool
+  weighting: str = "rows"
+  groups: bool = False
+  group_mean_metrics: tuple = ()
+  topk: bool = False
+
+
+LOSS_KINDS: dict = {}
+
+
+def register_loss(name: str, **properties):
+  """Decorator: registers `fn(loss_cfg, stats, batch) -> (loss, metrics)` as loss `name`."""
+  def deco(fn):
+    LOSS_KINDS[name] = LossKind(fn, **properties)
+    return fn
+  return deco
 
 
 @flax.struct.dataclass
@@ -78,7 +107,7 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-  kind: str = "mopd"  # one of LOSSES
+  kind: str = "mopd"  # a name of LOSS_KINDS
   r_max: float = 5.0  # MOPD reward clip
   eps_low: float = 0.2  # PG ratio clip, lower
   eps_high: float = 0.28  # PG ratio clip, upper (asymmetric, "clip-higher")
@@ -96,8 +125,8 @@ class LossConfig:
   is_bounds: Optional[tuple] = None
 
   def __post_init__(self):
-    if self.kind not in LOSSES:
-      raise ValueError(f"unknown loss kind {self.kind!r}; known: {LOSSES}")
+    if self.kind not in LOSS_KINDS:
+      raise ValueError(f"unknown loss kind {self.kind!r}; known: {tuple(LOSS_KINDS)}")
     if not self.r_max > 0:
       raise ValueError(f"r_max must be > 0, got {self.r_max}")
 
@@ -127,13 +156,14 @@ def compute_loss(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
                  batch: TrainBatch):
   """(loss, metrics) of the configured kind, from the student's chunked log-probs."""
   model_cfg, params = models.materialize(model_cfg, params)  # QAT: quantise once
-  if loss_cfg.fused_head and loss_cfg.kind in SEPARABLE_LOSSES:
+  kind = LOSS_KINDS[loss_cfg.kind]
+  if loss_cfg.fused_head and kind.separable:
     h = models.hidden_states(model_cfg, params, batch.tokens, input_mask=batch.input_mask)
     return logprobs.fused_token_loss(
         model_cfg, params, h, batch.tokens,
         lambda lp, b: loss_from_stats(loss_cfg, logprobs.TokenStats(lp), b), batch,
         chunk_size=loss_cfg.chunk_size)
-  topk = loss_cfg.kind == "topk"
+  topk = kind.topk
   st = logprobs.token_stats(model_cfg, params, batch.tokens, input_mask=batch.input_mask,
                             chunk_size=loss_cfg.chunk_size,
                             top_k=batch.teacher_topk_ids.shape[-1] if topk else 0,
@@ -143,45 +173,77 @@ def compute_loss(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
 
 def loss_from_stats(loss_cfg: LossConfig, st: logprobs.TokenStats, batch: TrainBatch):
   """(loss, metrics) of the configured kind from the student's per-token stats."""
+  return LOSS_KINDS[loss_cfg.kind].fn(loss_cfg, st, batch)
+
+
+@register_loss("sft", separable=True, weighting="tokens")
+def _sft_loss(loss_cfg, st, batch):
+  del loss_cfg
+  return losses.nll_loss(st.logprobs, batch.loss_mask)
+
+
+@register_loss("mopd", separable=True)
+def _mopd_loss(loss_cfg, st, batch):
   lp = st.logprobs
-  if loss_cfg.kind == "sft":
-    return losses.nll_loss(lp, batch.loss_mask)
-  if loss_cfg.kind == "mopd":
-    w = None
-    if loss_cfg.is_bounds is not None:
-      w = losses.truncated_importance_weights(lp, batch.sampler_logprobs, batch.loss_mask,
-                                              *loss_cfg.is_bounds)
-    loss, m = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max,
-                               importance_weights=w)
-    if w is not None:
-      m = {**m, "is_weight_mean": jax.lax.stop_gradient(
-          jnp.sum(w) / jnp.maximum(jnp.sum(batch.loss_mask), 1))}
-    return loss + _outcome_term(lp, batch, loss_cfg), m
-  if loss_cfg.kind == "pg":
-    adv = losses.mopd_reward(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
-    if batch.advantages is not None:
-      adv = adv + jnp.where(batch.loss_mask, batch.advantages, 0.0)
-    loss, m = losses.pg_loss(lp, batch.sampler_logprobs, adv, batch.loss_mask,
-                             eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
-                             log_ratio_clip=loss_cfg.log_ratio_clip)
-    _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
-    return loss, {**m, "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
-  if loss_cfg.kind in ("pmd", "grpo"):
-    b, t = batch.tokens.shape
-    k = loss_cfg.group_size
-    if b % k:
-      raise ValueError(f"batch of {b} rows is not a whole number of groups of {k}")
-    if loss_cfg.kind == "pmd":
-      return losses.pmd_loss(lp.reshape(b // k, k, t),
-                             batch.sampler_logprobs.reshape(b // k, k, t),
-                             batch.rewards.reshape(b // k, k), loss_cfg.tau_kl,
-                             loss_mask=batch.loss_mask.reshape(b // k, k, t),
-                             token_clip=loss_cfg.token_clip)
-    adv = losses.grpo_advantages(batch.rewards.reshape(b // k, k)).reshape(b)
-    return losses.pg_loss(lp, batch.sampler_logprobs,
-                          jnp.broadcast_to(adv[:, None], (b, t)), batch.loss_mask,
-                          eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
-                          log_ratio_clip=loss_cfg.log_ratio_clip)
+  w = None
+  if loss_cfg.is_bounds is not None:
+    w = losses.truncated_importance_weights(lp, batch.sampler_logprobs, batch.loss_mask,
+                                            *loss_cfg.is_bounds)
+  loss, m = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max,
+                             importance_weights=w)
+  if w is not None:
+    m = {**m, "is_weight_mean": jax.lax.stop_gradient(
+        jnp.sum(w) / jnp.maximum(jnp.sum(batch.loss_mask), 1))}
+  return loss + _outcome_term(lp, batch, loss_cfg), m
+
+
+@register_loss("pg", separable=True)
+def _pg_loss(loss_cfg, st, batch):
+  lp = st.logprobs
+  adv = losses.mopd_reward(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
+  if batch.advantages is not None:
+    adv = adv + jnp.where(batch.loss_mask, batch.advantages, 0.0)
+  loss, m = losses.pg_loss(lp, batch.sampler_logprobs, adv, batch.loss_mask,
+                           eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
+                           log_ratio_clip=loss_cfg.log_ratio_clip)
+  _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
+  return loss, {**m, "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
+
+
+def _groups(loss_cfg, batch):
+  b = batch.tokens.shape[0]
+  k = loss_cfg.group_size
+  if b % k:
+    raise ValueError(f"batch of {b} rows is not a whole number of groups of {k}")
+  return b, k
+
+
+# PMD pools log-probs over a sequence: not token-separable.
+@register_loss("pmd", separable=False, weighting="groups", groups=True,
+               group_mean_metrics=("log_ratio_mean", "reward_mean", "advantage_abs_mean"))
+def _pmd_loss(loss_cfg, st, batch):
+  (b, k), t = _groups(loss_cfg, batch), batch.tokens.shape[1]
+  return losses.pmd_loss(st.logprobs.reshape(b // k, k, t),
+                         batch.sampler_logprobs.reshape(b // k, k, t),
+                         batch.rewards.reshape(b // k, k), loss_cfg.tau_kl,
+                         loss_mask=batch.loss_mask.reshape(b // k, k, t),
+                         token_clip=loss_cfg.token_clip)
+
+
+@register_loss("grpo", separable=True, groups=True)
+def _grpo_loss(loss_cfg, st, batch):
+  (b, k), t = _groups(loss_cfg, batch), batch.tokens.shape[1]
+  adv = losses.grpo_advantages(batch.rewards.reshape(b // k, k)).reshape(b)
+  return losses.pg_loss(st.logprobs, batch.sampler_logprobs,
+                        jnp.broadcast_to(adv[:, None], (b, t)), batch.loss_mask,
+                        eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
+                        log_ratio_clip=loss_cfg.log_ratio_clip)
+
+
+# Top-k needs more than the sampled token's stats: not fused.
+@register_loss("topk", separable=False, topk=True)
+def _topk_loss(loss_cfg, st, batch):
+  lp = st.logprobs
   loss, m = losses.topk_kl_loss(st.topk_logprobs, batch.teacher_topk_logprobs, batch.loss_mask)
   if batch.teacher_logprobs is not None:
     # `kl` stays the sampled-token estimate every other kind reports (curves comparable
@@ -189,6 +251,9 @@ def loss_from_stats(loss_cfg: LossConfig, st: logprobs.TokenStats, batch: TrainB
     _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
     m = {**m, "topk_kl": m["kl"], "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
   return loss + _outcome_term(lp, batch, loss_cfg), m
+
+
+LOSSES = tuple(LOSS_KINDS)  # the registered names: sft, mopd, pg, pmd, grpo, topk
 
 
 def with_reference_logprobs(model_cfg: models.ModelConfig, loss_cfg: LossConfig, reference,
@@ -218,8 +283,6 @@ def _outcome_term(lp, batch: TrainBatch, loss_cfg: LossConfig):
 # whole-batch value exactly, so no metric is an average of microbatch averages.
 _SUMMED_METRICS = ("num_tokens", "num_rows")
 _MAX_METRICS = ("log_ratio_abs_max",)
-_GROUP_MEAN_METRICS = {"pmd": ("log_ratio_mean", "reward_mean", "advantage_abs_mean")}
-GROUP_LOSSES = ("pmd", "grpo")  # rows [p*K:(p+1)*K] form one group of `group_size`
 
 
 def split_microbatches(batch: TrainBatch, microbatches: int, group_size: int = 1) -> TrainBatch:
@@ -277,9 +340,8 @@ def accumulate_gradients(model_cfg: models.ModelConfig, loss_cfg: LossConfig, pa
   params per device) or replicated microbatch rows cannot follow from propagation through
   the split and the scan picking differently.
   """
-  kind = loss_cfg.kind
-  mbs = split_microbatches(batch, microbatches,
-                           loss_cfg.group_size if kind in GROUP_LOSSES else 1)
+  kind = LOSS_KINDS[loss_cfg.kind]
+  mbs = split_microbatches(batch, microbatches, loss_cfg.group_size if kind.groups else 1)
   rows_sharded = (mesh is not None and
                   (batch.tokens.shape[0] // microbatches) %
                   math.prod(mesh.shape.get(a, 1) for a in sharding.BATCH_AXES) == 0)
@@ -295,9 +357,9 @@ def accumulate_gradients(model_cfg: models.ModelConfig, loss_cfg: LossConfig, pa
   rows_m = jnp.sum(jnp.any(mask, axis=-1), axis=-1, dtype=jnp.float32)
   tokens_m = jnp.sum(mask, axis=(1, 2), dtype=jnp.float32)
   token_w_m = tokens_m / jnp.maximum(jnp.sum(tokens_m), 1.0)
-  if kind == "pmd":
+  if kind.weighting == "groups":
     w_m = jnp.full((microbatches,), 1.0 / microbatches, jnp.float32)
-  elif kind == "sft":
+  elif kind.weighting == "tokens":
     w_m = token_w_m
   else:
     w_m = rows_m / jnp.maximum(jnp.sum(rows_m), 1.0)
@@ -316,7 +378,7 @@ def accumulate_gradients(model_cfg: models.ModelConfig, loss_cfg: LossConfig, pa
   acc = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
   acc, (loss_m, metrics_m) = jax.lax.scan(body, acc, (mbs, w_m))
   grads = jax.tree.map(lambda a, p: a.astype(p.dtype), acc, params)
-  group_mean = _GROUP_MEAN_METRICS.get(kind, ())
+  group_mean = kind.group_mean_metrics
   metrics = {}
   for name, v in metrics_m.items():
     if name in _SUMMED_METRICS:

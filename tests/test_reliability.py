@@ -320,13 +320,15 @@ def test_restore_onto_a_different_device_count_reshards(tmp_path):
 
 PIPELINE_TEST = "test_interrupted_pipeline_equals_uninterrupted"
 LANES_TEST = "test_rl_lanes_side_by_side_equal_one_after_another"
+GOLDEN_TEST = "test_first_losses_of_the_tiny_toy_run_are_golden"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def reference(request, tmp_path_factory, env):
   """The uninterrupted run, started with the module's first test so that it overlaps the
   in-process tests (it only runs when the pipeline or the lanes test is selected)."""
-  if not any(item.name in (PIPELINE_TEST, LANES_TEST) for item in request.session.items):
+  if not any(item.name in (PIPELINE_TEST, LANES_TEST, GOLDEN_TEST)
+             for item in request.session.items):
     yield None
     return
   ref = tmp_path_factory.mktemp("pipeline") / "reference"
@@ -334,6 +336,33 @@ def reference(request, tmp_path_factory, env):
   yield proc, ref
   if proc.poll() is None:
     proc.kill()
+
+
+# The first losses of `configs/toy.py:tiny` (seed 0), per loop: {metrics dir: [(step, loss)]}.
+# A change that alters the toy's behaviour (data order, rng streams, batch layout, losses)
+# moves them; a pure refactor does not. If a change is meant to alter behaviour, re-measure:
+# run `python -m experiments.run --config configs/toy.py:tiny --workdir DIR` and copy the
+# `loss` of these steps from DIR/tb/<loop>/metrics.jsonl, and say why in the commit.
+GOLDEN_LOSSES = {
+    "sft": [(0, 5.540523529052734), (3, 3.6728854179382324)],
+    "rl_gen_max": [(0, 0.12500011920928955), (1, 0.1249995306134224)],
+    "rl_agt_high": [(0, 0.07176752388477325), (1, 0.042275793850421906)],
+    "rl_cod_low": [(0, 0.00334313721396029), (1, 0.0029839458875358105)],
+    "mopd": [(0, 0.003546703141182661), (1, -0.2104412019252777)],
+}
+
+
+def test_first_losses_of_the_tiny_toy_run_are_golden(reference):
+  """Golden regression: the reference run's first SFT, RL and MOPD losses. Tolerances
+  allow float rounding of another CPU, not a behavioural change."""
+  proc, ref = reference
+  _wait_for(proc, ref / "mopd" / "DONE.json", ref)
+  for loop, want in GOLDEN_LOSSES.items():
+    got = {r["step"]: r["loss"] for r in map(json.loads, open(ref / "tb" / loop /
+                                                               "metrics.jsonl"))
+           if "loss" in r}
+    for step, loss in want:
+      assert got[step] == pytest.approx(loss, rel=2e-3, abs=2e-4), (loop, step, got[step])
 
 
 def test_interrupted_pipeline_equals_uninterrupted(tmp_path, env, reference):

@@ -111,7 +111,7 @@ PRESETS = {
                 d_model=128, num_layers=4, num_heads=4, num_kv_heads=2,
                 head_dim=32, mlp_dim=384, rope_theta=10_000.0, qk_norm=True,
                 tie_embeddings=True, max_seq_len=512, family="qwen3"),
-    # The benchmark shape of the issues: d_model 256, 4 layers, vocab 32k.
+    # The benchmark shape: d_model 256, 4 layers, vocab 32k.
     "bench": dict(vocab_size=32_000, d_model=256, num_layers=4, num_heads=4, num_kv_heads=4,
                   head_dim=64, mlp_dim=1024, tie_embeddings=True, max_seq_len=1024,
                   family="llama"),

@@ -10,8 +10,8 @@
 Each style opens with its own mark (`=`, `~`, `#`), so the style is chosen at the first token.
 Without the marks full and brief share their first seven tokens: a student distilled at high
 effort wrote the slope's trace and then, as often as not, went on with full's `%3*x+...` and
-ran over its budget (session 9: student cod/high 0.000 at 20 tokens against its teacher's
-14). Both traces carry a mark, so the trace digits stay at the same offset from their code
+ran over its budget (student cod/high 0.000 at 20 tokens against its teacher's 14;
+docs/toy_history.md). Both traces carry a mark, so the trace digits stay at the same offset from their code
 digits in both styles.
 
 The program is `f(x) = A%3*x + B%3` for two decimal literals A (6 digits) and B (4 digits)

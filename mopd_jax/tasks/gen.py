@@ -22,7 +22,7 @@ them (pi_SFT, whose effort token says nothing) commits to one style at its first
 
 Why a memo. Measured with `experiments.measure_styles --domains gen` (style-tagged SFT of
 the toy model), briefs without one stayed at the direct answer's accuracy: a value every
-second term (the earlier brief, 0.39 in session 6); one value per term without separators
+second term (0.39); one value per term without separators
 (0.25 after 300 updates, 0.42 after 600: the stride to the prompt changes every step, and
 only the first four values came out right); six values at the prompt's stride ending in a
 three-term addition in the head (0.40); a memo of the *last* four terms added to the written
