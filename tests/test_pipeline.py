@@ -51,12 +51,13 @@ def test_failed_rl_lane_processes_are_named_with_their_logs(tmp_path):
           f"run = context.Run(toy.get_config('fast'), {str(tmp_path)!r})\n"
           "lanes_ = rl.lanes_of(run)\n"
           "try:\n  lanes.run_side_by_side(run.workdir, run.config.to_json(), lanes_, 3, "
-          "[rl.lane_steps(run, lane) for lane in lanes_])\n"
+          "[sum(rl.lane_steps(run, lane)) for lane in lanes_])\n"
           "except RuntimeError as e:\n  print('RuntimeError:', e)\n")
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300).stdout
-  assert "RuntimeError: RL lane(s) failed" in out, out
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=300)
+  out = proc.stdout
+  assert "RuntimeError: RL lane(s) failed" in out, out + proc.stderr[-3000:]
   for d in ("gen", "agt", "cod"):
     assert f"lane {d} exited with code 1" in out
     assert os.path.exists(tmp_path / "rl" / d / "lane.log")
