@@ -44,16 +44,12 @@ def main(argv):
                jax.process_count())
   from mopd_jax import checkpoint, config as config_mod
   try:
-    config_mod.validate(_CONFIG.value, jax.device_count())
-    if _WORKDIR.value is None and _CONFIG.value.stages.strip() != "smoke":
-      raise ValueError("--workdir is required for every stage but smoke")
-  except ValueError as e:  # a bad config value or flag: one line, exit status 2
+    pipeline.run(_CONFIG.value, _WORKDIR.value)
+  except config_mod.ConfigError as e:  # a bad config value or flag: one line, exit status 2
     if logging.get_verbosity() >= 1:
       raise
     print(f"config error: {e}", file=sys.stderr, flush=True)
     sys.exit(2)
-  try:
-    pipeline.run(_CONFIG.value, _WORKDIR.value)
   except checkpoint.Preempted as e:
     # Non-zero so a scheduler knows the run is unfinished; re-running resumes.
     logging.error("preempted: %s", e)

@@ -5,7 +5,8 @@ qwen3_mopd.py) and the command line's. `validate(config, num_devices)` raises Va
 naming the field, its value and what is allowed for: every numeric field (type, finiteness,
 sign or range), every enum, the task grid (unknown domain or effort names list the known
 ones), and the cross-field rules (batch sizes over the mesh, losses that need one another).
-It uses `raise`, never `assert`, so `python -O` keeps the checks.
+It uses `raise`, never `assert`, so `python -O` keeps the checks, and raises `ConfigError`
+(a ValueError) so that the command line can tell a bad value from a failure inside a stage.
 """
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ import ml_collections
 from mopd_jax import grid as grid_mod
 from mopd_jax import lanes, models, mopd, placement, rl, sft
 from mopd_jax.tasks import base as task_base
+
+
+class ConfigError(ValueError):
+  """A config value or command-line flag that is not allowed; the message names the field,
+  the value and what is allowed."""
 
 
 def run_grid(config: ml_collections.ConfigDict) -> grid_mod.Grid:
@@ -90,7 +96,16 @@ def _enum(name: str, v, allowed) -> None:
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> grid_mod.Grid:
-  """Every check of the module docstring; returns the run's grid."""
+  """Every check of the module docstring; returns the run's grid. Raises ConfigError."""
+  try:
+    return _validate(config, num_devices)
+  except ConfigError:
+    raise
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+
+
+def _validate(config: ml_collections.ConfigDict, num_devices: int) -> grid_mod.Grid:
   c = config
   _int("seed", c.seed, 0)
   _int("log_every", c.log_every)

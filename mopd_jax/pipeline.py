@@ -26,6 +26,7 @@ from typing import Optional
 import ml_collections
 
 from mopd_jax import checkpoint, distributed
+from mopd_jax.config import ConfigError
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
 
@@ -35,13 +36,16 @@ STAGES = {"smoke": smoke.run, "data": data.run, "sft": sft.run, "rl": rl.run,
 
 
 def run(config: ml_collections.ConfigDict, workdir: Optional[str] = None) -> dict:
-  """Runs the config's stages in order; returns their wall seconds."""
+  """Runs the config's stages in order; returns their wall seconds.
+
+  Errors: `ConfigError` (a ValueError) for an unknown stage, a missing workdir or any config
+  value `mopd_jax.config.validate` refuses, before any stage starts."""
   stages = [s.strip() for s in config.stages.split(",") if s.strip()]
   unknown = [s for s in stages if s not in STAGES]
   if unknown:
-    raise ValueError(f"unknown stage(s) {unknown}; known stages in order: {tuple(STAGES)}")
+    raise ConfigError(f"unknown stage(s) {unknown}; known stages in order: {tuple(STAGES)}")
   if workdir is None and stages != ["smoke"]:
-    raise ValueError("--workdir is required for every stage but smoke")
+    raise ConfigError("--workdir is required for every stage but smoke")
   ctx = Run(config, workdir or os.getcwd())
   timings = {}
   with checkpoint.sigterm_guard():

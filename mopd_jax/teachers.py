@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from typing import Mapping, Optional, Sequence
 
 import flax.struct
@@ -233,7 +234,6 @@ def validate_manifest(manifest: dict, path: str, grid, student_cfg: models.Model
   """The run's grid, every cell of it present, each checkpoint where the manifest says, and
   each teacher of the student's architecture family and vocabulary; raises naming the
   offending cells. `resolve_hf(path) -> ModelConfig` reads a Hugging Face teacher's config."""
-  import os  # pylint: disable=g-import-not-at-top
   cells = manifest.get("teachers") if isinstance(manifest, dict) else None
   if not isinstance(cells, dict):
     raise ValueError(f"teacher manifest {path} has no 'teachers' mapping")

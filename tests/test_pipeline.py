@@ -124,7 +124,8 @@ def test_mopd_stage_with_asynchronous_teacher_scoring(workdir, tmp_path):
 
 def test_unknown_stage_is_an_error(workdir):
   proc = _run_cli(workdir, "--config.stages=sft,distill")
-  assert proc.returncode != 0 and "unknown stage" in proc.stderr
+  assert proc.returncode == 2 and "config error: unknown stage(s) ['distill']" in proc.stderr
+  assert "Traceback" not in proc.stderr
 
 
 def test_qwen3_tiny_config_smoke_runs(tmp_path):
