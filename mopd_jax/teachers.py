@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import logprobs, models
+from mopd_jax import checkpoint, logprobs, models
 from mopd_jax.tasks.base import TOY_DOMAINS
 from mopd_jax.tokenizer import DEFAULT_EFFORTS
 
@@ -264,6 +264,19 @@ def validate_manifest(manifest: dict, path: str, grid, student_cfg: models.Model
   if problems:
     raise ValueError(f"teacher manifest {path} is inconsistent with the student:\n  " +
                      "\n  ".join(problems))
+
+
+def load_bank(path: str, grid, student_cfg: models.ModelConfig,
+              teacher_cfg: models.ModelConfig, load_one, resolve_hf=None,
+              sharding=None) -> TeacherBank:
+  """The grid's teachers from the manifest at `path`: checked (`validate_manifest`), each
+  loaded with `load_one(entry) -> params`, stacked in the grid's order and placed with
+  `sharding` (the stacked params' shardings)."""
+  manifest = checkpoint.read_json(path)
+  validate_manifest(manifest, path, grid, student_cfg, resolve_hf)
+  plist = [load_one(manifest["teachers"][n]) for n in grid.names]
+  return build_bank(teacher_cfg, plist, names=grid.names, student_cfg=student_cfg,
+                    sharding=sharding)
 
 
 def teacher_table(manifest: dict) -> str:

@@ -74,27 +74,3 @@ def test_batch_buckets_are_powers_of_two_from_a_quarter_of_the_batch():
                                                                           64, 64]
   assert [rollout.batch_bucket(n, 96) for n in (1, 30, 40, 96)] == [32, 32, 64, 96]
   assert [rollout.batch_bucket(n, 3) for n in (1, 2, 3)] == [1, 2, 3]
-
-
-def test_sft_style_weights_set_each_domains_style_mix():
-  """`sft.style_weights`: a named domain draws (full, brief, direct) in its weights' ratio,
-  any other domain uniformly; the draw is a pure function of the rng."""
-  from mopd_jax import sft
-  exs = {d: get_task(d).generate(0, 200) for d in ("agt", "gen")}
-  weights = {"agt": (1.0, 2.0, 1.0)}
-
-  def mix(domain, seed=0):
-    batch = sft.sft_batch(TOK, exs[domain], np.random.RandomState(seed), "style", 256,
-                          style_weights=weights)
-    effort_of = {TOK.effort_id(e): e for e in sft.STYLE_EFFORT.values()}
-    firsts = [effort_of[t] for t in np.asarray(batch.tokens).ravel() if t in effort_of]
-    return {e: firsts.count(e) / len(firsts) for e in ("max", "high", "low")}
-
-  agt = mix("agt")
-  assert abs(agt["high"] - 0.5) < 0.1 and abs(agt["max"] - 0.25) < 0.1, agt
-  gen = mix("gen")
-  assert all(abs(v - 1 / 3) < 0.1 for v in gen.values()), gen
-  assert mix("agt", 1) != agt and mix("agt") == agt
-  with pytest.raises(ValueError, match="one per style"):
-    sft.sft_batch(TOK, exs["agt"][:2], np.random.RandomState(0), "style", 256,
-                  style_weights={"agt": (1.0, 1.0)})

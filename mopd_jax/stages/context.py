@@ -128,15 +128,11 @@ class Run:
   def load_bank(self) -> teachers.TeacherBank:
     """The grid's teachers from the manifest, checked against the run, stacked and placed
     once on the teachers' mesh (placement.TeacherScorer then holds no second copy)."""
-    path = self.path("teachers.json")
-    manifest = checkpoint.read_json(path)
-    teachers.validate_manifest(manifest, path, self.grid, self.model_cfg,
-                               self.resolve_teacher_hf)
-    plist = [self.load_teacher(manifest["teachers"][n]) for n in self.grid.names]
     shard = sharding.param_shardings(self.teacher_cfg, self.teacher_mesh,
-                                     num_stacked=len(plist))
-    return teachers.build_bank(self.teacher_cfg, plist, names=self.grid.names,
-                               student_cfg=self.model_cfg, sharding=shard)
+                                     num_stacked=len(self.grid.names))
+    return teachers.load_bank(self.path("teachers.json"), self.grid, self.model_cfg,
+                              self.teacher_cfg, self.load_teacher, self.resolve_teacher_hf,
+                              sharding=shard)
 
   def params_like(self):
     """Shapes, dtypes and the student mesh's shardings of the params: the target every

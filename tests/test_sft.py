@@ -1,0 +1,59 @@
+"""SFT (mopd_jax/sft.py): style weights, the domain schedule, the effort tokens of a grid."""
+import numpy as np
+import pytest
+
+from mopd_jax import sft
+from mopd_jax.tasks import get_task
+from mopd_jax.tokenizer import CharTokenizer
+
+TOK = CharTokenizer()
+
+
+def test_sft_style_weights_set_each_domains_style_mix():
+  """`sft.style_weights`: a named domain draws (full, brief, direct) in its weights' ratio,
+  any other domain uniformly; the draw is a pure function of the rng."""
+  exs = {d: get_task(d).generate(0, 200) for d in ("agt", "gen")}
+  weights = {"agt": (1.0, 2.0, 1.0)}
+
+  def mix(domain, seed=0):
+    batch = sft.sft_batch(TOK, exs[domain], np.random.RandomState(seed), "style", 256,
+                          style_weights=weights)
+    effort_of = {TOK.effort_id(e): e for e in sft.STYLE_EFFORT.values()}
+    firsts = [effort_of[t] for t in np.asarray(batch.tokens).ravel() if t in effort_of]
+    return {e: firsts.count(e) / len(firsts) for e in ("max", "high", "low")}
+
+  agt = mix("agt")
+  assert abs(agt["high"] - 0.5) < 0.1 and abs(agt["max"] - 0.25) < 0.1, agt
+  gen = mix("gen")
+  assert all(abs(v - 1 / 3) < 0.1 for v in gen.values()), gen
+  assert mix("agt", 1) != agt and mix("agt") == agt
+  with pytest.raises(ValueError, match="one per style"):
+    sft.sft_batch(TOK, exs["agt"][:2], np.random.RandomState(0), "style", 256,
+                  style_weights={"agt": (1.0, 1.0)})
+
+
+def test_schedule_follows_the_run_domains():
+  known = ("gen", "agt", "cod", "arith")
+  assert sft.schedule("", ("gen", "cod"), known) == ["gen", "cod"]  # round-robin
+  toy = "gen,cod,agt,gen,cod,agt,gen,cod"
+  assert sft.schedule(toy, ("gen", "agt", "cod"), known) == toy.split(",")
+  # A sub-grid keeps its domains' places in the sequence and drops the others.
+  assert sft.schedule(toy, ("cod", "agt"), known) == ["cod", "agt", "cod", "agt", "cod"]
+  with pytest.raises(ValueError, match=r"unknown: \['math'\]"):
+    sft.schedule("gen,math", ("gen",), known)
+  with pytest.raises(ValueError, match="must name every domain"):
+    sft.schedule("gen,gen", ("gen", "arith"), known)
+  assert sft.domain_style_weights({"agt": (1, 2, 1), "gen": (1, 1, 1)}, ("agt",), known) == \
+      {"agt": (1.0, 2.0, 1.0)}
+  with pytest.raises(ValueError, match=r"unknown domains \['math'\]"):
+    sft.domain_style_weights({"math": (1, 1, 1)}, ("gen",), known)
+
+
+def test_random_effort_tokens_come_from_the_grid_efforts():
+  tok = CharTokenizer(efforts=("short", "long"))
+  exs = get_task("gen").generate(0, 64)
+  batch = sft.sft_batch(tok, exs, np.random.RandomState(0), "random", 64,
+                        efforts=("short", "long"))
+  ids = {tok.effort_id("short"), tok.effort_id("long")}
+  used = {int(t) for t in np.asarray(batch.tokens).ravel() if int(t) in ids}
+  assert used == ids and int(np.asarray(batch.tokens).max()) < tok.vocab_size
