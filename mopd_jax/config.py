@@ -82,12 +82,11 @@ def _int(name: str, v, lo: int = 1) -> None:
     raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
 
 
-def _num(name: str, v, lo: float = 0.0, *, strict: bool = False, hi: float | None = None):
+def _num(name: str, v, lo: float = 0.0, *, strict: bool = False):
   ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and
-        (v > lo if strict else v >= lo) and (hi is None or v <= hi))
+        (v > lo if strict else v >= lo))
   if not ok:
-    bound = f"{'>' if strict else '>='} {lo}" + (f" and <= {hi}" if hi is not None else "")
-    raise ValueError(f"{name} must be a finite number {bound}, got {v!r}")
+    raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {lo}, got {v!r}")
 
 
 def _enum(name: str, v, allowed) -> None:
