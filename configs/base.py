@@ -61,6 +61,25 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh.data = 1  # mesh axis sizes; their product must equal the device count
   c.mesh.fsdp = 1  # splits the batch and also the params (their embed dimension)
   c.mesh.tensor = 1  # splits attention heads, MLP columns and the vocabulary
+  c.mesh.teacher = 1  # co-located placement: splits the stacked teacher bank over slices
+
+  # Teacher placement (mopd_jax/placement.py): colocated = the bank shares the student's
+  # devices (the mesh's `teacher` axis splits the stacked bank); disaggregated = the bank
+  # lives on its own sub-mesh of the last devices, `teacher_mesh`, and trajectories and
+  # log-probs move between the two with jax.device_put.
+  c.placement = ml_collections.ConfigDict()
+  c.placement.teachers = "colocated"
+  c.placement.teacher_mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1,
+                                                            teacher=1))
+
+  # Multi-host (jax.distributed). Empty / 0 / -1 = take the value from the environment
+  # (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID) or let JAX detect it
+  # (TPU pods, SLURM); with none of them set the run stays single-process.
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.coordinator_address = ""  # "host:port" of process 0
+  c.distributed.num_processes = 0
+  c.distributed.process_id = -1
+  c.distributed.initialize = False  # True: always call jax.distributed.initialize (pods)
 
   c.data = ml_collections.ConfigDict()
   c.data.sizes = (4000, 300, 300)  # train / validation / test examples per domain

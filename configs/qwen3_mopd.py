@@ -63,23 +63,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.teacher.num_layers = 4
 
   c.mesh.fsdp = 1  # e.g. --config.mesh.fsdp=8 on 8 accelerators
-  c.mesh.teacher = 1  # co-located placement: split the stacked bank over this many slices
-
-  # Multi-host (jax.distributed). Empty / 0 / -1 = take the value from the environment
-  # (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID) or let JAX detect it
-  # (TPU pods, SLURM); with none of them set the run stays single-process.
-  c.distributed = ml_collections.ConfigDict()
-  c.distributed.coordinator_address = ""  # "host:port" of process 0
-  c.distributed.num_processes = 0
-  c.distributed.process_id = -1
-  c.distributed.initialize = False  # True: always call jax.distributed.initialize (pods)
-
-  # Teacher placement (mopd_jax/placement.py): colocated = the bank shares the student's
-  # devices; disaggregated = the bank lives on its own sub-mesh (the last devices) and
-  # trajectories / log-probs move with jax.device_put.
-  c.placement = ml_collections.ConfigDict()
-  c.placement.teachers = "colocated"
-  c.placement.teacher_mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1, teacher=1))
 
   # benchmarks/memory_plan.py: shapes lowered (never run) on `devices` simulated devices.
   c.plan = ml_collections.ConfigDict()

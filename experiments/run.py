@@ -33,17 +33,17 @@ def main(argv):
   logging.get_absl_handler().addFilter(_QuietOrbax())
   import jax
 
-  from mopd_jax import distributed, pipeline
-
-  # Multi-host: start jax.distributed (config.distributed or JAX_* environment variables)
-  # before the first device query below initialises a backend.
-  distributed.initialize(_CONFIG.value.get("distributed"))
-
-  logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
-               jax.device_count(), jax.default_backend(), jax.process_index(),
-               jax.process_count())
-  from mopd_jax import checkpoint, config as config_mod
+  from mopd_jax import checkpoint, config as config_mod, distributed, pipeline
   try:
+    # Multi-host: start jax.distributed (config.distributed or JAX_* environment variables)
+    # before the first device query below initialises a backend.
+    try:
+      distributed.initialize(_CONFIG.value.distributed)
+    except ValueError as e:
+      raise config_mod.ConfigError(str(e)) from e
+    logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
+                 jax.device_count(), jax.default_backend(), jax.process_index(),
+                 jax.process_count())
     pipeline.run(_CONFIG.value, _WORKDIR.value)
   except config_mod.ConfigError as e:  # a bad config value or flag: one line, exit status 2
     if logging.get_verbosity() >= 1:

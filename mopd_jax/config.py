@@ -1,23 +1,32 @@
-"""The run config checked in one place, before anything compiles.
+"""The run config as one typed, validated value, built before anything compiles.
 
 A run config is the ConfigDict of `configs/base.py` with a file's overrides (toy.py,
-qwen3_mopd.py) and the command line's. `validate(config, num_devices)` raises ValueError
-naming the field, its value and what is allowed for: every numeric field (type, finiteness,
-sign or range), every enum, the task grid (unknown domain or effort names list the known
-ones), and the cross-field rules (batch sizes over the mesh, losses that need one another).
-It uses `raise`, never `assert`, so `python -O` keeps the checks, and raises `ConfigError`
-(a ValueError) so that the command line can tell a bad value from a failure inside a stage.
+qwen3_mopd.py) and the command line's. `build(config, num_devices)` turns it into a
+`RunConfig`: frozen dataclasses per block (`SftConfig`, `RlConfig`, `MopdConfig`, ...), every
+field checked by the checker in its metadata (type, finiteness, sign or range, enum), the
+task grid resolved (unknown domain or effort names list the known ones), and the cross-field
+rules applied (batch sizes over the mesh, losses that need one another). Stages read only
+the RunConfig: no block or field has a default outside `configs/base.py`, and a field a
+config file adds that the schema does not know is an error, not silently ignored.
+
+Checks use `raise`, never `assert`, so `python -O` keeps them, and raise `ConfigError` (a
+ValueError) so that the command line can tell a bad value from a failure inside a stage.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
+from typing import Any, Mapping, Optional
 
 import ml_collections
 
 from mopd_jax import grid as grid_mod
-from mopd_jax import lanes, models, mopd, placement, rl, sft
+from mopd_jax import lanes, mopd, placement, profiling, rl, sft, sharding
 from mopd_jax.tasks import base as task_base
+
+# Top-level blocks that tools other than the pipeline read (benchmarks/memory_plan.py).
+TOOL_BLOCKS = ("plan",)
 
 
 class ConfigError(ValueError):
@@ -25,168 +34,428 @@ class ConfigError(ValueError):
   the value and what is allowed."""
 
 
+# --- field checkers: (name, value) -> the value, typed; ValueError naming the field --------
+@dataclasses.dataclass(frozen=True)
+class Int:
+  lo: int = 1
+
+  def __call__(self, name: str, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < self.lo:
+      raise ValueError(f"{name} must be an int >= {self.lo}, got {v!r}")
+    return int(v)
+
+
+@dataclasses.dataclass(frozen=True)
+class Num:
+  lo: float = 0.0
+  strict: bool = False
+
+  def __call__(self, name: str, v):
+    ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and
+          (v > self.lo if self.strict else v >= self.lo))
+    if not ok:
+      raise ValueError(f"{name} must be a finite number {'>' if self.strict else '>='} "
+                       f"{self.lo}, got {v!r}")
+    return float(v)
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+  values: tuple
+
+  def __call__(self, name: str, v):
+    if isinstance(v, bool) or v not in self.values:
+      raise ValueError(f"{name}={v!r}; expected one of {self.values}")
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class Str:
+  def __call__(self, name: str, v):
+    if not isinstance(v, str):
+      raise ValueError(f"{name} must be a string, got {v!r}")
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class Bool:
+  def __call__(self, name: str, v):
+    if not isinstance(v, bool):
+      raise ValueError(f"{name} must be True or False, got {v!r}")
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class Seq:
+  """A tuple of `item`-checked values; `length` None = any length."""
+  item: Any
+  length: Optional[int] = None
+
+  def __call__(self, name: str, v):
+    if isinstance(v, (str, bytes)) or not isinstance(v, (tuple, list)):
+      raise ValueError(f"{name} must be a tuple, got {v!r}")
+    if self.length is not None and len(v) != self.length:
+      raise ValueError(f"{name} must have {self.length} entries, got {tuple(v)!r}")
+    return tuple(self.item(f"{name}[{i}]", x) for i, x in enumerate(v))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+  """A mapping of mesh axis names to sizes >= 1."""
+  axes: tuple = sharding.MESH_AXES
+
+  def __call__(self, name: str, v):
+    d = dict(v or {})
+    unknown = sorted(set(d) - set(self.axes))
+    if unknown:
+      raise ValueError(f"{name} names unknown mesh axes {unknown}; known: {self.axes}")
+    return {a: Int()(f"{name}.{a}", s) for a, s in d.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Raw:
+  """Checked elsewhere (a resolver of RunConfig or the module that owns the value)."""
+
+  def __call__(self, name: str, v):
+    return v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v
+
+
+def _f(check):
+  return dataclasses.field(metadata={"check": check})
+
+
+def _block(cls, value, name: str):
+  """`cls` from the ConfigDict block `value`: every field present, none unknown, each
+  checked by its field's checker."""
+  if not isinstance(value, (ml_collections.ConfigDict, Mapping)):
+    raise ValueError(f"{name} must be a block of fields, got {value!r}")
+  given = dict(value)
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = sorted(set(given) - set(fields))
+  if unknown:
+    raise ValueError(f"unknown field(s) {[f'{name}.{k}' for k in unknown]}; the fields of "
+                     f"{name} are {sorted(fields)}")
+  missing = sorted(set(fields) - set(given))
+  if missing:
+    raise ValueError(f"{name} lacks {[f'{name}.{k}' for k in missing]}; start the config from "
+                     "configs/base.py, which defines every field")
+  return cls(**{k: f.metadata["check"](f"{name}.{k}", given[k]) for k, f in fields.items()})
+
+
+# --- the blocks -------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  every: int = _f(Int())
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """The `model` block: a preset (or a Hugging Face checkpoint) and its overrides. Fields
+  other than these six are ModelConfig overrides, checked when the ModelConfig is built
+  (mopd_jax.hf.resolve_model_config)."""
+  preset: str
+  hf_path: str  # student checkpoint dir; "" = the preset
+  tokenizer_path: str  # a tokenizer.json; "" = the toy CharTokenizer
+  quant: str
+  quant_group: int
+  remat: str
+  overrides: dict
+
+  def mapping(self) -> dict:
+    """The block as hf.resolve_model_config reads it."""
+    return {k: v for k, v in dataclasses.asdict(self).items() if k != "overrides"} | dict(
+        self.overrides)
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherSpec:
+  """The `teacher` block: Hugging Face teachers (one per cell) with their model overrides,
+  and the outside-teacher ablation."""
+  hf_paths: tuple
+  outside_cell: str
+  outside_seed: int
+  model: dict  # preset and ModelConfig overrides of Hugging Face teachers
+
+  def mapping(self) -> dict:
+    return dict(self.model)
+
+
+_MODEL_CHECKS = {"preset": Str(), "hf_path": Str(), "tokenizer_path": Str(),
+                 "quant": OneOf(("none", "int8", "int4")), "quant_group": Int(),
+                 "remat": OneOf(("none", "block", "dots"))}
+_TEACHER_CHECKS = {"hf_paths": Seq(Str()), "outside_cell": Str(), "outside_seed": Int(0)}
+
+
+def _split(value, name: str, checks: Mapping) -> tuple:
+  """(checked named fields, the rest as plain values) of a model-like block."""
+  if not isinstance(value, (ml_collections.ConfigDict, Mapping)):
+    raise ValueError(f"{name} must be a block of fields, got {value!r}")
+  given = {k: Raw()(k, v) for k, v in dict(value).items()}
+  missing = sorted(k for k in checks if k not in given)
+  if missing:
+    raise ValueError(f"{name} lacks {[f'{name}.{k}' for k in missing]}; start the config "
+                     "from configs/base.py, which defines every field")
+  named = {k: check(f"{name}.{k}", given.pop(k)) for k, check in checks.items()}
+  return named, given
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementConfig:
+  teachers: str = _f(OneOf(placement.PLACEMENTS))
+  teacher_mesh: dict = _f(Sizes())
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+  coordinator_address: str = _f(Str())  # "" = JAX_COORDINATOR_ADDRESS or none
+  num_processes: int = _f(Int(0))  # 0 = JAX_NUM_PROCESSES or auto
+  process_id: int = _f(Int(-1))  # -1 = JAX_PROCESS_ID or auto
+  initialize: bool = _f(Bool())
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  sizes: tuple = _f(Seq(Int(), 3))
+  dir: str = _f(Str())
+
+
+@dataclasses.dataclass(frozen=True)
+class SftConfig:
+  steps: int = _f(Int())
+  schedule: Any = _f(Raw())  # resolved by build: the domain of each update, repeating
+  style_weights: Any = _f(Raw())  # resolved by build: {domain: (w_full, w_brief, w_direct)}
+  batch_size: int = _f(Int())
+  lr: float = _f(Num(strict=True))
+  warmup_steps: int = _f(Int(0))
+  weight_decay: float = _f(Num())
+  microbatches: int = _f(Int())
+  effort_mode: str = _f(OneOf(("random", "style")))
+
+
+@dataclasses.dataclass(frozen=True)
+class RlConfig:
+  loss: str = _f(OneOf(("pmd", "grpo")))
+  steps_per_effort: int = _f(Int())
+  prompts_per_step: int = _f(Int())
+  group_size: int = _f(Int())
+  microbatches: int = _f(Int())
+  reference: str = _f(Str())  # checked by build against the grid's phases (rl.references)
+  lr: float = _f(Num(strict=True))
+  tau_kl: float = _f(Num(strict=True))
+  anneal_lr: float = _f(Num())
+  anneal_tau_kl: float = _f(Num())
+  anneal_steps: int = _f(Int(0))
+  plateau_window: int = _f(Int(0))
+  plateau_delta: float = _f(Num())
+  token_clip: float = _f(Num())
+  temperature: float = _f(Num())
+  lane_processes: int = _f(Int())
+
+
+@dataclasses.dataclass(frozen=True)
+class MopdConfig:
+  steps: int = _f(Int())
+  prompts_per_cell: int = _f(Int())
+  prompts_across_efforts: str = _f(OneOf(mopd.PROMPT_MODES))
+  effort_mix: tuple = _f(Seq(Num()))
+  lr: float = _f(Num(strict=True))
+  warmup_steps: int = _f(Int(0))
+  microbatches: int = _f(Int())
+  r_max: float = _f(Num(strict=True))
+  teacher_temperature: float = _f(Num(strict=True))
+  loss: str = _f(OneOf(("mopd", "pg", "topk")))
+  top_k: int = _f(Int())
+  alpha: float = _f(Num())
+  staleness: int = _f(OneOf((0, 1)))
+  is_bounds: tuple = _f(Seq(Num(), 2))
+  init: str = _f(OneOf(("sft", "teacher_sft")))
+  init_samples_per_cell: int = _f(Int())
+  init_sft_steps: int = _f(Int())
+
+  @property
+  def shared(self) -> bool:
+    return self.prompts_across_efforts == "shared"
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  max_response_tokens: int = _f(Int())
+  max_turns: int = _f(Int(0))
+  width: int = _f(Int())
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  num_examples: int = _f(Int())
+  temperature: float = _f(Num())
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileConfig:
+  stage: str = _f(Str())  # checked by mopd_jax.profiling (a loop's name)
+  start_step: int = _f(Int(0))
+  num_steps: int = _f(Int())
+
+
+@dataclasses.dataclass(frozen=True)
+class SmokeConfig:
+  prompts: tuple = _f(Seq(Str()))
+  max_new_tokens: int = _f(Int())
+
+
+_BLOCKS = {"checkpoint": CheckpointConfig, "placement": PlacementConfig,
+           "distributed": DistributedConfig, "data": DataConfig, "sft": SftConfig,
+           "rl": RlConfig, "mopd": MopdConfig, "rollout": RolloutConfig, "eval": EvalConfig,
+           "profile": ProfileConfig, "smoke": SmokeConfig}
+_TOP = {"seed": Int(0), "stages": Str(), "log_every": Int(), "skip_nonfinite": Bool()}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """A whole run config, typed and checked (`build`). `source` is the ConfigDict it was
+  built from: what the lane subprocesses receive and what report.json records."""
+  seed: int
+  stages: tuple
+  log_every: int
+  skip_nonfinite: bool
+  grid: grid_mod.Grid
+  known_domains: frozenset  # domains any config block or registered task defines
+  checkpoint: CheckpointConfig
+  model: ModelSpec
+  teacher: TeacherSpec
+  mesh: dict
+  placement: PlacementConfig
+  distributed: DistributedConfig
+  data: DataConfig
+  sft: SftConfig
+  rl: RlConfig
+  mopd: MopdConfig
+  rollout: RolloutConfig
+  eval: EvalConfig
+  profile: ProfileConfig
+  smoke: SmokeConfig
+  source: ml_collections.ConfigDict = dataclasses.field(compare=False, repr=False)
+
+  def to_json(self, **kwargs) -> str:
+    return self.source.to_json(**kwargs)
+
+  @property
+  def hash(self) -> str:
+    return hashlib.sha256(self.source.to_json(sort_keys=True).encode()).hexdigest()[:16]
+
+  @property
+  def outside(self) -> tuple:
+    """(cell, seed) of the outside-teacher ablation (`teacher.outside_cell`, e.g. "gen/max":
+    that cell's teacher is trained from a second SFT of seed `teacher.outside_seed`), or
+    (None, None) when the ablation is off."""
+    t = self.teacher
+    return (t.outside_cell, t.outside_seed) if t.outside_cell else (None, None)
+
+
 def run_grid(config: ml_collections.ConfigDict) -> grid_mod.Grid:
   """The run's domains x efforts (`config.domains`, `config.efforts`; see mopd_jax.grid)."""
   return grid_mod.from_config(config, task_base.registered())
 
 
-def known_domains(config: ml_collections.ConfigDict) -> set:
-  """Every domain a config can name: its `tasks` blocks and the registered tasks."""
-  return set(dict(config.tasks or {})) | set(task_base.registered())
-
-
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> models.ModelConfig:
-  """The student's ModelConfig: a preset with overrides, or a Hugging Face checkpoint's."""
+def model_config(config, vocab_size: int):
+  """The student's ModelConfig of a RunConfig (or a ConfigDict): a preset with overrides,
+  or a Hugging Face checkpoint's."""
   from mopd_jax import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
-  return hf.resolve_model_config(config.model, vocab_size)
+  block = config.model.mapping() if isinstance(config, RunConfig) else config.model
+  return hf.resolve_model_config(block, vocab_size)
 
 
-def config_hash(config: ml_collections.ConfigDict) -> str:
-  return hashlib.sha256(config.to_json(sort_keys=True).encode()).hexdigest()[:16]
-
-
-def outside_teacher(config: ml_collections.ConfigDict) -> tuple:
-  """(cell, seed) of the outside-teacher ablation (`teacher.outside_cell`, e.g. "gen/max":
-  that cell's teacher is trained from a second SFT of seed `teacher.outside_seed`), or
-  (None, None) when the ablation is off."""
-  t = config.teacher
-  cell = t.outside_cell
-  if not cell:
-    return None, None
-  names = run_grid(config).names
-  if cell not in names:
-    raise ValueError(f"teacher.outside_cell={cell!r} is not a teacher cell; expected one of "
-                     f"{names}")
-  if t.hf_paths:
-    raise ValueError("teacher.outside_cell needs teachers trained by the rl stage; it cannot "
-                     "be combined with teacher.hf_paths")
-  seed = t.outside_seed
-  if not isinstance(seed, int) or seed == config.seed:
-    raise ValueError(f"teacher.outside_seed={seed!r} must be an int other than the run's "
-                     f"seed {config.seed} (the outside SFT needs its own init and order)")
-  return cell, int(seed)
-
-
-def sft_schedule(config: ml_collections.ConfigDict, grid: grid_mod.Grid) -> list:
-  return sft.schedule(config.sft.schedule, grid.domains, known_domains(config))
-
-
-def sft_style_weights(config: ml_collections.ConfigDict, grid: grid_mod.Grid) -> dict:
-  return sft.domain_style_weights(config.sft.style_weights, grid.domains,
-                                  known_domains(config))
-
-
-# --- field checks ----------------------------------------------------------------------------
-def _int(name: str, v, lo: int = 1) -> None:
-  if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-    raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-
-
-def _num(name: str, v, lo: float = 0.0, *, strict: bool = False):
-  ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and
-        (v > lo if strict else v >= lo))
-  if not ok:
-    raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {lo}, got {v!r}")
-
-
-def _enum(name: str, v, allowed) -> None:
-  if v not in allowed:
-    raise ValueError(f"{name}={v!r}; expected one of {tuple(allowed)}")
-
-
-def validate(config: ml_collections.ConfigDict, num_devices: int) -> grid_mod.Grid:
-  """Every check of the module docstring; returns the run's grid. Raises ConfigError."""
+def build(config: ml_collections.ConfigDict, num_devices: int) -> RunConfig:
+  """The RunConfig of `config`, every check of the module docstring applied for a run on
+  `num_devices` devices. Raises ConfigError."""
   try:
-    return _validate(config, num_devices)
+    return _build(config, num_devices)
   except ConfigError:
     raise
   except ValueError as e:
     raise ConfigError(str(e)) from e
 
 
-def _validate(config: ml_collections.ConfigDict, num_devices: int) -> grid_mod.Grid:
-  c = config
-  _int("seed", c.seed, 0)
-  _int("log_every", c.log_every)
-  _int("checkpoint.every", c.checkpoint.every)
-  mesh = dict(c.mesh)
-  for axis, size in mesh.items():
-    _int(f"mesh.{axis}", size)
-  prod = placement.num_devices(c)  # + the teachers' sub-mesh when disaggregated
-  if prod != num_devices:
-    raise ValueError(f"mesh {mesh} (with the teacher placement {c.get('placement')}) "
-                     f"has {prod} devices but {num_devices} are available")
-  grid = run_grid(c)  # raises on unknown domains or efforts, naming the known ones
-  sizes = tuple(c.data.sizes)
-  if len(sizes) != 3 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
-                            for s in sizes):
-    raise ValueError(f"data.sizes must be three ints >= 1 (train, validation, test), got "
-                     f"{sizes!r}")
-  # sft
-  for name in ("steps", "batch_size", "microbatches"):
-    _int(f"sft.{name}", c.sft[name])
-  _int("sft.warmup_steps", c.sft.warmup_steps, 0)
-  _num("sft.lr", c.sft.lr, strict=True)
-  _num("sft.weight_decay", c.sft.weight_decay)
-  _enum("sft.effort_mode", c.sft.effort_mode, ("random", "style"))
-  sft_schedule(c, grid)
-  sft_style_weights(c, grid)
-  # rl
-  _enum("rl.loss", c.rl.loss, ("pmd", "grpo"))
-  for name in ("steps_per_effort", "prompts_per_step", "group_size", "microbatches",
-               "lane_processes"):
-    _int(f"rl.{name}", c.rl[name])
-  for name in ("anneal_steps", "plateau_window"):
-    _int(f"rl.{name}", c.rl[name], 0)
-  _num("rl.temperature", c.rl.temperature)
-  for name in ("lr", "tau_kl"):
-    _num(f"rl.{name}", c.rl[name], strict=True)
-  for name in ("anneal_lr", "anneal_tau_kl", "plateau_delta", "token_clip"):
-    _num(f"rl.{name}", c.rl[name])
+def _build(config: ml_collections.ConfigDict, num_devices: int) -> RunConfig:
+  known = set(_TOP) | set(_BLOCKS) | {"domains", "efforts", "tasks", "effort", "model",
+                                      "teacher", "mesh"} | set(TOOL_BLOCKS)
+  unknown = sorted(set(dict(config)) - known)
+  if unknown:
+    raise ValueError(f"unknown config field(s) {unknown}; known top-level fields: "
+                     f"{sorted(known)}")
+  missing = sorted(k for k in set(_TOP) | set(_BLOCKS) | {"model", "teacher", "mesh"}
+                   if k not in config)
+  if missing:
+    raise ValueError(f"the config lacks {missing}; start it from configs/base.py, which "
+                     "defines every field")
+  top = {k: check(k, config[k]) for k, check in _TOP.items()}
+  blocks = {k: _block(cls, config[k], k) for k, cls in _BLOCKS.items()}
+  named, overrides = _split(config.model, "model", _MODEL_CHECKS)
+  model = ModelSpec(**named, overrides=overrides)
+  named, rest = _split(config.teacher, "teacher", _TEACHER_CHECKS)
+  teacher = TeacherSpec(**named, model=rest)
+  mesh = Sizes()("mesh", config.mesh)
+  grid = run_grid(config)  # raises on unknown domains or efforts, naming the known ones
+  known_domains = frozenset(dict(config.tasks or {})) | frozenset(task_base.registered())
+  stages = tuple(s.strip() for s in top.pop("stages").split(",") if s.strip())
+  s = blocks["sft"]
+  blocks["sft"] = dataclasses.replace(
+      s, schedule=tuple(sft.schedule(s.schedule, grid.domains, known_domains)),
+      style_weights=sft.domain_style_weights(s.style_weights, grid.domains, known_domains))
+  rc = RunConfig(**top, stages=stages, grid=grid, known_domains=known_domains, model=model,
+                 teacher=teacher, mesh=mesh, **blocks, source=config)
+  _cross_checks(rc, num_devices)
+  return rc
+
+
+def _cross_checks(c: RunConfig, num_devices: int) -> None:
+  """The rules that tie fields together."""
+  grid = c.grid
+  n = math.prod(c.mesh.values())
+  if c.placement.teachers == "disaggregated":
+    if not c.placement.teacher_mesh:
+      raise ValueError("placement.teachers='disaggregated' needs placement.teacher_mesh "
+                       "(axis sizes of the teachers' sub-mesh)")
+    n += math.prod(c.placement.teacher_mesh.values())
+  if n != num_devices:
+    raise ValueError(f"mesh {c.mesh} (with the teacher placement {c.placement.teachers}) "
+                     f"has {n} devices but {num_devices} are available")
   refs = rl.references(c.rl.reference, grid.anneal_order)  # raises on a bad spec
   if set(refs.values()) != {"sampler"} and c.rl.loss != "pmd":
     raise ValueError(f"rl.reference={c.rl.reference!r} holds PMD's old policy "
                      f"fixed for an effort phase; it needs rl.loss='pmd', got {c.rl.loss!r}")
   lanes.process_count(c.rl, 1)  # raises on a bad rl.lane_processes
-  # mopd
-  _enum("mopd.loss", c.mopd.loss, ("mopd", "pg", "topk"))
-  _enum("mopd.init", c.mopd.init, ("sft", "teacher_sft"))
-  for name in ("steps", "prompts_per_cell", "microbatches", "init_samples_per_cell",
-               "init_sft_steps", "top_k"):
-    _int(f"mopd.{name}", c.mopd[name])
-  _int("mopd.warmup_steps", c.mopd.warmup_steps, 0)
-  _num("mopd.lr", c.mopd.lr, strict=True)
-  _num("mopd.r_max", c.mopd.r_max, strict=True)
-  _num("mopd.teacher_temperature", c.mopd.teacher_temperature, strict=True)
-  _num("mopd.alpha", c.mopd.alpha)
-  _enum("mopd.staleness", c.mopd.staleness, (0, 1))
-  bounds = tuple(c.mopd.is_bounds)
-  if c.mopd.staleness and not (len(bounds) == 2 and all(math.isfinite(b) for b in bounds) and
-                               0 <= bounds[0] <= 1 <= bounds[1]):
+  profiling.spec_from_config(c.profile, "")  # raises on a loop name it cannot trace
+  m = c.mopd
+  if m.staleness and not m.is_bounds[0] <= 1 <= m.is_bounds[1]:
     raise ValueError(f"mopd.is_bounds must be (low, high) with 0 <= low <= 1 <= high, got "
-                     f"{bounds}")
-  if c.mopd.staleness and c.mopd.loss != "mopd":
+                     f"{m.is_bounds}")
+  if m.staleness and m.loss != "mopd":
     raise ValueError(f"mopd.staleness=1 weights the eq. 15 loss by truncated importance "
-                     f"weights; it needs mopd.loss='mopd', got {c.mopd.loss!r}")
-  mopd.prompt_mode(c.mopd.prompts_across_efforts, c.mopd.effort_mix, grid.effort_names)
-  # rollout, eval, smoke
-  for name in ("max_response_tokens", "max_turns", "width"):
-    _int(f"rollout.{name}", c.rollout[name], 0 if name == "max_turns" else 1)
-  _int("eval.num_examples", c.eval.num_examples)
-  _num("eval.temperature", c.eval.temperature)
-  _int("smoke.max_new_tokens", c.smoke.max_new_tokens)
+                     f"weights; it needs mopd.loss='mopd', got {m.loss!r}")
+  mopd.prompt_mode(m.prompts_across_efforts, m.effort_mix, grid.effort_names)
   # Every batch splits over the data x fsdp axes.
-  data_par = mesh.get("data", 1) * mesh.get("fsdp", 1)
+  data_par = c.mesh.get("data", 1) * c.mesh.get("fsdp", 1)
   batches = {"sft.batch_size": c.sft.batch_size,
              "rl.prompts_per_step * rl.group_size": c.rl.prompts_per_step * c.rl.group_size,
              f"mopd batch ({len(grid.cells)} cells * mopd.prompts_per_cell)":
-             len(grid.cells) * c.mopd.prompts_per_cell}
+             len(grid.cells) * m.prompts_per_cell}
   for name, size in batches.items():
     if size % data_par:
       raise ValueError(f"{name} = {size} is not a positive multiple of the data x fsdp mesh "
                        f"size {data_par}")
-  outside_teacher(c)  # raises on a bad outside-teacher ablation
-  if c.teacher.hf_paths and len(c.teacher.hf_paths) != len(grid.names):
-    raise ValueError(f"teacher.hf_paths has {len(c.teacher.hf_paths)} entries; expected "
+  t = c.teacher
+  if t.outside_cell:
+    if t.outside_cell not in grid.names:
+      raise ValueError(f"teacher.outside_cell={t.outside_cell!r} is not a teacher cell; "
+                       f"expected one of {grid.names}")
+    if t.hf_paths:
+      raise ValueError("teacher.outside_cell needs teachers trained by the rl stage; it "
+                       "cannot be combined with teacher.hf_paths")
+    if t.outside_seed == c.seed:
+      raise ValueError(f"teacher.outside_seed={t.outside_seed!r} must be an int other than "
+                       f"the run's seed {c.seed} (the outside SFT needs its own init and "
+                       "order)")
+  if t.hf_paths and len(t.hf_paths) != len(grid.names):
+    raise ValueError(f"teacher.hf_paths has {len(t.hf_paths)} entries; expected "
                      f"{len(grid.names)} in the grid's order {grid.names}")
-  return grid

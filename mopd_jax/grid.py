@@ -133,7 +133,7 @@ def from_config(config, known_tasks: Sequence[str]) -> Grid:
   listing the known ones (before anything is compiled)."""
   domains = split_names(config.domains, "domains")
   efforts = split_names(config.efforts, "efforts")
-  blocks = dict(config.get("tasks") or {})
+  blocks = dict(config.tasks or {})
   known_domains = sorted(set(blocks) | set(known_tasks))
   unknown = [d for d in domains if d not in known_domains]
   if unknown:
@@ -147,7 +147,7 @@ def from_config(config, known_tasks: Sequence[str]) -> Grid:
       raise ValueError(f"tasks.{d}.task={task!r} is not a registered task; known: "
                        f"{sorted(known_tasks)}")
     tasks.append(task)
-  levels = dict(config.get("effort") or {})
+  levels = dict(config.effort or {})
   unknown = [e for e in efforts if e not in levels]
   if unknown:
     raise ValueError(f"unknown effort(s) {unknown} in efforts={','.join(efforts)!r}; known: "

@@ -39,7 +39,7 @@ def run(config: ml_collections.ConfigDict, workdir: Optional[str] = None) -> dic
   """Runs the config's stages in order; returns their wall seconds.
 
   Errors: `ConfigError` (a ValueError) for an unknown stage, a missing workdir or any config
-  value `mopd_jax.config.validate` refuses, before any stage starts."""
+  value `mopd_jax.config.build` refuses, before any stage starts."""
   stages = [s.strip() for s in config.stages.split(",") if s.strip()]
   unknown = [s for s in stages if s not in STAGES]
   if unknown:

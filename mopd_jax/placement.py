@@ -55,23 +55,10 @@ def make_meshes(student_shape: Mapping[str, int], teacher_shape: Optional[Mappin
 
 
 def config_meshes(config, devices: Optional[Sequence] = None) -> tuple:
-  """(student mesh, teacher mesh) of a run config: `mesh` for the student, and the
-  `placement` block (absent = co-located) for the teachers."""
-  block = config.get("placement")
-  kind = block.get("teachers", "colocated") if block is not None else "colocated"
-  teacher_shape = block.get("teacher_mesh") if block is not None else None
-  return make_meshes(dict(config.mesh), dict(teacher_shape) if teacher_shape else None, kind,
-                     devices)
-
-
-def num_devices(config) -> int:
-  """Devices a run config asks for: the student mesh, plus the teacher sub-mesh when the
-  teachers are disaggregated."""
-  n = math.prod(int(v) for v in dict(config.mesh).values())
-  block = config.get("placement")
-  if block is not None and block.get("teachers", "colocated") == "disaggregated":
-    n += math.prod(int(v) for v in dict(block.get("teacher_mesh") or {}).values())
-  return n
+  """(student mesh, teacher mesh) of a RunConfig (mopd_jax.config): `mesh` for the student,
+  `placement` for the teachers."""
+  return make_meshes(config.mesh, config.placement.teacher_mesh or None,
+                     config.placement.teachers, devices)
 
 
 def stratified_sharding(mesh: Mesh, num_teachers: int, ndim: int = 3) -> NamedSharding:

@@ -31,10 +31,10 @@ class ProfileSpec:
 
 def spec_from_config(profile_cfg, workdir: str) -> Optional[ProfileSpec]:
   """The switch as a spec (None when off); raises ValueError on a bad value."""
-  if profile_cfg is None or not profile_cfg.get("stage", ""):
+  if profile_cfg is None or not profile_cfg.stage:
     return None
   stage = str(profile_cfg.stage)
-  start, num = profile_cfg.get("start_step", 0), profile_cfg.get("num_steps", 1)
+  start, num = profile_cfg.start_step, profile_cfg.num_steps
   if stage.split(" ", 1)[0] not in ("sft", "rl", "mopd"):
     raise ValueError(f"profile.stage={stage!r}; expected '' (off), 'sft', 'rl', 'mopd' or a "
                      "progress-bar name such as 'rl gen/high' or 'mopd init: teacher SFT'")

@@ -1,4 +1,5 @@
 """Config validation: clear errors before compilation, also under `python -O`."""
+import json
 import os
 import subprocess
 import sys
@@ -44,7 +45,17 @@ CASES = [
     ("c.mopd.lr = 0.0", "mopd.lr must be a finite number > 0"),
     ("c.sft.lr = float('inf')", "sft.lr must be a finite number > 0"),
     ("c.rl.tau_kl = -0.5", "rl.tau_kl must be a finite number > 0"),
-    ("c.data.sizes = (10, 0, 5)", "data.sizes must be three ints >= 1"),
+    ("c.data.sizes = (10, 0, 5)", "data.sizes[1] must be an int >= 1, got 0"),
+    ("c.data.sizes = (10, 5)", "data.sizes must have 3 entries"),
+    ("c.sft.stepz = 3", "unknown field(s) ['sft.stepz']"),
+    ("del c.sft['steps']", "sft lacks ['sft.steps']"),
+    ("c.learning_rate = 1e-3", "unknown config field(s) ['learning_rate']"),
+    ("c.model.quant = 'int3'", "model.quant='int3'"),
+    ("c.model.remat = 'all'", "model.remat='all'"),
+    ("c.placement.teachers = 'remote'", "placement.teachers='remote'"),
+    ("c.mesh.pipeline = 1", "mesh names unknown mesh axes ['pipeline']"),
+    ("c.profile.stage = 'eval'", "profile.stage='eval'"),
+    ("c.distributed.num_processes = -1", "distributed.num_processes must be an int >= 0"),
     ("c.sft.effort_mode = 'styled'", "sft.effort_mode='styled'"),
     ("c.mopd.init = 'teacher'", "mopd.init='teacher'"),
     ("c.rollout.max_response_tokens = 0", "rollout.max_response_tokens must be an int >= 1"),
@@ -59,16 +70,42 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("change, match", CASES)
-def test_bad_config_raises_under_python_O(change, match):
-  code = ("from configs import toy\nfrom mopd_jax import config\n"
-          f"c = toy.get_config('fast')\n{change}\n"
-          "try:\n  config.validate(c, 1)\nexcept ValueError as e:\n"
-          "  print('ValueError:', e)\nelse:\n  print('no error')\n")
-  out = subprocess.run([sys.executable, "-O", "-c", code], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120,
+def test_bad_config_raises_under_python_O():
+  """Every case in one `python -O` process (asserts stripped): each raises a ValueError
+  whose message names the field."""
+  code = ("import json, sys\nfrom configs import toy\nfrom mopd_jax import config\n"
+          "out = []\nfor change in json.load(sys.stdin):\n"
+          "  c = toy.get_config('fast')\n  exec(change)\n"
+          "  try:\n    config.build(c, 1)\n  except ValueError as e:\n"
+          "    out.append('ValueError: ' + str(e))\n  else:\n    out.append('no error')\n"
+          "print(json.dumps(out))\n")
+  res = subprocess.run([sys.executable, "-O", "-c", code], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, input=json.dumps([c for c, _ in CASES]),
                        env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
-  assert "ValueError:" in out.stdout and match in out.stdout, out.stdout + out.stderr
+  assert res.returncode == 0, res.stderr
+  got = json.loads(res.stdout.strip().splitlines()[-1])
+  wrong = [(change, match, msg) for (change, match), msg in zip(CASES, got)
+           if not (msg.startswith("ValueError:") and match in msg)]
+  assert not wrong, "\n".join(f"{c!r}: expected {m!r}, got {g!r}" for c, m, g in wrong)
+
+
+def test_run_config_is_typed_and_frozen():
+  """The toy, tiny and Qwen3 configs build into the typed schema; blocks are frozen."""
+  import dataclasses
+
+  from configs import base, qwen3_mopd, toy
+  from mopd_jax import config
+  for c in (base.get_config(), toy.get_config(), toy.get_config("tiny"),
+            qwen3_mopd.get_config("tiny")):
+    rc = config.build(c, 1)
+    assert isinstance(rc.sft, config.SftConfig) and isinstance(rc.mopd, config.MopdConfig)
+    assert rc.sft.schedule and set(rc.sft.schedule) == set(rc.grid.domains)
+    assert isinstance(rc.rl.lr, float) and isinstance(rc.sft.steps, int)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+      rc.sft.steps = 3
+  rc = config.build(toy.get_config(), 1)
+  assert rc.sft.steps == 1040 and rc.mopd.prompts_across_efforts == "shared"
+  assert rc.model.mapping()["num_layers"] == 4 and rc.teacher.hf_paths == ()
 
 
 def test_unknown_key_and_wrong_type_are_rejected():
@@ -87,4 +124,4 @@ def test_batch_not_divisible_by_data_axis():
   c = toy.get_config("fast")
   c.mesh.data = 2
   with pytest.raises(ValueError, match="multiple of the data x fsdp"):
-    config.validate(c, 2)
+    config.build(c, 2)

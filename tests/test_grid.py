@@ -52,7 +52,7 @@ def test_unknown_or_bad_names_raise_before_anything_compiles(field, value, match
   c = toy.get_config("fast")
   setattr(c, field, value)
   with pytest.raises(ValueError, match=match):
-    config_mod.validate(c, 1)
+    config_mod.build(c, 1)
 
 
 def test_cli_names_the_grid_and_rejects_unknown_names():

@@ -366,7 +366,7 @@ def test_qwen3_mopd_config(tiny_ckpt):
 
   tiny = q.get_config("tiny")
   vocab = CharTokenizer().vocab_size
-  config_mod.validate(tiny, 1)
+  config_mod.build(tiny, 1)
   # The model block minus its checkpoint/tokenizer paths is what config.model_config builds.
   view = tiny.copy_and_resolve_references()
   with view.unlocked():

@@ -147,8 +147,8 @@ def test_bad_outside_teacher_config_raises(change, match):
   for k, v in change.items():
     setattr(c.teacher, k, v)
   with pytest.raises(ValueError, match=match):
-    config_mod.validate(c, 1)
+    config_mod.build(c, 1)
   c = cfg_mod.get_config("fast")
   c.mopd.loss, c.mopd.top_k = "topk", 0
   with pytest.raises(ValueError, match="top_k"):
-    config_mod.validate(c, 1)
+    config_mod.build(c, 1)

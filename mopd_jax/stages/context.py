@@ -1,7 +1,7 @@
 """The run context every stage takes, the progress bars and the training-loop skeleton.
 
-`Run(config, workdir)` validates the config (mopd_jax.config) and resolves, once: the task
-grid, the tokenizer (its effort tokens are the grid's), the student's ModelConfig, the
+`Run(config, workdir)` builds the typed, validated RunConfig (mopd_jax.config; stages read
+`ctx.config`, never the ConfigDict) and resolves, once: the task grid, the tokenizer (its effort tokens are the grid's), the student's ModelConfig, the
 student's and the teachers' meshes, and the profile switch. Stages then ask it for paths,
 rollout engines, data splits and iterators, teachers, loggers and checkpointed loops.
 
@@ -29,10 +29,10 @@ class Run:
   """What every stage needs: config, workdir, grid, tokenizer, model config, meshes."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    self.grid = config_mod.validate(config, jax.device_count())
-    self.config = config
+    config = self.config = config_mod.build(config, jax.device_count())
+    self.grid = config.grid
     self.workdir = os.path.abspath(workdir)
-    self.profile = profiling.Switch(config.profile, self.workdir)  # raises on a bad switch
+    self.profile = profiling.Switch(config.profile, self.workdir)
     self.tok = load_tokenizer(config.model.tokenizer_path or "char",
                               efforts=self.grid.effort_names)
     self.model_cfg = config_mod.model_config(config, self.tok.vocab_size)
@@ -100,7 +100,8 @@ class Run:
 
   def resolve_teacher_hf(self, path: str) -> models.ModelConfig:
     from mopd_jax import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
-    return hf.resolve_model_config(self.config.teacher, self.tok.vocab_size, hf_path=path)
+    return hf.resolve_model_config(self.config.teacher.mapping(), self.tok.vocab_size,
+                                   hf_path=path)
 
   @functools.cached_property
   def teacher_cfg(self) -> models.ModelConfig:
@@ -166,7 +167,7 @@ class Run:
     `loop.end_step` and `bar.update` after each."""
     loop = checkpoint.TrainLoop(name, directory, every=self.config.checkpoint.every,
                                 total_steps=total_steps, data_state=data_state,
-                                skip_nonfinite=bool(self.config.skip_nonfinite))
+                                skip_nonfinite=self.config.skip_nonfinite)
     with loop:
       state = loop.restore(trainer.abstract_state(self.params_like()))
       if state is None:

@@ -20,7 +20,7 @@ from typing import Iterator, Optional
 
 import jax
 
-from mopd_jax import checkpoint, config as config_mod, lanes as lanes_mod, rl, sft, teachers, train
+from mopd_jax import checkpoint, lanes as lanes_mod, rl, sft, teachers, train
 from mopd_jax.stages.context import Run
 
 MANIFEST = "teachers.json"
@@ -50,7 +50,7 @@ def lanes_of(ctx: Run) -> list:
   order = ctx.grid.anneal_order
   out = [Lane(d, ctx.path("sft", "params"), ctx.path("rl", d), order, "teachers",
               ctx.config.seed) for d in ctx.grid.domains]
-  cell, outside_seed = config_mod.outside_teacher(ctx.config)
+  cell, outside_seed = ctx.config.outside
   if cell:
     # The outside teacher goes through its cell's own anneal (largest tau -> ... -> its
     # effort), from the outside SFT, in a lane of its own.
@@ -77,7 +77,7 @@ def run(ctx: Run) -> None:
       d, e = name.split("/")
       manifest["teachers"][name] = {"domain": d, "effort": e, "tau": ctx.taus[e], "step": 0,
                                     "parent": hf_path, "path": hf_path, "format": "hf",
-                                    "config_hash": config_mod.config_hash(ctx.config),
+                                    "config_hash": ctx.config.hash,
                                     "eval_validation": None}
     checkpoint.write_json(path, manifest)
     ctx.mark_done("rl", {"teachers": sorted(manifest["teachers"]), "source": "hf"})
@@ -97,7 +97,7 @@ def run(ctx: Run) -> None:
       for name, entry in train_lane(ctx, lane, section, trainers):
         section[name] = entry
         checkpoint.write_json(path, manifest)  # each teacher on record once it exists
-  cell, outside_seed = config_mod.outside_teacher(ctx.config)
+  cell, outside_seed = ctx.config.outside
   if cell:
     # Route the cell to the outside teacher; the same-origin one it replaces stays on record.
     # Without its data_state: a restarted same-origin lane restores its own stream from
@@ -188,7 +188,7 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
         "domain": domain, "effort": effort, "tau": ctx.taus[effort],
         "step": len(hist), "parent": parent, "path": out,
         "pmd_reference": ph["reference"], "lr": ph["lr"], "tau_kl": ph["tau_kl"],
-        "config_hash": config_mod.config_hash(ctx.config), "seconds": time.time() - t0,
+        "config_hash": ctx.config.hash, "seconds": time.time() - t0,
         "eval_validation": metrics, "model": teachers.model_signature(ctx.model_cfg),
         "data_state": it.state(),
         "train_curve": [[s, m["reward"], m["length"]] for s, m in hist]}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from mopd_jax import checkpoint, config as config_mod, rollout, sft, train
+from mopd_jax import checkpoint, rollout, sft, train
 from mopd_jax.stages.context import Run, width_for
 
 
@@ -16,7 +16,7 @@ def run(ctx: Run) -> None:
   checkpoint.save_params(ctx.path("sft", "params"), state.params)
   info = {"steps": ctx.config.sft.steps, "final_loss": history[-1][1],
           "seconds": time.time() - t0, "loss_curve": history}
-  cell, seed = config_mod.outside_teacher(ctx.config)
+  cell, seed = ctx.config.outside
   if cell:
     state, hist = train_sft(ctx, seed, "sft outside", ctx.path("sft", "outside"))
     checkpoint.save_params(ctx.path("sft", "outside", "params"), state.params)
@@ -35,7 +35,7 @@ def train_sft(ctx: Run, seed: int, name: str, directory: str):
                                             microbatches=c.microbatches), ctx.mesh)
   iters = {d: ctx.iterator(d, c.batch_size, salt=i, seed=seed)
            for i, d in enumerate(ctx.grid.domains)}
-  schedule = config_mod.sft_schedule(ctx.config, ctx.grid)
+  schedule = c.schedule
   log = ctx.logger(name.replace(" ", "_"))
 
   def restore_data(data):
@@ -60,7 +60,7 @@ def train_sft(ctx: Run, seed: int, name: str, directory: str):
     state, history = sft.train_sft(
         trainer, state, ctx.tok, lambda step: next(iters[schedule[step % len(schedule)]]),
         steps=c.steps, effort_mode=c.effort_mode, seed=seed, log=log_step, width=width,
-        loop=loop, style_weights=config_mod.sft_style_weights(ctx.config, ctx.grid),
+        loop=loop, style_weights=c.style_weights,
         efforts=ctx.grid.effort_names)
   log.close()
   return state, history
