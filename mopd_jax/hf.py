@@ -82,7 +82,8 @@ def _rope(hf: dict, family: str) -> Tuple[float, Optional[tuple]]:
   if "rope_theta" not in params and any(isinstance(v, dict) for v in params.values()):
     raise ValueError(f"per-layer-type rope_parameters {sorted(params)} are not supported for "
                      f"{FAMILY_ARCHITECTURE[family]}")
-  theta = float(params.get("rope_theta") or hf.get("rope_theta") or 10_000.0)
+  theta = _float_field({"rope_theta": params.get("rope_theta", hf.get("rope_theta"))},
+                       "rope_theta", 10_000.0)
   partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
   if partial not in (None, 1, 1.0):
     raise ValueError(f"partial_rotary_factor={partial} is not supported")
@@ -130,19 +131,24 @@ def config_from_hf(hf: dict, dtype=None) -> ModelConfig:
   absent = [k for k in required if hf.get(k) is None]
   if absent:
     raise ValueError(f"{arch} config.json lacks {absent}")
-  d, h = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+  sizes = {k: _int_field(hf, k) for k in required}
+  d, h = sizes["hidden_size"], sizes["num_attention_heads"]
+  kv = _int_field(hf, "num_key_value_heads", h)
+  head_dim = _int_field(hf, "head_dim", d // h if d % h == 0 else 0)
+  if head_dim == 0:
+    raise ValueError(f"hidden_size={d} is not a multiple of num_attention_heads={h} and no "
+                     "head_dim is given")
   if dtype is None:
     stored = hf.get("torch_dtype", hf.get("dtype"))
     dtype = stored if stored in _DTYPE_NAMES else "float32"
   dtype = _dtype_name(dtype)
   return ModelConfig(
-      vocab_size=int(hf["vocab_size"]), d_model=d, num_layers=int(hf["num_hidden_layers"]),
-      num_heads=h, num_kv_heads=int(hf.get("num_key_value_heads") or h),
-      head_dim=int(hf.get("head_dim") or d // h), mlp_dim=int(hf["intermediate_size"]),
+      vocab_size=sizes["vocab_size"], d_model=d, num_layers=sizes["num_hidden_layers"],
+      num_heads=h, num_kv_heads=kv, head_dim=head_dim, mlp_dim=sizes["intermediate_size"],
       rope_theta=theta, rope_scaling=scaling, qk_norm=family == "qwen3",
       attention_bias=family == "qwen2", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      norm_eps=float(hf.get("rms_norm_eps", 1e-6)),  # transformers' default for all three
-      max_seq_len=int(hf.get("max_position_embeddings", _DEFAULT_MAX_POS[family])),
+      norm_eps=_float_field(hf, "rms_norm_eps", 1e-6),  # transformers' default for all three
+      max_seq_len=_int_field(hf, "max_position_embeddings", _DEFAULT_MAX_POS[family]),
       param_dtype=dtype, dtype=dtype, family=family)
 
 
@@ -195,16 +201,54 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 
 
 def _read_json(path: str) -> dict:
-  with open(path) as f:
-    return json.load(f)
+  """A JSON object from `path`; ValueError naming the file for anything else."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      out = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    raise ValueError(f"{path}: not valid JSON ({type(e).__name__}: {e})") from None
+  except ValueError as e:  # e.g. an integer over Python's digit limit
+    raise ValueError(f"{path}: unreadable JSON value ({e})") from None
+  if not isinstance(out, dict):
+    raise ValueError(f"{path}: expected a JSON object, got a {type(out).__name__}")
+  return out
+
+
+def _int_field(hf: dict, key: str, default=None, lo: int = 1) -> int:
+  """`hf[key]` (or `default` when absent or null) as an int >= lo; ValueError naming it."""
+  v = hf.get(key)
+  if v is None:
+    if default is None:
+      raise ValueError(f"{key} is missing")
+    return default
+  if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+    raise ValueError(f"{key}={v!r} must be an int >= {lo}")
+  return v
+
+
+def _float_field(hf: dict, key: str, default: float) -> float:
+  v = hf.get(key)
+  if v is None:
+    return default
+  if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+    raise ValueError(f"{key}={v!r} must be a finite number > 0")
+  return float(v)
 
 
 def load_config(path: str, dtype=None) -> ModelConfig:
-  """The ModelConfig of a Hugging Face model directory (reads only `config.json`)."""
+  """The ModelConfig of a Hugging Face model directory (reads only `config.json`).
+
+  Errors: ValueError naming `config.json` and the field: no such file, not JSON or not a
+  JSON object, an unsupported architecture or option, a size that is not a positive int,
+  a non-finite or non-positive rope_theta / rms_norm_eps, heads that do not divide."""
   cfg_file = os.path.join(path, "config.json")
   if not os.path.isfile(cfg_file):
     raise ValueError(f"{path}: no config.json (expected a Hugging Face model directory)")
-  return config_from_hf(_read_json(cfg_file), dtype)
+  try:
+    return config_from_hf(_read_json(cfg_file), dtype)
+  except ValueError as e:
+    msg = str(e)
+    raise ValueError(msg if msg.startswith(cfg_file) else f"{cfg_file}: {msg}") from None
 
 
 # Keys of a `model` / `teacher` config block that are not ModelConfig fields.
@@ -376,8 +420,10 @@ class _Tensors:
     index_file = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index_file):
       weight_map = _read_json(index_file).get("weight_map")
-      if not isinstance(weight_map, dict):
-        raise ValueError(f"{index_file}: no weight_map")
+      if not isinstance(weight_map, dict) or not all(
+          isinstance(f, str) and f and os.path.basename(f) == f for f in weight_map.values()):
+        raise ValueError(f"{index_file}: weight_map must map tensor names to file names in "
+                         "the same directory")
       self.files = {name: os.path.join(path, fname) for name, fname in weight_map.items()}
       for fname in sorted(set(self.files.values())):
         if not os.path.isfile(fname):
@@ -403,7 +449,10 @@ class _Tensors:
 
   def handle(self, fname: str):
     if fname not in self._handles:
-      self._handles[fname] = safe_open(fname, framework="numpy")
+      try:
+        self._handles[fname] = safe_open(fname, framework="numpy")
+      except Exception as e:  # safetensors' own error type: a truncated or corrupt file
+        raise ValueError(f"{fname}: not a readable safetensors file ({e})") from None
     return self._handles[fname]
 
   def __contains__(self, name: str) -> bool:
@@ -471,8 +520,10 @@ def load_checkpoint(path: str, sharding=None, dtype=None) -> Tuple[ModelConfig, 
   tensor that holds it.
   `dtype`: param (and compute) dtype; None keeps the checkpoint's `torch_dtype`.
 
-  Raises ValueError for an unsupported architecture or feature, a missing tensor, a tensor of
-  the wrong shape, unexpected extra tensors, and pickle-only checkpoints.
+  Errors: ValueError naming the file (and field or tensor) for everything `load_config`
+  refuses, an unsupported architecture or feature, a missing tensor, a tensor of the wrong
+  shape or dtype, unexpected extra tensors, an index that is not a JSON object or names files
+  outside the directory, a truncated or corrupt safetensors file, and pickle-only checkpoints.
   """
   cfg = load_config(path, dtype)
   tensors = _Tensors(path)

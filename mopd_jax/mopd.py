@@ -202,8 +202,7 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
                     for ex, d, txt, o in zip(rows, domains, texts, over)])
 
   longest = max(len(t.prompt_ids) + t.num_tokens for t in trajs)
-  width = -(-longest // width_multiple) * width_multiple
-  arr = rollout.pad_batch(trajs, tok.pad_id, width)
+  arr = rollout.pad_batch(trajs, tok.pad_id, rollout.padded_width(longest, width_multiple))
   index = teachers.stratify(np.asarray(teacher_ids), bank.num_teachers, b)
   strat = lambda x, fill=0: jnp.asarray(teachers.gather_stratified(x, index, fill))
   return SampledBatch(

@@ -86,15 +86,6 @@ def plateaued(history, window: int, delta: float) -> bool:
   return float(np.mean(r[window:]) - np.mean(r[:window])) < delta
 
 
-def train_width(longest: int, floor: int) -> int:
-  """Padded length of an RL batch: the power of two that holds its longest trajectory, at
-  least `floor`. Powers of two bound the distinct widths, and so the compilations of the
-  update, to a few per run (with multiples of 32, agt's lane compiled more than the padding
-  saved), while a batch of short trajectories is not padded to the longest one the lane
-  ever sees."""
-  return max(floor, 1 << (max(longest, 1) - 1).bit_length())
-
-
 def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.RolloutEngine,
                task, next_examples: Callable[[int], list], *, effort: str, tau: float,
                phase: int, steps: int, group_size: int, width: int, seed: int,
@@ -127,7 +118,7 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
                      environment=task.environment)
     rewards = rewards_of(task, rows, res)
     longest = max(len(t.prompt_ids) + t.num_tokens for t in res.trajectories)
-    w = train_width(longest, width)
+    w = rollout.padded_width(longest, pow2=True, floor=width)
     state, m = trainer.step(state, rl_batch(engine.tok, res.trajectories, rewards, w),
                             reference=reference)
     m = {k: float(v) for k, v in jax.device_get(m).items()}

@@ -152,12 +152,31 @@ def _last_call_start(ids, tok) -> int:
   return 0
 
 
-def pad_batch(trajs: Sequence[Trajectory], pad_id: int, width: Optional[int] = None,
-              multiple: int = 16) -> dict:
-  """Right-padded numpy arrays [B, T] for the train step (T rounded up to `multiple`)."""
+def padded_width(longest: int, multiple: int = 16, *, pow2: bool = False,
+                 floor: int = 0) -> int:
+  """The one padding rule of every train batch: the longest row (prompt + response tokens)
+  rounded up to a multiple of `multiple`, or with `pow2` to the power of two that holds it;
+  never below `floor`. The loops' settings:
+
+    SFT, teacher-SFT init  multiple 16   batches of reference texts, one width per batch
+    RL                     pow2, floor rollout.width
+                                         powers of two bound the distinct widths, and so the
+                                         update's compilations, to a few per lane (with
+                                         multiples of 32, agt's lane compiled more than the
+                                         padding saved)
+    MOPD                   multiple 32   one batch of every cell per step
+  """
+  n = max(int(longest), 1)
+  w = 1 << (n - 1).bit_length() if pow2 else -(-n // multiple) * multiple
+  return max(w, floor)
+
+
+def pad_batch(trajs: Sequence[Trajectory], pad_id: int, width: Optional[int] = None) -> dict:
+  """Right-padded numpy arrays [B, T] for the train step; `width` None = `padded_width` of
+  the longest trajectory."""
   seqs = [t.prompt_ids + t.ids for t in trajs]
   longest = max(len(s) for s in seqs)
-  width = width or -(-longest // multiple) * multiple
+  width = width or padded_width(longest)
   if longest > width:
     raise ValueError(f"a trajectory of {longest} tokens does not fit width {width}")
   b = len(trajs)

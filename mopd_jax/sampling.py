@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Optional
 
 import chex
@@ -54,14 +55,43 @@ class SamplingConfig:
   buckets: tuple = DEFAULT_BUCKETS
 
   def __post_init__(self):
-    if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+    """Errors: ValueError naming the field, its value and the allowed range, for a
+    non-int or non-positive max_new_tokens, a NaN, infinite or negative temperature, top_p
+    outside (0, 1], a non-int or negative top_k, a non-bool greedy, a negative or non-int
+    pad_id, stop token or bucket, or a max_prompt_len < 1. (pad_id and stop tokens are
+    checked against the vocabulary by `Sampler`, which knows the model.)"""
+    def is_int(v):
+      return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    def is_num(v):
+      return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
+          v, (bool, np.bool_)) and math.isfinite(v)
+
+    if not is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
       raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
-    if self.temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-    if not (0.0 < self.top_p <= 1.0):
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-    if self.top_k < 0:
-      raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+    if not is_num(self.temperature) or self.temperature < 0:
+      raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+    if not is_num(self.top_p) or not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+    if not is_int(self.top_k) or self.top_k < 0:
+      raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+    if not isinstance(self.greedy, (bool, np.bool_)):
+      raise ValueError(f"greedy must be True or False, got {self.greedy!r}")
+    if not is_int(self.pad_id) or self.pad_id < 0:
+      raise ValueError(f"pad_id must be an int >= 0, got {self.pad_id!r}")
+    if self.max_prompt_len is not None and (not is_int(self.max_prompt_len) or
+                                            self.max_prompt_len < 1):
+      raise ValueError(f"max_prompt_len must be None or an int >= 1, got "
+                       f"{self.max_prompt_len!r}")
+    for name in ("stop_tokens", "buckets"):
+      vals = getattr(self, name)
+      if isinstance(vals, (str, bytes)) or not all(is_int(v) and v >= (0 if name[0] == "s"
+                                                                       else 1) for v in vals):
+        raise ValueError(f"{name} must be a tuple of ints >= {0 if name[0] == 's' else 1}, "
+                         f"got {vals!r}")
+    object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
+    object.__setattr__(self, "top_k", int(self.top_k))
+    object.__setattr__(self, "pad_id", int(self.pad_id))
     object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
     object.__setattr__(self, "buckets", tuple(sorted(int(b) for b in self.buckets)))
 
@@ -226,21 +256,42 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
       stopped=stopped)
 
 
+def _int_tokens(tokens: np.ndarray) -> np.ndarray:
+  """Token ids as int64; float ids that are whole numbers are accepted, others refused
+  (silently truncating 3.7 to 3 would sample from another prompt)."""
+  if tokens.dtype == bool or not (np.issubdtype(tokens.dtype, np.integer) or
+                                  np.issubdtype(tokens.dtype, np.floating)):
+    raise ValueError(f"prompt token ids must be integers, got dtype {tokens.dtype}")
+  if np.issubdtype(tokens.dtype, np.floating):
+    bad = ~np.isfinite(tokens) | (tokens != np.round(tokens))
+    if bad.any():
+      raise ValueError(f"prompt token ids must be integers, got {float(tokens[bad][0])}")
+  return tokens.astype(np.int64)
+
+
 def _as_padded(prompts, prompt_mask, pad_id):
   """Ragged lists or a padded [B, T] array (+ mask) -> numpy tokens and mask."""
   if prompt_mask is not None:
     tokens = np.asarray(prompts)
-    mask = np.asarray(prompt_mask).astype(bool)
+    mask = np.asarray(prompt_mask)
     if tokens.shape != mask.shape or tokens.ndim != 2:
       raise ValueError(f"prompts {tokens.shape} and prompt_mask {mask.shape} must be the same "
                        "2-D shape")
-    return tokens.astype(np.int64), mask
+    return _int_tokens(tokens), mask.astype(bool)
   if isinstance(prompts, (np.ndarray, jax.Array)):
     tokens = np.asarray(prompts)
     if tokens.ndim != 2:
       raise ValueError(f"prompts must be [B, T], got shape {tokens.shape}")
-    return tokens.astype(np.int64), tokens != pad_id
-  rows = [list(r) for r in prompts]
+    tokens = _int_tokens(tokens)
+    return tokens, tokens != pad_id
+  if isinstance(prompts, (str, bytes)):
+    raise ValueError("prompts must be token ids (a list of lists or a [B, T] array), got a "
+                     "string; encode it with the tokenizer first")
+  rows = []
+  for i, r in enumerate(prompts):
+    if isinstance(r, (str, bytes)) or not hasattr(r, "__len__"):
+      raise ValueError(f"prompt {i} must be a sequence of token ids, got {r!r:.60}")
+    rows.append(_int_tokens(np.asarray(list(r))) if len(r) else np.zeros(0, np.int64))
   width = max((len(r) for r in rows), default=0)
   tokens = np.full((len(rows), max(width, 1)), pad_id, np.int64)
   mask = np.zeros(tokens.shape, bool)
@@ -309,6 +360,8 @@ class Sampler:
     for t in self.scfg.stop_tokens:
       if not 0 <= t < vocab:
         raise ValueError(f"stop token {t} outside the vocabulary [0, {vocab})")
+    if not 0 <= self.scfg.pad_id < vocab:
+      raise ValueError(f"pad_id {self.scfg.pad_id} outside the vocabulary [0, {vocab})")
     order = np.argsort(mask, axis=1, kind="stable")
     tokens = np.where(np.take_along_axis(mask, order, 1), np.take_along_axis(tokens, order, 1),
                       self.scfg.pad_id)
@@ -361,7 +414,11 @@ class Sampler:
 
 def sample(model_cfg: ModelConfig, params, prompts, rng, scfg: SamplingConfig,
            prompt_mask=None) -> Rollout:
-  """Functional entry point; reuses one compiled Sampler per (model, sampling) config."""
+  """Functional entry point; reuses one compiled Sampler per (model, sampling) config.
+
+  Errors (ValueError, before anything compiles): a bad `scfg` field (SamplingConfig), and
+  prompts that are empty, not integer token ids, outside the vocabulary or too long for
+  max_seq_len - max_new_tokens; a pad_id or stop token outside the vocabulary."""
   return _sampler(model_cfg, scfg)(params, prompts, rng, prompt_mask)
 
 

@@ -7,7 +7,10 @@ loading on the 8 simulated devices, the error cases and the qwen3_mopd config ru
 import inspect
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -325,6 +328,54 @@ def test_unsupported_architecture(tiny_ckpt, tmp_path):
     hf.load_checkpoint(str(tmp_path / "nowhere"))
 
 
+@pytest.mark.parametrize("change, match", [
+    (lambda c: [c], "config.json: expected a JSON object, got a list"),
+    (lambda c: "{not json", "config.json: not valid JSON"),
+    (lambda c: dict(c, num_attention_heads=0), "config.json: num_attention_heads=0 must be"),
+    (lambda c: dict(c, hidden_size=-4), "config.json: hidden_size=-4 must be an int >= 1"),
+    (lambda c: dict(c, num_hidden_layers="2"), "num_hidden_layers='2' must be an int"),
+    (lambda c: dict(c, vocab_size=64.5), "vocab_size=64.5 must be an int"),
+    (lambda c: dict(c, num_key_value_heads=0), "num_key_value_heads=0 must be"),
+    (lambda c: dict(c, num_key_value_heads=3), "config.json: .*num_kv_heads"),
+    (lambda c: dict(c, head_dim=0), "head_dim=0 must be"),
+    (lambda c: dict(c, rms_norm_eps=-1.0), "rms_norm_eps=-1.0 must be a finite number > 0"),
+    (lambda c: dict(c, rope_theta=0, rope_parameters=dict(c.get("rope_parameters") or {},
+                                                          rope_theta=0)),
+     "rope_theta=0 must be a finite number > 0"),
+    (lambda c: dict(c, max_position_embeddings=0), "max_position_embeddings=0 must be"),
+    (lambda c: {k: v for k, v in c.items() if k != "vocab_size"}, "lacks \\['vocab_size'\\]"),
+])
+def test_bad_config_json_names_the_file_and_field(tiny_ckpt, tmp_path, change, match):
+  path = _copy(tiny_ckpt[0], tmp_path / "m")
+  cfg_file = os.path.join(path, "config.json")
+  new = change(json.load(open(cfg_file)))
+  with open(cfg_file, "w") as f:
+    f.write(new if isinstance(new, str) else json.dumps(new))
+  with pytest.raises(ValueError, match=match):
+    hf.load_checkpoint(path)
+
+
+def test_bad_weight_files_name_the_file(tiny_ckpt, tmp_path):
+  path = _copy(tiny_ckpt[0], tmp_path / "m")
+  index_file = os.path.join(path, "model.safetensors.index.json")
+  index = json.load(open(index_file))
+  fname = os.path.join(path, sorted(set(index["weight_map"].values()))[0])
+  data = open(fname, "rb").read()
+  open(fname, "wb").write(data[:len(data) // 2])  # truncated mid-tensor
+  with pytest.raises(ValueError, match=re.escape(os.path.basename(fname))):
+    hf.load_checkpoint(path)
+  open(fname, "wb").write(b"\x00" * 7)  # shorter than a header
+  with pytest.raises(ValueError, match="not a readable safetensors file"):
+    hf.load_checkpoint(path)
+  open(fname, "wb").write(data)
+  json.dump([index], open(index_file, "w"))
+  with pytest.raises(ValueError, match="index.json: expected a JSON object, got a list"):
+    hf.load_checkpoint(path)
+  json.dump({"weight_map": {"x": "../elsewhere.safetensors"}}, open(index_file, "w"))
+  with pytest.raises(ValueError, match="weight_map must map tensor names to file names"):
+    hf.load_checkpoint(path)
+
+
 def test_missing_and_misshapen_tensors(tiny_ckpt, tmp_path):
   path = _copy(tiny_ckpt[0], tmp_path / "m")
   index = json.load(open(os.path.join(path, "model.safetensors.index.json")))
@@ -395,3 +446,58 @@ def test_qwen3_mopd_config(tiny_ckpt):
     hf.resolve_model_config({"preset": "toy", "d_model": 48}, 60, hf_path=path)
   with pytest.raises(ValueError, match="embeds only"):
     hf.resolve_model_config({"preset": "toy"}, 1000, hf_path=path)
+
+
+# --- a run from Hugging Face checkpoints, through the command line --------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_student_from_hugging_face_checkpoint(tmp_path):
+  """`model.hf_path`: the run starts from a safetensors checkpoint written by our exporter."""
+  import configs.qwen3_mopd as q
+  from mopd_jax import config as config_mod, hf
+  from mopd_jax.tokenizer import CharTokenizer
+  cfg = config_mod.model_config(q.get_config("tiny"), CharTokenizer().vocab_size)
+  ckpt = tmp_path / "student"
+  hf.save_checkpoint(cfg, jax.device_get(__import__("mopd_jax").models.init_params(
+      cfg, jax.random.PRNGKey(3))), str(ckpt))
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
+                         "--config.stages=smoke", f"--config.model.hf_path={ckpt}"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.count("sample=") == 3
+
+
+@pytest.mark.slow  # ~90 s; loading each piece is covered by tests/test_hf.py
+def test_teachers_from_hugging_face_checkpoints(tmp_path):
+  """`teacher.hf_paths`: nine exported checkpoints of a deeper shape than the student are
+  registered instead of trained, and MOPD distils from them."""
+  import configs.qwen3_mopd as q
+  from mopd_jax import config as config_mod, hf, models
+  from mopd_jax.tokenizer import CharTokenizer
+  cfg = q.get_config("tiny")
+  vocab = CharTokenizer().vocab_size
+  tcfg = hf.resolve_model_config(cfg.teacher, vocab)
+  assert tcfg.num_layers != config_mod.model_config(cfg, vocab).num_layers
+  paths = []
+  for i in range(9):
+    p = tmp_path / f"t{i}"
+    hf.save_checkpoint(tcfg, jax.device_get(models.init_params(tcfg, jax.random.PRNGKey(i))),
+                       str(p))
+    paths.append(str(p))
+  # Two devices, teachers disaggregated: the student on device 0, the bank on device 1
+  # (placement.TeacherScorer moves trajectories and log-probs between them).
+  env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
+                         "--config.stages=data,sft,rl,mopd",
+                         "--config.placement.teachers=disaggregated",
+                         f"--config.teacher.hf_paths=({','.join(repr(p) for p in paths)})"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  manifest = json.load(open(tmp_path / "wd" / "teachers.json"))
+  assert all(t["format"] == "hf" for t in manifest["teachers"].values())
+  assert os.path.exists(tmp_path / "wd" / "mopd" / "DONE.json")

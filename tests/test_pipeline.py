@@ -42,29 +42,6 @@ def test_every_stage_leaves_its_outputs(workdir):
   assert refs["agt/max"] == ("sampler", 3e-4, 0.5) and refs["cod/low"] == ("sft", 3e-4, 0.2)
 
 
-def test_failed_rl_lane_processes_are_named_with_their_logs(tmp_path):
-  """Lanes side by side with no pi_SFT to start from: every lane process fails, and the
-  stage names each lane, its exit status and the end of its log (in a fresh process with
-  one CPU device, the config's mesh)."""
-  code = ("from configs import toy\nfrom mopd_jax import lanes\n"
-          "from mopd_jax.stages import context, rl\n"
-          f"run = context.Run(toy.get_config('fast'), {str(tmp_path)!r})\n"
-          "lanes_ = rl.lanes_of(run)\n"
-          "try:\n  lanes.run_side_by_side(run.workdir, run.config.to_json(), lanes_, 3, "
-          "[sum(rl.lane_steps(run, lane)) for lane in lanes_])\n"
-          "except RuntimeError as e:\n  print('RuntimeError:', e)\n")
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=300)
-  out = proc.stdout
-  assert "RuntimeError: RL lane(s) failed" in out, out + proc.stderr[-3000:]
-  for d in ("gen", "agt", "cod"):
-    assert f"lane {d} exited with code 1" in out
-    assert os.path.exists(tmp_path / "rl" / d / "lane.log")
-  assert "sft/params" in out  # the cause, from the logs' tails
-  assert not os.path.exists(tmp_path / "teachers.json")
-
-
 def test_mopd_stage_with_an_effort_mix(workdir, tmp_path):
   """mopd.effort_mix through the real stage: cells of varying size, every effort drawn."""
   wd = str(tmp_path / "mix")
@@ -126,66 +103,3 @@ def test_unknown_stage_is_an_error(workdir):
   proc = _run_cli(workdir, "--config.stages=sft,distill")
   assert proc.returncode == 2 and "config error: unknown stage(s) ['distill']" in proc.stderr
   assert "Traceback" not in proc.stderr
-
-
-def test_qwen3_tiny_config_smoke_runs(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
-                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path),
-                         "--config.stages=smoke"], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stdout.count("sample=") == 3
-
-
-def test_student_from_hugging_face_checkpoint(tmp_path):
-  """`model.hf_path`: the run starts from a safetensors checkpoint written by our exporter."""
-  import jax
-  import configs.qwen3_mopd as q
-  from mopd_jax import config as config_mod, hf
-  from mopd_jax.tokenizer import CharTokenizer
-  cfg = config_mod.model_config(q.get_config("tiny"), CharTokenizer().vocab_size)
-  ckpt = tmp_path / "student"
-  hf.save_checkpoint(cfg, jax.device_get(__import__("mopd_jax").models.init_params(
-      cfg, jax.random.PRNGKey(3))), str(ckpt))
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
-                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
-                         "--config.stages=smoke", f"--config.model.hf_path={ckpt}"],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stdout.count("sample=") == 3
-
-
-@pytest.mark.slow  # ~90 s; loading each piece is covered by tests/test_hf.py
-def test_teachers_from_hugging_face_checkpoints(tmp_path):
-  """`teacher.hf_paths`: nine exported checkpoints of a deeper shape than the student are
-  registered instead of trained, and MOPD distils from them."""
-  import jax
-  import configs.qwen3_mopd as q
-  from mopd_jax import config as config_mod, hf, models
-  from mopd_jax.tokenizer import CharTokenizer
-  cfg = q.get_config("tiny")
-  vocab = CharTokenizer().vocab_size
-  tcfg = hf.resolve_model_config(cfg.teacher, vocab)
-  assert tcfg.num_layers != config_mod.model_config(cfg, vocab).num_layers
-  paths = []
-  for i in range(9):
-    p = tmp_path / f"t{i}"
-    hf.save_checkpoint(tcfg, jax.device_get(models.init_params(tcfg, jax.random.PRNGKey(i))),
-                       str(p))
-    paths.append(str(p))
-  # Two devices, teachers disaggregated: the student on device 0, the bank on device 1
-  # (placement.TeacherScorer moves trajectories and log-probs between them).
-  env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-  proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
-                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
-                         "--config.stages=data,sft,rl,mopd",
-                         "--config.placement.teachers=disaggregated",
-                         f"--config.teacher.hf_paths=({','.join(repr(p) for p in paths)})"],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  manifest = json.load(open(tmp_path / "wd" / "teachers.json"))
-  assert all(t["format"] == "hf" for t in manifest["teachers"].values())
-  assert os.path.exists(tmp_path / "wd" / "mopd" / "DONE.json")

@@ -26,11 +26,16 @@ def test_rl_phase_settings():
       rl.references(bad, order)
 
 
-def test_rl_train_width_is_a_power_of_two_above_the_floor():
-  from mopd_jax import rl
-  assert [rl.train_width(n, 64) for n in (1, 40, 64, 65, 93, 128, 129)] == \
+def test_padding_rule_of_each_loop():
+  """rollout.padded_width: RL's powers of two above the floor, SFT's multiples of 16,
+  MOPD's of 32."""
+  from mopd_jax import rollout
+  w = rollout.padded_width
+  assert [w(n, pow2=True, floor=64) for n in (1, 40, 64, 65, 93, 128, 129)] == \
       [64, 64, 64, 128, 128, 128, 256]
-  assert rl.train_width(20, 16) == 32
+  assert w(20, pow2=True, floor=16) == 32
+  assert [w(n) for n in (1, 16, 17, 40)] == [16, 16, 32, 48]
+  assert [w(n, 32) for n in (1, 32, 33)] == [32, 32, 64]
 
 
 def test_rl_lane_processes():

@@ -185,6 +185,14 @@ def test_inverse_cdf_matches_distribution():
     ([[1, 200]], {}, "outside the vocabulary"),
     ([[1, -3]], {}, "outside the vocabulary"),
     ([], {}, "empty batch"),
+    ([[1.0, 2.7]], {}, "must be integers, got 2.7"),
+    ([[1.0, float("nan")]], {}, "must be integers"),
+    (np.array([[1.5, 2.0]]), {}, "must be integers"),
+    ([["a", "b"]], {}, "must be integers"),
+    ("12+34=", {}, "got a string"),
+    ([[1, 2], 7], {}, "prompt 1 must be a sequence"),
+    ([[1, 2]], {"pad_id": 61}, "pad_id 61 outside the vocabulary"),
+    ([[1, 2]], {"stop_tokens": (99,)}, "stop token 99 outside the vocabulary"),
 ])
 def test_bad_prompts(params, prompts, kw, match):
   s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=8, **kw))
@@ -196,6 +204,19 @@ def test_bad_prompts(params, prompts, kw, match):
     (dict(max_new_tokens=0), "max_new_tokens"), (dict(max_new_tokens=-2), "max_new_tokens"),
     (dict(max_new_tokens=4, top_p=0.0), "top_p"), (dict(max_new_tokens=4, top_p=1.5), "top_p"),
     (dict(max_new_tokens=4, temperature=-1.0), "temperature"),
+    (dict(max_new_tokens=4, temperature=float("nan")), "temperature must be a finite"),
+    (dict(max_new_tokens=4, temperature=float("inf")), "temperature must be a finite"),
+    (dict(max_new_tokens=4, top_p=float("nan")), "top_p"),
+    (dict(max_new_tokens=4, top_k=2.5), "top_k must be an int"),
+    (dict(max_new_tokens=4, top_k=-1), "top_k must be an int"),
+    (dict(max_new_tokens=4.0), "max_new_tokens"),
+    (dict(max_new_tokens=True), "max_new_tokens"),
+    (dict(max_new_tokens=4, pad_id=-1), "pad_id must be an int >= 0"),
+    (dict(max_new_tokens=4, pad_id=1.5), "pad_id must be an int >= 0"),
+    (dict(max_new_tokens=4, greedy="yes"), "greedy"),
+    (dict(max_new_tokens=4, stop_tokens=(1.5,)), "stop_tokens"),
+    (dict(max_new_tokens=4, buckets=(0, 16)), "buckets"),
+    (dict(max_new_tokens=4, max_prompt_len=0), "max_prompt_len"),
 ])
 def test_bad_sampling_config(kw, match):
   with pytest.raises(ValueError, match=match):

@@ -447,11 +447,28 @@ def test_jsonl_reads_a_gsm8k_style_file(tmp_path):
     ('{"prompt": "p", "answer": "1", "budget": 0}', "'budget' must be a positive int"),
     (b'{"prompt": "caf\xe9", "answer": "1"}\n', "not valid UTF-8"),
     ('{"prompt": "bad \\udcff", "answer": "1"}', "prompt is not valid UTF-8"),
+    ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
+    ('{"prompt": "p", "answer": ' + "9" * 5000 + "}", "unreadable JSON value"),
+    ('{"prompt": "p", "answer": NaN}', "'answer' must be a finite number"),
+    ('{"prompt": "p", "answer": Infinity}', "'answer' must be a finite number"),
+    ('{"prompt": "p", "answer": "1", "domain": ["gen"]}', "unknown domain"),
+    ('{"prompt": "p", "answer": "1", "budget": 2.5}', "'budget' must be a positive int"),
+    ('{"prompt": "p", "answer": "1", "budget": true}', "'budget' must be a positive int"),
+    ('{"prompt": "p", "answer": {"x": 1}}', "'answer' must be"),
+    ('"just a string"', "expected a JSON object"),
+    ("\x00\x01", "malformed JSON"),
 ])
 def test_jsonl_errors_name_file_and_line(tmp_path, line, message):
   path = write_lines(tmp_path / "bad.jsonl", [json.dumps(GSM[0]), "", line, json.dumps(GSM[1])])
   with pytest.raises(tasks.DataError, match=re.escape(f"bad.jsonl:3: {message}")):
     jsonl.load_jsonl(path)
+
+
+def test_jsonl_missing_file_or_directory_is_a_data_error(tmp_path):
+  with pytest.raises(tasks.DataError, match="nope.jsonl: no such file"):
+    jsonl.load_jsonl(tmp_path / "nope.jsonl")
+  with pytest.raises(tasks.DataError, match="a directory"):
+    jsonl.load_jsonl(tmp_path)
 
 
 def test_jsonl_too_long_prompts_error_or_are_counted(tmp_path):

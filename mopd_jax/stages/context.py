@@ -203,11 +203,3 @@ class Progress:
     self.bar.close()
     if self.profiler is not None:
       self.profiler.close()
-
-
-def width_for(trajs_or_len, multiple: int = 16, cap: Optional[int] = None) -> int:
-  """The padded length of a batch: its longest trajectory rounded up to `multiple`."""
-  n = trajs_or_len if isinstance(trajs_or_len, int) else max(
-      len(t.prompt_ids) + len(t.ids) for t in trajs_or_len)
-  w = -(-n // multiple) * multiple
-  return w if cap is None else min(w, max(cap, n))

@@ -16,7 +16,7 @@ import numpy as np
 
 from mopd_jax import (async_scoring, checkpoint, models, mopd, placement, rollout, teachers,
                       train)
-from mopd_jax.stages.context import Run, width_for
+from mopd_jax.stages.context import Run
 
 
 def run(ctx: Run) -> None:
@@ -119,7 +119,8 @@ def teacher_sft_init(ctx: Run, student, bank: teachers.TeacherBank):
     if loop.start_step == total:
       return state.params, None  # finished before a restart: no need to rebuild the pool
     pool = teacher_pool(ctx, bank)  # deterministic: rebuilt alike after a restart
-    width = width_for(pool)  # one width for the whole pool: one compilation
+    # One width for the whole pool: one compilation.
+    width = rollout.padded_width(max(len(t.prompt_ids) + len(t.ids) for t in pool))
     for step in range(loop.start_step, total):
       # A pure function of (seed, step): a resumed init draws the same batches.
       rng = np.random.RandomState([ctx.config.seed + 500, step])

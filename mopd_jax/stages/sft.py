@@ -7,7 +7,7 @@ import os
 import time
 
 from mopd_jax import checkpoint, rollout, sft, train
-from mopd_jax.stages.context import Run, width_for
+from mopd_jax.stages.context import Run
 
 
 def run(ctx: Run) -> None:
@@ -44,8 +44,9 @@ def train_sft(ctx: Run, seed: int, name: str, directory: str):
 
   def width(exs):  # each batch padded to its own length (one domain per update)
     effort = ctx.grid.top_effort  # any effort: its token is one token
-    return width_for(max(len(rollout.encode_prompt(ctx.tok, ex, effort)) +
-                         len(ctx.tok.encode(ex.solutions["full"])) + 1 for ex in exs))
+    return rollout.padded_width(max(len(rollout.encode_prompt(ctx.tok, ex, effort)) +
+                                    len(ctx.tok.encode(ex.solutions["full"])) + 1
+                                    for ex in exs))
 
   with ctx.training(name, os.path.join(directory, "ckpt"), trainer, c.steps,
                     init=lambda: trainer.init(ctx.initial_params(seed)),

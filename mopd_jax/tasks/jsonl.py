@@ -11,9 +11,10 @@ holds reasoning (a `#` marker, GSM8K style `... #### 72`), b0 = ceil(1.1 * (its 
 like the toy tasks; otherwise `default_budget`. Lengths are in tokens of `tokenizer`, or
 characters without one. Other keys are kept in `meta`.
 
-Errors (DataError, a ValueError) name the file and the 1-based line: malformed JSON, a record
-that is not an object, missing or mistyped fields, an empty prompt, an unknown domain, bytes
-that are not UTF-8. A prompt over `max_prompt_len` raises (`on_too_long="error"`) or is skipped
+Errors (DataError, a ValueError) name the file and the 1-based line: malformed JSON (also
+nesting too deep to read and integers over Python's digit limit), a record that is not an
+object, missing or mistyped fields, a non-finite answer, an empty prompt, an unknown domain,
+bytes that are not UTF-8; a missing file names the path. A prompt over `max_prompt_len` raises (`on_too_long="error"`) or is skipped
 and counted (`"skip"`); prompts are never truncated. Blank lines are ignored and counted.
 
 Verifier: the response's final answer is the text after its last `#` or, failing that, after
@@ -98,6 +99,9 @@ def load_jsonl(path: str, *, max_prompt_len: int | None = None, tokenizer=None,
   path = os.fspath(path)
   name = os.path.basename(path)
   out = JsonlData(examples=[], path=path)
+  if not os.path.isfile(path):
+    raise base.DataError(f"{path}: no such file" + (" (a directory)" if os.path.isdir(path)
+                                                     else ""))
   with open(path, "rb") as fh:
     for lineno, raw in enumerate(fh, start=1):
       out.num_lines = lineno
@@ -116,6 +120,10 @@ def load_jsonl(path: str, *, max_prompt_len: int | None = None, tokenizer=None,
         rec = json.loads(line)
       except json.JSONDecodeError as e:
         fail(f"malformed JSON: {e.msg} at column {e.colno}")
+      except RecursionError:
+        fail("JSON nested too deeply to read")
+      except ValueError as e:  # e.g. an integer over Python's digit limit
+        fail(f"unreadable JSON value: {e}")
       if not isinstance(rec, dict):
         fail(f"expected a JSON object, got {type(rec).__name__}")
       for key in ("prompt", "answer"):
@@ -126,13 +134,15 @@ def load_jsonl(path: str, *, max_prompt_len: int | None = None, tokenizer=None,
         fail(f"'prompt' must be a string, got {type(prompt).__name__}")
       if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
         fail(f"'answer' must be a string or a number, got {type(answer).__name__}")
+      if isinstance(answer, float) and not math.isfinite(answer):
+        fail(f"'answer' must be a finite number, got {answer!r}")
       answer = str(answer)
       if not prompt.strip():
         fail("empty prompt")
       if not _reference(answer):
         fail("empty answer")
       domain = rec.get("domain", default_domain)
-      if domain not in domains:
+      if not isinstance(domain, str) or domain not in domains:
         fail(f"unknown domain {domain!r}; expected one of {list(domains)}")
       budget = rec.get("budget")
       if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)

@@ -1,0 +1,16 @@
+"""The smoke stage (mopd_jax/stages/smoke.py) from the command line."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_qwen3_tiny_config_smoke_runs(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path),
+                         "--config.stages=smoke"], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.count("sample=") == 3
