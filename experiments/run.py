@@ -3,9 +3,10 @@
 Thin on purpose: parse the locked config, log the devices, hand over to the library.
 Notebooks and tests call `mopd_jax.pipeline.run` directly.
 
-Errors: a bad config value (mopd_jax/config.py checks every field before any stage starts)
-or a missing `--workdir` prints one line naming the field, the value and what is allowed,
-and exits with status 2; `--verbosity=1` adds the traceback. A preempted run exits with
+Errors: a bad flag (an unknown field, a value of the wrong type, a config file that does not
+load), a bad config value (mopd_jax/config.py checks every field before any stage starts)
+or a missing `--workdir` prints one `config error:` line naming the field, the value and
+what is allowed, and exits with status 2; `--verbosity=1` adds the traceback. A preempted run exits with
 `checkpoint.PREEMPTED_EXIT_CODE`; the same command resumes it.
 """
 import logging as pylogging
@@ -31,6 +32,14 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.get_absl_handler().addFilter(_QuietOrbax())
+  try:
+    config = _CONFIG.value
+    config.to_dict()  # a config file that is missing or failed to load raises here
+  except (OSError, ValueError, TypeError, AttributeError, KeyError) as e:
+    if logging.get_verbosity() >= 1:
+      raise
+    print(f"config error: {_flag_error(e)}", file=sys.stderr, flush=True)
+    sys.exit(2)
   import jax
 
   from mopd_jax import checkpoint, config as config_mod, distributed, pipeline
@@ -38,13 +47,13 @@ def main(argv):
     # Multi-host: start jax.distributed (config.distributed or JAX_* environment variables)
     # before the first device query below initialises a backend.
     try:
-      distributed.initialize(_CONFIG.value.distributed)
+      distributed.initialize(config.distributed)
     except ValueError as e:
       raise config_mod.ConfigError(str(e)) from e
     logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                  jax.device_count(), jax.default_backend(), jax.process_index(),
                  jax.process_count())
-    pipeline.run(_CONFIG.value, _WORKDIR.value)
+    pipeline.run(config, _WORKDIR.value)
   except config_mod.ConfigError as e:  # a bad config value or flag: one line, exit status 2
     if logging.get_verbosity() >= 1:
       raise
@@ -57,6 +66,32 @@ def main(argv):
     sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
 
 
+def _flag_error(e: BaseException) -> str:
+  """One line from a flag or config-file error: nested causes unwrapped, a config file's
+  embedded traceback reduced to its last line."""
+  while len(e.args) == 1 and isinstance(e.args[0], BaseException):
+    e = e.args[0]
+  msg = str(e.args[0]) if len(e.args) == 1 else str(e)
+  if "Traceback (most recent call last)" in msg:
+    head = msg.split("Traceback (most recent call last)")[0].rstrip(": \n")
+    last = [line.strip() for line in msg.splitlines() if line.strip()][-1]
+    msg = f"{head}: {last}"
+  return f"{type(e).__name__}: {' '.join(msg.split())}"
+
+
+def _parse_flags(argv):
+  """absl's flag parsing, with a bad flag (an unknown config field, a value of the wrong
+  type, an unknown config variant) printed as one `config error:` line and exit status 2;
+  `--verbosity=1` shows the traceback instead."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
+    if any(a in ("--verbosity=1", "-v=1") for a in argv):
+      raise
+    print(f"config error: {_flag_error(e)}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

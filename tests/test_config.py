@@ -125,3 +125,34 @@ def test_batch_not_divisible_by_data_axis():
   c.mesh.data = 2
   with pytest.raises(ValueError, match="multiple of the data x fsdp"):
     config.build(c, 2)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--config.sft.stepz=3"], "'stepz' Did you mean \"steps\""),
+    (["--config.sft.steps=abc"], "--config.sft.steps=abc: invalid literal for int()"),
+    (["--config.mopd.r_max=-1"], "mopd.r_max must be a finite number > 0"),
+    (["--config.stages=data", "--workdir="], "--workdir is required"),
+])
+def test_command_line_errors_are_one_line_and_exit_2(args, match):
+  """A bad flag or value: one `config error:` line on stderr, exit status 2, no traceback,
+  before any stage starts."""
+  argv = ["--config", "configs/toy.py:fast", "--workdir", "/nonexistent/never_written"]
+  if "--workdir=" in args:
+    argv, args = ["--config", "configs/toy.py:fast"], [a for a in args if a != "--workdir="]
+  res = subprocess.run([sys.executable, "-m", "experiments.run", *argv, *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+  lines = [line for line in res.stderr.splitlines() if line.startswith("config error:")]
+  assert res.returncode == 2 and len(lines) == 1 and match in lines[0], res.stderr[-2000:]
+  assert "Traceback" not in res.stderr
+  assert not os.path.exists("/nonexistent/never_written")
+
+
+def test_missing_config_file_or_variant_is_one_line():
+  for config, match in (("configs/nope.py", "No such file or directory"),
+                        ("configs/toy.py:huge", "unknown config variant 'huge'")):
+    res = subprocess.run([sys.executable, "-m", "experiments.run", "--config", config],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1].startswith("config error:")
+    assert match in res.stderr
