@@ -1,4 +1,5 @@
-"""Tests for the sandboxed `cod` verifier.
+"""Tests for the code sandbox (mopd_jax/tasks/sandbox.py): the in-process barrier, then the
+hostile suite against both barriers (bubblewrap where it works here, and in-process).
 
 Hostile programs are written as oracles where possible: they return the correct answer
 only if the attack succeeded, so reward 0 proves the barrier held (not just that the
@@ -6,6 +7,7 @@ program crashed for some unrelated reason). Variants with ``static_check=False``
 AST pre-check so the runtime barriers are what is exercised; ``no_drop`` additionally
 keeps the child as the current user, so the audit hook and rlimits stand alone.
 """
+import functools
 import os
 import socket
 import tempfile
@@ -14,6 +16,10 @@ import time
 import pytest
 
 from mopd_jax.tasks import sandbox
+
+# The in-process barrier's own tests; the hostile suite at the end runs against both.
+run_program = functools.partial(sandbox.run_program, backend="inprocess")
+reward = functools.partial(sandbox.reward, backend="inprocess")
 
 TESTS = [(1, 3), (2, 5), ((10,), 21)]
 GOOD = "def f(x):\n    return x * 2 + 1\n"
@@ -24,11 +30,11 @@ SLACK = 2.5  # process start-up and kill on a busy 2-core machine
 
 def _hostile(source, *, static_check=False, tests=TESTS, statuses=None, **kw):
   t0 = time.monotonic()
-  res = sandbox.run_program(source, tests, timeout_s=TIMEOUT, static_check=static_check, **kw)
+  res = run_program(source, tests, timeout_s=TIMEOUT, static_check=static_check, **kw)
   assert time.monotonic() - t0 < TIMEOUT + SLACK, res
   assert not res.passed and res.status != "ok", res
   if not static_check:
-    assert res.status != "rejected", res  # the runtime barrier, not the AST check, held
+    assert res.status != "refused", res  # the runtime barrier, not the AST check, held
   if statuses is not None:
     assert res.status in statuses, res
   return res
@@ -43,46 +49,46 @@ def privileges(request, monkeypatch):
 
 # --- honest programs ---------------------------------------------------------------------
 def test_correct_program_gets_reward_one():
-  res = sandbox.run_program(GOOD, TESTS)
+  res = run_program(GOOD, TESTS)
   assert res.passed and res.status == "ok" and res.num_tests == 3, res
-  assert sandbox.reward(GOOD, TESTS) == 1.0
+  assert reward(GOOD, TESTS) == 1.0
 
 
 def test_multi_arg_and_structured_values():
   src = "def g(a, b):\n    return [a + b, str(a) * 2, {'k': (a, b)}, a / 1]\n"
   tests = [((1, 2), [3, "11", {"k": [1, 2]}, 1]), ((0, 5), [5, "00", {"k": (0, 5)}, 0.0])]
-  assert sandbox.reward(src, tests, func_name="g") == 1.0
+  assert reward(src, tests, func_name="g") == 1.0
   # A list is one argument, not *args.
-  assert sandbox.reward("def f(xs):\n    return sum(xs)\n", [([1, 2, 3], 6)]) == 1.0
+  assert reward("def f(xs):\n    return sum(xs)\n", [([1, 2, 3], 6)]) == 1.0
   # Builtin-shadowing parameter names are fine.
   src = "def f(input, type):\n    return [input * 2, str(type)]\n"
-  assert sandbox.reward(src, [((3, 4), [6, "4"])]) == 1.0
+  assert reward(src, [((3, 4), [6, "4"])]) == 1.0
 
 
 def test_wrong_program_gets_zero():
-  res = sandbox.run_program("def f(x):\n    return x * 2\n", TESTS)
-  assert res.status == "fail" and sandbox.reward("def f(x):\n    return x * 2\n", TESTS) == 0.0
+  res = run_program("def f(x):\n    return x * 2\n", TESTS)
+  assert res.status == "wrong" and reward("def f(x):\n    return x * 2\n", TESTS) == 0.0
   # One wrong test out of three is still 0: no partial credit.
-  assert sandbox.reward("def f(x):\n    return 21 if x == 10 else x * 2 + 1 if x == 1 else 0\n",
+  assert reward("def f(x):\n    return 21 if x == 10 else x * 2 + 1 if x == 1 else 0\n",
                         TESTS) == 0.0
   # Type-strict comparison: True is not 1, and a lying __eq__ never reaches a comparison.
-  assert sandbox.reward("def f(x):\n    return True\n", [(0, 1)]) == 0.0
+  assert reward("def f(x):\n    return True\n", [(0, 1)]) == 0.0
   liar = "class A:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A()\n"
-  _hostile(liar, statuses={"error"})
+  _hostile(liar, statuses={"crash"})
 
 
 def test_syntax_error_and_missing_function():
-  assert sandbox.run_program("def f(x) return x", TESTS).status == "rejected"
-  assert sandbox.run_program("def f(x) return x", TESTS, static_check=False).status == "error"
-  assert sandbox.reward("def g(x):\n    return 1\n", TESTS) == 0.0
-  assert sandbox.run_program("x = 1\n", TESTS, static_check=False).status == "error"
+  assert run_program("def f(x) return x", TESTS).status == "refused"
+  assert run_program("def f(x) return x", TESTS, static_check=False).status == "crash"
+  assert reward("def g(x):\n    return 1\n", TESTS) == 0.0
+  assert run_program("x = 1\n", TESTS, static_check=False).status == "crash"
   for junk in ("", "   ", "\x00", "(" * 5000, "-" * 19_000 + "1", "x" * 30_000, None):
-    assert sandbox.reward(junk, TESTS) == 0.0
+    assert reward(junk, TESTS) == 0.0
 
 
 def test_memory_limit_leaves_room_for_honest_programs():
   src = "def f(x):\n    b = bytearray(50 * 2 ** 20)\n    return x * 2 + 1 + b[0]\n"
-  assert sandbox.reward(src, TESTS) == 1.0
+  assert reward(src, TESTS) == 1.0
 
 
 # --- static check ------------------------------------------------------------------------
@@ -105,15 +111,15 @@ def test_memory_limit_leaves_room_for_honest_programs():
     "def f(x, __y=1):\n    return 1",
 ])
 def test_static_check_rejects(src):
-  res = sandbox.run_program(src, TESTS)
-  assert res.status == "rejected" and not res.passed, res
+  res = run_program(src, TESTS)
+  assert res.status == "refused" and not res.passed, res
 
 
 # --- hostile programs: every one must earn 0 within the timeout ----------------------------
 @pytest.mark.parametrize("static_check", [True, False])
 def test_infinite_loop_times_out(static_check):
   _hostile("def f(x):\n    while True:\n        pass\n", static_check=static_check,
-           statuses={"timeout", "error"})
+           statuses={"timeout", "crash"})
 
 
 @pytest.mark.parametrize("src", [
@@ -159,7 +165,7 @@ def test_hidden_expected_outputs_are_not_readable():
          f"        if {marker[:6]!r} in text:\n"
          f"            i = text.index({marker[:6]!r})\n"
          "            return text[i:i + 13]\n    return ''\n")
-  _hostile(src, tests=[(0, marker)], statuses={"fail"})
+  _hostile(src, tests=[(0, marker)], statuses={"wrong"})
 
 
 def test_network_is_blocked(privileges):
@@ -264,7 +270,7 @@ def test_subclass_walk_bypassing_ast_check(privileges):
          "        if c.__name__ == '_wrap_close':\n"
          "            g = c.__init__.__globals__\n"
          "            return x * 2 + 1 if g['system']('true') == 0 else 0\n")
-  assert sandbox.run_program(src, TESTS).status == "rejected"
+  assert run_program(src, TESTS).status == "refused"
   _hostile(src)
 
 
@@ -272,7 +278,7 @@ def test_temp_dirs_are_removed(monkeypatch, tmp_path):
   root = tmp_path / "sbx_root"
   root.mkdir()
   monkeypatch.setattr(tempfile, "tempdir", str(root))
-  assert sandbox.reward(GOOD, TESTS) == 1.0
+  assert reward(GOOD, TESTS) == 1.0
   _hostile("def f(x):\n    open('junk.txt', 'w').write('x')\n    while True:\n        pass\n")
   _hostile("import os\ndef f(x):\n    os.chmod('.', 0)\n    return x * 2 + 1\n")
   _hostile("def f(x):\n    open('big.txt', 'w').write('x' * (4 << 20))\n    return x * 2 + 1\n")
@@ -282,13 +288,13 @@ def test_temp_dirs_are_removed(monkeypatch, tmp_path):
 def test_runtime_limits_alone_stop_fork_and_memory(monkeypatch):
   # Root ignores RLIMIT_NPROC: when run as root this relies on the drop to `nobody`.
   _strip_hook(monkeypatch)
-  assert sandbox.reward(GOOD, TESTS) == 1.0
+  assert reward(GOOD, TESTS) == 1.0
   _hostile("import os\ndef f(x):\n    if os.fork() == 0:\n        os._exit(0)\n" + RET)
   _hostile("def f(x):\n    b = bytearray(10 ** 10)\n    return x * 2 + 1\n")
   # A FIFO named `proof` must not hang the parent when it reads the proof.
   _hostile("import os\ndef f(x):\n    os.mkfifo('proof')\n    os._exit(%d)\n" % sandbox._EXIT_DONE,
-           statuses={"fail"})
-  _hostile("def f(x):\n    while True:\n        pass\n", statuses={"timeout", "error"})
+           statuses={"wrong"})
+  _hostile("def f(x):\n    while True:\n        pass\n", statuses={"timeout", "crash"})
 
 
 # --- API -----------------------------------------------------------------------------------
@@ -300,7 +306,7 @@ def test_runtime_limits_alone_stop_fork_and_memory(monkeypatch):
 def test_bad_caller_arguments_raise(kwargs):
   kwargs = dict(dict(tests=TESTS), **kwargs)
   with pytest.raises(ValueError):
-    sandbox.run_program(GOOD, **kwargs)
+    run_program(GOOD, **kwargs)
 
 
 def test_extract_program():
@@ -309,7 +315,7 @@ def test_extract_program():
   text = ("I think <code>x</code> is wrong.\nFinal:\n<code>\n```python\n"
           "def f(x):\n    return x * 2 + 1\n```\n</code>\n")
   assert sandbox.extract_program(text) == "def f(x):\n    return x * 2 + 1"
-  assert sandbox.reward(sandbox.extract_program(text), TESTS) == 1.0
+  assert reward(sandbox.extract_program(text), TESTS) == 1.0
   assert sandbox.extract_program("no code here") is None
   assert sandbox.extract_program("<code>\n  \n</code>") is None
   assert sandbox.extract_program("<code>def f(x): return 1") is None  # unterminated
