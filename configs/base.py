@@ -172,6 +172,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # power of two holding its longest trajectory.
   c.rollout.width = 64
 
+  # The code sandbox of code verifiers (mopd_jax/tasks/sandbox.py). backend: "auto"
+  # (bubblewrap where it works, else the in-process barrier with a loud warning) | "bwrap" |
+  # "inprocess"; `workers` programs run at once; per-program wall-clock and memory limits.
+  c.sandbox = ml_collections.ConfigDict()
+  c.sandbox.backend = "auto"
+  c.sandbox.workers = 2
+  c.sandbox.timeout_s = 2.0
+  c.sandbox.memory_mb = 256
+
   c.eval = ml_collections.ConfigDict()
   c.eval.num_examples = 96  # test examples per (domain, effort) cell
   c.eval.temperature = 0.0  # 0 = greedy

@@ -285,6 +285,19 @@ class RolloutConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+  backend: str = _f(OneOf(("auto", "bwrap", "inprocess")))
+  workers: int = _f(Int())
+  timeout_s: float = _f(Num(strict=True))
+  memory_mb: int = _f(Int(64))
+
+  def task_options(self) -> dict:
+    """The keyword arguments of a task that runs code (`uses_sandbox`)."""
+    return dict(backend=None if self.backend == "auto" else self.backend,
+                workers=self.workers, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+
+
+@dataclasses.dataclass(frozen=True)
 class EvalConfig:
   num_examples: int = _f(Int())
   temperature: float = _f(Num())
@@ -306,6 +319,7 @@ class SmokeConfig:
 _BLOCKS = {"checkpoint": CheckpointConfig, "placement": PlacementConfig,
            "distributed": DistributedConfig, "data": DataConfig, "sft": SftConfig,
            "rl": RlConfig, "mopd": MopdConfig, "rollout": RolloutConfig, "eval": EvalConfig,
+           "sandbox": SandboxConfig,
            "profile": ProfileConfig, "smoke": SmokeConfig}
 _TOP = {"seed": Int(0), "stages": Str(), "log_every": Int(), "skip_nonfinite": Bool()}
 
@@ -332,6 +346,7 @@ class RunConfig:
   mopd: MopdConfig
   rollout: RolloutConfig
   eval: EvalConfig
+  sandbox: SandboxConfig
   profile: ProfileConfig
   smoke: SmokeConfig
   source: ml_collections.ConfigDict = dataclasses.field(compare=False, repr=False)
@@ -456,6 +471,8 @@ def _cross_checks(c: RunConfig, num_devices: int) -> None:
       raise ValueError(f"teacher.outside_seed={t.outside_seed!r} must be an int other than "
                        f"the run's seed {c.seed} (the outside SFT needs its own init and "
                        "order)")
+  if c.sandbox.timeout_s >= 600:
+    raise ValueError(f"sandbox.timeout_s must be below 600 s, got {c.sandbox.timeout_s}")
   if t.hf_paths and len(t.hf_paths) != len(grid.names):
     raise ValueError(f"teacher.hf_paths has {len(t.hf_paths)} entries; expected "
                      f"{len(grid.names)} in the grid's order {grid.names}")

@@ -198,8 +198,11 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
   budgets = np.asarray([task_base.budget(ex, taus[e]) for ex, e in zip(rows, efforts)])
   lengths = np.asarray([t.num_tokens for t in trajs])
   over = np.asarray([(not t.finished) or n > bud for t, n, bud in zip(trajs, lengths, budgets)])
-  acc = np.asarray([0.0 if o else tasks[d].verify(ex, txt)
-                    for ex, d, txt, o in zip(rows, domains, texts, over)])
+  acc = np.zeros(len(rows))
+  for d in dict.fromkeys(domains):  # each domain's rows in one batch (a code sandbox pool)
+    idx = [i for i, dd in enumerate(domains) if dd == d]
+    acc[idx] = tasks[d].verify_unless([rows[i] for i in idx], [texts[i] for i in idx],
+                                      over[idx], 0.0)
 
   longest = max(len(t.prompt_ids) + t.num_tokens for t in trajs)
   arr = rollout.pad_batch(trajs, tok.pad_id, rollout.padded_width(longest, width_multiple))

@@ -71,8 +71,7 @@ def rl_batch(tok, trajs, rewards, width: int) -> train.TrainBatch:
 
 def rewards_of(task, examples, result: rollout.RolloutResult) -> np.ndarray:
   """Verifier score, or -1 for a trajectory cut at its budget."""
-  return np.asarray([-1.0 if over else task.verify(ex, text)
-                     for ex, text, over in zip(examples, result.texts, result.over_budget)],
+  return np.asarray(task.verify_unless(examples, result.texts, result.over_budget, -1.0),
                     np.float32)
 
 

@@ -132,9 +132,8 @@ def evaluate(engine: rollout.RolloutEngine, params, task, examples: Sequence[tas
     exs = list(examples[lo:lo + batch_size])
     res = engine.run(params, exs, [effort] * len(exs), budgets[lo:lo + batch_size],
                      jax.random.fold_in(rng, lo), environment=task.environment)
-    for ex, text, ob, t in zip(exs, res.texts, res.over_budget, res.trajectories):
-      correct.append(0.0 if ob else task.verify(ex, text))
-      lengths.append(t.num_tokens)
-      over.append(bool(ob))
+    correct += task.verify_unless(exs, res.texts, res.over_budget, 0.0)
+    lengths += [t.num_tokens for t in res.trajectories]
+    over += [bool(ob) for ob in res.over_budget]
   return {"accuracy": float(np.mean(correct)), "mean_length": float(np.mean(lengths)),
           "over_budget_rate": float(np.mean(over)), "n": len(examples)}

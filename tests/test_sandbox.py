@@ -320,3 +320,167 @@ def test_extract_program():
   assert sandbox.extract_program("<code>\n  \n</code>") is None
   assert sandbox.extract_program("<code>def f(x): return 1") is None  # unterminated
   assert sandbox.extract_program(None) is None
+
+
+# --- the hostile suite, against both barriers ----------------------------------------------
+# Programs may import (the bubblewrap backend allows it; the in-process barrier refuses the
+# import at run time, static check off). Each must end with reward 0 within its time limit,
+# leaving no process and no file behind.
+BACKENDS = [pytest.param("bwrap", marks=pytest.mark.skipif(
+    not sandbox.bwrap_available(), reason="bubblewrap is not usable here")), "inprocess"]
+MARK = "mopd-sbx-hostile-7f3a"
+SECRET_ENV = "MOPD_SBX_SECRET"
+
+
+def _leftovers() -> list:
+  """Live processes whose command line carries MARK."""
+  found = []
+  for pid in os.listdir("/proc"):
+    if pid.isdigit():
+      try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+          if MARK.encode() in fh.read():
+            found.append(int(pid))
+      except OSError:
+        pass
+  return found
+
+
+def _spawner(cmd: str) -> str:
+  """A detached child that would outlive the sandbox, carrying MARK in its command line."""
+  return (f"import os, subprocess, sys\ndef f(x):\n"
+          f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)  # {MARK}'],"
+          f" start_new_session=True)\n    {cmd}\n" + RET)
+
+
+HOSTILE = {
+    "fork bomb": "import os\ndef f(x):\n    while True:\n        os.fork()\n",
+    "thread bomb": "import threading, time\ndef f(x):\n    while True:\n"
+                   "        threading.Thread(target=time.sleep, args=(60,)).start()\n",
+    "detached child": _spawner("pass"),
+    "memory bomb": "def f(x):\n    b = [bytearray(10 ** 7) for _ in range(10 ** 4)]\n" + RET,
+    "output flood": "import sys\ndef f(x):\n    while True:\n"
+                    "        sys.stdout.write('x' * 65536)\n        sys.stderr.write('y' * 65536)\n",
+    "file flood": "def f(x):\n    for i in range(10 ** 6):\n"
+                  "        open(f'junk{i}.txt', 'w').write('z' * 4096)\n" + RET,
+    "sleep forever": "import time\ndef f(x):\n    time.sleep(10 ** 6)\n",
+    "write outside": f"def f(x):\n    open('/var/tmp/{MARK}.txt', 'w').write('x')\n"
+                     f"    open('/tmp/{MARK}.txt', 'w').write('x')\n" + RET,
+    "parent env": f"import os\ndef f(x):\n    v = os.environ.get({SECRET_ENV!r}) or "
+                  f"open('/proc/%d/environ' % os.getppid()).read()\n"
+                  f"    return x * 2 + 1 if 'hunter2' in v else 0\n",
+    "socket": "import socket\ndef f(x):\n    socket.create_connection(('127.0.0.1', PORT), 1)\n"
+              + RET,
+    "signal parent": "import os, signal\ndef f(x):\n    os.kill(PARENT, signal.SIGSTOP)\n"
+                     "    os.kill(os.getppid(), signal.SIGKILL)\n" + RET,
+    "pidfd parent": "import os, signal\ndef f(x):\n"
+                    "    signal.pidfd_send_signal(os.pidfd_open(PARENT), signal.SIGSTOP)\n" + RET,
+    "renice parent": "import os\ndef f(x):\n    os.setpriority(os.PRIO_PROCESS, PARENT, 19)\n"
+                     "    os.sched_setaffinity(PARENT, {0})\n" + RET,
+    "forge exit": "import os\ndef f(x):\n    os._exit(%d)\n" % sandbox._EXIT_DONE,
+    "forge proof": "import os\ndef f(x):\n    for fd in range(3, 64):\n        try:\n"
+                   "            os.write(fd, b'ab' * 32)\n        except OSError:\n"
+                   "            pass\n    open('proof', 'w').write('ab' * 32)\n"
+                   "    os._exit(%d)\n" % sandbox._EXIT_DONE,
+    "forge digest": "import sys\ndef f(x):\n    sys.modules['__main__']._digest = "
+                    "lambda s, v: bytes(32)\n    return 0\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hostile_programs_earn_nothing_and_leave_nothing(name, backend, monkeypatch, tmp_path):
+  root = tmp_path / "sbx_root"
+  root.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(root))
+  monkeypatch.setenv(SECRET_ENV, "hunter2")
+  nice, affinity = os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0)
+  with socket.create_server(("127.0.0.1", 0)) as server:
+    src = HOSTILE[name].replace("PORT", str(server.getsockname()[1])).replace(
+        "PARENT", str(os.getpid()))
+    t0 = time.monotonic()
+    res = sandbox.run(src, sandbox.IOTests("f", tuple(TESTS)),
+                      sandbox.Limits(timeout_s=TIMEOUT), backend, static_check=False)
+    assert time.monotonic() - t0 < TIMEOUT + SLACK, res
+    assert not res.passed and res.status != "refused", res
+    server.settimeout(0.05)
+    with pytest.raises(socket.timeout):  # nobody connected
+      server.accept()
+  assert (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0)) == (nice, affinity)
+  time.sleep(0.05)
+  assert not _leftovers(), (name, res)
+  assert os.listdir(root) == [], res
+  assert not os.path.exists(f"/var/tmp/{MARK}.txt") and not os.path.exists(f"/tmp/{MARK}.txt")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_program_tests_mbpp_and_humaneval_conventions(backend):
+  limits = sandbox.Limits(timeout_s=5.0)
+  # Imports, classes and helpers are allowed under bubblewrap (refused in-process).
+  src = ("import math\nclass Acc:\n    def __init__(self):\n        self.n = 0\n"
+         "def helper(x):\n    return math.isqrt(x)\ndef root_sum(xs):\n"
+         "    return sum(helper(x) for x in xs)\n")
+  mbpp = sandbox.ProgramTests("assert root_sum([4, 9]) == 5\nassert root_sum([]) == 0\n", "", 2)
+  human = sandbox.ProgramTests("def check(candidate):\n    assert candidate([16]) == 4\n",
+                               "root_sum")
+  wrong = sandbox.ProgramTests("assert root_sum([4]) == 3\n")
+  want = "ok" if backend == "bwrap" else "refused"
+  assert sandbox.run(src, mbpp, limits, backend).status == want
+  assert sandbox.run(src, human, limits, backend).status == want
+  if backend == "bwrap":
+    assert sandbox.run(src, wrong, limits, backend).status == "wrong"
+  plain = "def root_sum(xs):\n    return sum(int(x ** 0.5) for x in xs)\n"
+  assert sandbox.run(plain, mbpp, limits, backend).passed
+  assert sandbox.run(plain, wrong, limits, backend).status == "wrong"
+  exits = "import sys\ndef root_sum(xs):\n    sys.exit(0)\n"  # an early exit is no pass
+  assert sandbox.run(exits, mbpp, limits, backend, static_check=False).status == "crash"
+
+
+def test_static_check_refuses_match_class_attributes():
+  src = ("def f(x):\n    match f:\n        case object(__globals__=g):\n"
+         "            return g\n    return 0\n")
+  assert sandbox.check_source(src) == "forbidden attribute __globals__"
+
+
+def test_fallback_warns_loudly(monkeypatch):
+  monkeypatch.setattr(sandbox, "bwrap_available", lambda: False)
+  monkeypatch.setattr(sandbox, "_WARNED", [])
+  with pytest.warns(RuntimeWarning, match="NOT a security boundary"):
+    assert sandbox.resolve_backend() == "inprocess"
+  with pytest.raises(ValueError, match="bubblewrap"):
+    sandbox.resolve_backend("bwrap")
+
+
+def test_bwrap_as_an_ordinary_user(tmp_path):
+  """The bubblewrap backend as `nobody` (a user namespace instead of root's privilege
+  drop), with the system interpreter (the sandbox module is stdlib only)."""
+  if os.geteuid() != 0 or not sandbox.bwrap_available():
+    pytest.skip("needs root to switch to nobody, and bubblewrap")
+  import shutil
+  import subprocess
+  import sys
+  py = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+  code = ("import importlib.util, sys\n"
+          f"spec = importlib.util.spec_from_file_location('sbx', {sandbox.__file__!r})\n"
+          "m = importlib.util.module_from_spec(spec); sys.modules['sbx'] = m\n"
+          "spec.loader.exec_module(m)\n"
+          "ok = m.run_program('import math\\ndef f(x):\\n    return x * 2 + 1\\n', [(1, 3)],"
+          " backend='bwrap')\n"
+          "bomb = m.run_program('import os\\ndef f(x):\\n    while True:\\n        os.fork()\\n',"
+          " [(1, 3)], backend='bwrap')\n"
+          "print(ok.status, bomb.status)\n")
+  res = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", py,
+                        "-I", "-c", code], cwd="/", capture_output=True, text=True, timeout=60,
+                       env={"PATH": os.defpath, "TMPDIR": "/tmp"})
+  if res.returncode != 0 and "Permission denied" in res.stderr:
+    pytest.skip("nobody cannot read this interpreter or module: " + res.stderr[-200:])
+  assert res.stdout.split() == ["ok", "crash"], res.stdout + res.stderr
+
+
+def test_run_many_keeps_order_and_bounds_the_pool():
+  jobs = [("def f(x):\n    return x * 2 + 1\n" if i % 2 else "def f(x):\n    return 0\n",
+           sandbox.IOTests("f", tuple(TESTS))) for i in range(6)]
+  out = sandbox.run_many(jobs, workers=2)
+  assert [r.passed for r in out] == [False, True] * 3
+  with pytest.raises(ValueError, match="workers"):
+    sandbox.run_many(jobs, workers=0)

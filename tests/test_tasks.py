@@ -276,6 +276,23 @@ def test_cod_fast_path_agrees_with_the_sandbox():
   assert task.num_sandbox_runs == 0 and task.num_fast_path == 6
 
 
+def test_cod_verify_batch_pools_the_sandbox_and_equals_verify():
+  task = tasks.get_task("cod", workers=2)
+  exs = task.generate(0, 4)
+  responses = []
+  for ex in exs:
+    a, b = ex.meta["a"], ex.meta["b"]
+    responses += [f"#x*{a}+({b})", f"#x*{a}+({b})+1", "#" + ex.answer, "no answer"]
+  rows = [ex for ex in exs for _ in range(4)]
+  one_by_one = tasks.get_task("cod")
+  want = [one_by_one.verify(ex, r) for ex, r in zip(rows, responses)]
+  assert task.verify_batch(rows, responses) == want == [1.0, 0.0, 1.0, 0.0] * 4
+  assert task.num_sandbox_runs == 8 and task.num_verify_calls == 16
+  assert task.verify_unless(rows, responses, [i % 2 for i in range(16)], -1.0) == \
+      [1.0, -1.0, 1.0, -1.0] * 4
+  assert task.num_sandbox_runs == 8  # the rows it scored were cached; skipped rows not run
+
+
 def test_cod_other_programs_go_to_the_sandbox():
   task = tasks.get_task("cod")
   ex = task.generate(0, 1)[0]

@@ -58,7 +58,10 @@ class Run:
   # --- tasks and data ------------------------------------------------------------------------
   def task(self, domain: str) -> task_base.Task:
     """A fresh instance of the task the domain runs (its examples labelled `domain`)."""
-    return task_base.get_task(self.grid.task_of(domain), domain=domain)
+    name = self.grid.task_of(domain)
+    options = (self.config.sandbox.task_options()
+               if getattr(task_base.task_class(name), "uses_sandbox", False) else {})
+    return task_base.get_task(name, domain=domain, **options)
 
   def split(self, domain: str, split: str):
     from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)

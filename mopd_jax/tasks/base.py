@@ -68,6 +68,13 @@ def get_task(name: str, domain: str | None = None, **kwargs) -> "Task":
   return task
 
 
+def task_class(name: str) -> type:
+  """The class registered as `name`."""
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown task {name!r}; registered: {list(registered())}")
+  return _REGISTRY[name]
+
+
 def validate_domain(domain: str) -> str:
   """A domain label: a letter, then letters, digits or _ (the run's grid says which exist)."""
   if not (isinstance(domain, str) and domain.isidentifier()):
@@ -273,6 +280,17 @@ class Task:
     if len(examples) != len(responses):
       raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
     return [self.verify(ex, r) for ex, r in zip(examples, responses)]
+
+  def verify_unless(self, examples: Sequence[Example], responses: Sequence[str], skip,
+                    fill: float) -> list:
+    """`verify_batch` of the rows not in `skip` (e.g. over budget), `fill` for the others;
+    the verifier sees only the rows it scores."""
+    keep = [i for i, s in enumerate(skip) if not s]
+    scored = self.verify_batch([examples[i] for i in keep], [responses[i] for i in keep])
+    out = [fill] * len(examples)
+    for i, r in zip(keep, scored):
+      out[i] = r
+    return out
 
   def counters(self) -> dict:
     return dict(verify_calls=self.num_verify_calls, verify_errors=self.num_verify_errors)

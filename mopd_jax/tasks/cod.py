@@ -32,8 +32,9 @@ full `<code>def f(x): ...</code>` block alone is ~35 tokens, too long for a low-
 Verification. Fast path, no exec: an expression (or a `<code>` body) that matches the strict
 canonical grammar `A*x+B` / `A*x-B` (`A`, `B` decimal integers without leading zeros, no
 spaces) is evaluated in-process with integer arithmetic. Anything else goes to
-`sandbox.run_program` (one subprocess per call, ~50-100 ms); results other than timeouts are
-cached by (program, tests). Reward is 1.0 iff every hidden test passes.
+the code sandbox (`sandbox.run` with hidden IOTests, one sandboxed process per program, on a
+pool of `workers` for a batch: `verify_batch`); results other than timeouts are cached by
+(program, tests). Reward is 1.0 iff every hidden test passes.
 """
 from __future__ import annotations
 
@@ -76,10 +77,14 @@ def expr_program(expr: str) -> str | None:
 @base.register("cod")
 class CodTask(base.Task):
 
+  uses_sandbox = True  # Run.task passes the config's `sandbox` block
+
   def __init__(self, num_hidden: int = 8, timeout_s: float = 2.0, memory_mb: int = 256,
                cache_size: int = 4096, slope_digits: int = 6, intercept_digits: int = 4,
-               modulus: int = 3, stale_prob: float = 0.3):
+               modulus: int = 3, stale_prob: float = 0.3, backend: str | None = None,
+               workers: int = 2):
     super().__init__()
+    self.backend, self.workers = backend, workers
     if not (1 <= num_hidden <= 31 and 1 <= slope_digits <= 9 and 1 <= intercept_digits <= 9
             and 2 <= modulus <= 10):
       raise ValueError("need 1 <= num_hidden <= 31, 1 <= *_digits <= 9, 2 <= modulus <= 10")
@@ -148,29 +153,78 @@ class CodTask(base.Task):
       return None, None
     return expr_program(expr), parse_canonical(expr)
 
-  def _verify(self, example: base.Example, response: str) -> float:
+  def _plan(self, example: base.Example, response: str):
+    """(reward, None) when no sandbox run is needed, else (None, (cache key, source))."""
     tests = example.meta["tests"]
     source, canon = self.program_of(response)
     if source is None:
-      return 0.0
+      return 0.0, None
     if canon is not None:
       self.num_fast_path += 1
       a, b = canon
-      return float(all(a * x + b == y for x, y in tests))
+      return float(all(a * x + b == y for x, y in tests)), None
     key = (source, json.dumps(tests))
     if key in self._cache:
       self.num_cache_hits += 1
       self._cache.move_to_end(key)
-      return self._cache[key]
-    self.num_sandbox_runs += 1
-    res = sandbox.run_program(source, [(x, y) for x, y in tests], func_name="f",
-                              timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+      return self._cache[key], None
+    return None, (key, source)
+
+  def _remember(self, key, res: sandbox.SandboxResult) -> float:
     r = 1.0 if res.passed else 0.0
     if res.status != "timeout" and self.cache_size > 0:
       self._cache[key] = r
       if len(self._cache) > self.cache_size:
         self._cache.popitem(last=False)
     return r
+
+  def _limits(self) -> sandbox.Limits:
+    return sandbox.Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+
+  def _verify(self, example: base.Example, response: str) -> float:
+    r, job = self._plan(example, response)
+    if job is None:
+      return r
+    key, source = job
+    self.num_sandbox_runs += 1
+    tests = sandbox.IOTests("f", tuple((x, y) for x, y in example.meta["tests"]))
+    return self._remember(key, sandbox.run(source, tests, self._limits(), self.backend))
+
+  def verify_batch(self, examples, responses) -> list:
+    """`verify` of every row, with the sandbox runs on a pool of `workers` (each distinct
+    program once per batch); never raises."""
+    if len(examples) != len(responses):
+      raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
+    out, pending = [0.0] * len(examples), {}
+    for i, (ex, resp) in enumerate(zip(examples, responses)):
+      self.num_verify_calls += 1
+      try:
+        r, job = self._plan(ex, resp)
+      except Exception as e:  # pylint: disable=broad-except  (as Task.verify)
+        self.num_verify_errors += 1
+        self.last_verify_error = f"{type(e).__name__}: {e}"[:300]
+        continue
+      if job is None:
+        out[i] = r
+      else:
+        if job[0] in pending:
+          self.num_cache_hits += 1
+        pending.setdefault(job[0], (job[1], ex, []))[2].append(i)
+    if pending:
+      jobs = [(src, sandbox.IOTests("f", tuple((x, y) for x, y in ex.meta["tests"])))
+              for src, ex, _ in pending.values()]
+      self.num_sandbox_runs += len(jobs)
+      try:
+        results = sandbox.run_many(jobs, self._limits(), self.backend, workers=self.workers)
+      except Exception as e:  # pylint: disable=broad-except  (a verifier never raises)
+        self.num_verify_errors += sum(len(rows) for _, _, rows in pending.values())
+        self.last_verify_error = f"{type(e).__name__}: {e}"[:300]
+        return out
+      for (key, (_, _, rows)), res in zip(pending.items(), results):
+        r = self._remember(key, res)
+        for i in rows:
+          out[i] = r
+    return out
 
   def counters(self) -> dict:
     return dict(super().counters(), fast_path=self.num_fast_path,
