@@ -1,4 +1,4 @@
-"""The whole pipeline on the smoke config: every stage runs, outputs are where they belong,
+"""The whole pipeline on the tiny toy config: every stage runs, outputs are where they belong,
 re-running skips finished stages, and a subset of stages reuses earlier outputs."""
 import json
 import os
@@ -15,7 +15,8 @@ def _run_cli(workdir, *extra):
   """The real entry point in a fresh process with one CPU device (the config's mesh)."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   return subprocess.run([sys.executable, "-m", "experiments.run", "--config",
-                         "configs/toy.py:fast", "--workdir", workdir, *extra],
+                         "configs/toy.py:tiny", "--workdir", workdir,
+                         "--config.mopd.steps=3", *extra],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -47,10 +47,16 @@ def _batch(kind):
       rewards=jnp.asarray(r.rand(B), jnp.float32), **extra)
 
 
-@pytest.mark.parametrize("param_dtype, dtype, tie, fused",
-                         list(itertools.product(DTYPES, DTYPES, (True, False), (True, False))))
+MIXES = list(itertools.product(DTYPES, DTYPES, (True, False), (True, False)))
+
+
+@pytest.mark.parametrize("param_dtype, dtype, tie, fused", MIXES)
 def test_every_dtype_mix_trains(param_dtype, dtype, tie, fused):
-  cells = list(itertools.product(QUANTS, train.LOSSES))
+  # Every loss kind in every mix; the quantisation modes rotate over the kinds, by a shift
+  # that differs between mixes, so that each (quant, kind) pair is compiled in several mixes
+  # of each param dtype (6 cells per program rather than 18: a third of the compile time).
+  shift = MIXES.index((param_dtype, dtype, tie, fused))
+  cells = [(QUANTS[(i + shift) % len(QUANTS)], kind) for i, kind in enumerate(train.LOSSES)]
   params = models.init_params(_cfg(param_dtype, dtype, tie), jax.random.PRNGKey(0))
 
   def all_cells(params):
