@@ -25,6 +25,7 @@ setup(
         "matplotlib>=3.8",  # report plots
         "tensorboardX>=2.6.5",  # TensorBoard event files without TensorFlow
         "jinja2>=3.1",  # chat templates of Hugging Face tokenizers (sandboxed rendering)
+        "math-verify>=0.9.0",  # the math verifier's answer equivalence (LaTeX, fractions, %)
     ],
     extras_require={
         "test": ["pytest>=9.0", "pytest-xdist>=3.8",  # -n 2: the suite on both cores
