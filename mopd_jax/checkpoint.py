@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import signal
 import threading
@@ -28,6 +27,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+
+from mopd_jax import storage
 
 # What a preempted process exits with: 128 + SIGTERM, the status a shell reports for a
 # process killed by SIGTERM, so schedulers read it as "preempted, run again".
@@ -71,19 +72,11 @@ def write_json(path: str, obj: Any) -> None:
   process 0 writes (the workdir is shared; the pipeline syncs the processes after a stage)."""
   if jax.process_index() != 0:
     return
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  storage.write_json(path, obj)
 
 
 def read_json(path: str, default: Optional[Any] = None) -> Any:
-  if not os.path.exists(path):
-    if default is not None:
-      return default
-    raise FileNotFoundError(f"missing JSON file {path}")
-  with open(path) as f:
-    return json.load(f)
+  return storage.read_json(path, default)
 
 
 # ----------------------------------------------------------------------------- tree checks
@@ -290,7 +283,7 @@ class TrainLoop:
     resumed run can save this step number again."""
     aside = epath.Path(f"{self.directory}.unreadable") / f"{step}-{time.time_ns()}"
     aside.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(self.directory / str(step), aside)
+    storage.rename(self.directory / str(step), aside)
     self._mgr.reload()
     return str(aside)
 

@@ -14,7 +14,8 @@ The rl stage spawns, per lane,
     python -m mopd_jax.stages.rl --workdir DIR --lane N --config DIR/rl/lanes_config.json
 
 which reads the run's resolved config from the file it is given, writes its console
-output to <lane dir>/lane.log and its progress to <lane dir>/progress.json (the parent draws
+output to <lane dir>/lane.log (through a local mirror copied up when the lane ends, for a
+workdir on object storage: mopd_jax/storage.py) and its progress to <lane dir>/progress.json (the parent draws
 one bar per lane from these), and exits with the pipeline's preemption code after a SIGTERM
 (which the parent forwards): every lane has then saved its step, and the same command resumes
 each lane where it stopped. A failed lane does not stop the others; the stage then raises,
@@ -31,7 +32,7 @@ from typing import Sequence
 
 import jax
 
-from mopd_jax import checkpoint
+from mopd_jax import checkpoint, storage
 
 RECORDS = "records.json"  # a lane's finished teachers: its manifest section's entries
 PROGRESS = "progress.json"
@@ -50,13 +51,14 @@ def process_count(c, num_lanes: int) -> int:
 
 
 def read_records(lane) -> dict:
-  return checkpoint.read_json(os.path.join(lane.directory, RECORDS), default={})
+  return checkpoint.read_json(storage.join(lane.directory, RECORDS), default={})
 
 
 def _finished(lane) -> bool:
   records = read_records(lane)
   return all(f"{lane.domain}/{e}" in records and
-             os.path.exists(os.path.join(lane.directory, f"teacher_{e}")) for e in lane.efforts)
+             storage.exists(storage.join(lane.directory, f"teacher_{e}"))
+             for e in lane.efforts)
 
 
 def run_side_by_side(workdir: str, config_json: str, lanes: Sequence, processes: int,
@@ -68,10 +70,8 @@ def run_side_by_side(workdir: str, config_json: str, lanes: Sequence, processes:
   workers, which save their step first), RuntimeError if a lane failed."""
   from tqdm.auto import tqdm
 
-  config_path = os.path.join(workdir, "rl", "lanes_config.json")
-  os.makedirs(os.path.dirname(config_path), exist_ok=True)
-  with open(config_path, "w") as f:
-    f.write(config_json)
+  config_path = storage.join(workdir, "rl", "lanes_config.json")
+  storage.write_text(config_path, config_json)
   env = dict(os.environ)
   # On a GPU each process would otherwise reserve most of the memory for itself.
   env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -80,14 +80,14 @@ def run_side_by_side(workdir: str, config_json: str, lanes: Sequence, processes:
   for i in todo:
     bars[i] = tqdm(total=total_steps[i], desc=f"rl lane {lanes[i].name}", unit="step",
                    position=len(bars), dynamic_ncols=True, mininterval=1.0)
-  running, failed, preempted = {}, [], False
+  running, failed, preempted, mirrors = {}, [], False, {}
   pending = list(todo)
   try:
     while pending or running:
       while pending and len(running) < processes and not preempted:
         i = pending.pop(0)
-        os.makedirs(lanes[i].directory, exist_ok=True)
-        log = open(os.path.join(lanes[i].directory, LOG), "a")
+        mirrors[i] = storage.LocalMirror(lanes[i].directory)  # the subprocess writes its log
+        log = open(os.path.join(mirrors[i].local, LOG), "a")  # local: the mirror's folder
         cmd = [sys.executable, "-m", "mopd_jax.stages.rl", "--workdir", workdir,
                "--lane", str(i), "--config", config_path]
         running[i] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log)
@@ -103,13 +103,14 @@ def run_side_by_side(workdir: str, config_json: str, lanes: Sequence, processes:
         if proc.poll() is None:
           continue
         log.close()
+        mirrors[i].sync()
         del running[i]
         if proc.returncode == checkpoint.PREEMPTED_EXIT_CODE:
           preempted = True
         elif proc.returncode != 0 and not preempted:
           # After a forwarded SIGTERM any exit counts as preempted: a lane still importing
           # had no handler yet, and had nothing to save.
-          failed.append((lanes[i], proc.returncode))
+          failed.append((i, lanes[i], proc.returncode))
   finally:
     for proc, log in running.values():  # only on an exception here (e.g. KeyboardInterrupt)
       proc.send_signal(signal.SIGTERM)
@@ -117,22 +118,33 @@ def run_side_by_side(workdir: str, config_json: str, lanes: Sequence, processes:
       log.close()
     for bar in bars.values():
       bar.close()
+    tails = {i: _tail(mirrors[i]) for i in mirrors}
+    for m in mirrors.values():
+      m.close()
   if preempted:
     raise checkpoint.Preempted("SIGTERM: every RL lane saved its step. Run the same command "
                                "again to continue.")
   if failed:
     lines = []
-    for lane, code in failed:
-      path = os.path.join(lane.directory, LOG)
-      with open(path) as f:
-        tail = "".join(f.readlines()[-15:])
-      lines.append(f"lane {lane.name} exited with code {code}; its log {path} ends:\n{tail}")
+    for i, lane, code in failed:
+      path = storage.join(lane.directory, LOG)
+      lines.append(f"lane {lane.name} exited with code {code}; its log {path} ends:\n"
+                   f"{tails[i]}")
     raise RuntimeError("RL lane(s) failed (the other lanes' teachers are kept; re-running "
                        "trains only what is missing):\n" + "\n".join(lines))
 
 
+def _tail(mirror: storage.LocalMirror, lines: int = 15) -> str:
+  path = os.path.join(mirror.local, LOG)  # local: the mirror's folder
+  try:
+    with open(path, errors="replace") as f:  # local: the mirror's folder
+      return "".join(f.readlines()[-lines:])
+  except OSError:
+    return ""
+
+
 def _show(bar, lane) -> None:
-  p = checkpoint.read_json(os.path.join(lane.directory, PROGRESS), default={"done": 0})
+  p = checkpoint.read_json(storage.join(lane.directory, PROGRESS), default={"done": 0})
   if p["done"] > bar.n:
     bar.set_postfix({k: f"{p[k]:.3f}" if isinstance(p[k], float) else p[k]
                      for k in ("effort", "reward", "length") if k in p}, refresh=False)

@@ -14,11 +14,12 @@ resumed loop counts from the step it resumed at.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import Optional
 
 import jax
+
+from mopd_jax import storage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,8 @@ def spec_from_config(profile_cfg, workdir: str) -> Optional[ProfileSpec]:
   for name, v, lo in (("profile.start_step", start, 0), ("profile.num_steps", num, 1)):
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
       raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-  return ProfileSpec(stage, start, num, os.path.join(workdir, "profile"))
+  return ProfileSpec(stage, start, num, storage.join(workdir, "profile") if workdir else
+                     "profile")
 
 
 def matches(stage: str, bar_name: str) -> bool:
@@ -66,8 +68,8 @@ class StepProfiler:
 
   def _maybe_start(self):
     if not self.running and self.start <= self.completed < self.stop_at:
-      os.makedirs(self.logdir, exist_ok=True)
-      jax.profiler.start_trace(self.logdir)
+      storage.makedirs(self.logdir)
+      jax.profiler.start_trace(self.logdir)  # jax's own writer (local, or gs:// via TSL)
       self.running = True
 
   def after_step(self):
@@ -100,5 +102,5 @@ class Switch:
       return None
     self.used = True
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", bar_name).strip("_")
-    return StepProfiler(os.path.join(self.spec.root, safe), self.spec.start_step,
+    return StepProfiler(storage.join(self.spec.root, safe), self.spec.start_step,
                         self.spec.num_steps, initial)

@@ -2,20 +2,21 @@
 (the run's domains x efforts, recorded in report.json as `grid`)."""
 from __future__ import annotations
 
-import os
+import io
 
+import jax
 import numpy as np
 
-from mopd_jax import checkpoint
+from mopd_jax import checkpoint, storage
 from mopd_jax.grid import Grid
 
 POLICIES = ("sft", "teacher", "student")
 
 
 def build(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> dict:
-  ev = checkpoint.read_json(os.path.join(workdir, "eval.json"))
-  hist_path = os.path.join(workdir, "mopd", "history.json")
-  history = checkpoint.read_json(hist_path) if os.path.exists(hist_path) else []
+  ev = checkpoint.read_json(storage.join(workdir, "eval.json"))
+  hist_path = storage.join(workdir, "mopd", "history.json")
+  history = checkpoint.read_json(hist_path) if storage.exists(hist_path) else []
   curve = [[h["step"], h["kl"]] for h in history]
   return {
       "grid": grid.to_json(),
@@ -97,8 +98,8 @@ def initial_kl_by_cell(workdir: str, history: list) -> dict:
   SFT, see `teacher.outside_cell`), and its mean over the cells of each origin."""
   if not history:
     return {"initial_by_cell": {}, "initial_by_origin": {}}
-  path = os.path.join(workdir, "teachers.json")
-  routed = checkpoint.read_json(path)["teachers"] if os.path.exists(path) else {}
+  path = storage.join(workdir, "teachers.json")
+  routed = checkpoint.read_json(path)["teachers"] if storage.exists(path) else {}
   by_cell = {name: {"kl": cm["kl"], "origin": routed.get(name, {}).get("origin", "same")}
              for name, cm in history[0]["cells"].items()}
   by_origin = {}
@@ -193,10 +194,7 @@ def plots(rep: dict, outdir: str) -> list:
       if i == 0 and j == 0:
         ax.legend()
   fig.tight_layout()
-  path = os.path.join(outdir, "cells.png")
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
-  written.append(path)
+  written.append(_save(fig, outdir, "cells.png"))
 
   if rep["kl"]["curve"]:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -213,10 +211,7 @@ def plots(rep: dict, outdir: str) -> list:
     a2.set_title("mean per-token reward r_t")
     a2.set_xlabel("MOPD step")
     fig.tight_layout()
-    path = os.path.join(outdir, "kl.png")
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    written.append(path)
+    written.append(_save(fig, outdir, "kl.png"))
 
   fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.5), squeeze=False)
   for j, d in enumerate(grid.domains):
@@ -226,18 +221,26 @@ def plots(rep: dict, outdir: str) -> list:
     axes[0, j].set_title(f"{d}: length vs effort")
   axes[0, 0].legend()
   fig.tight_layout()
-  path = os.path.join(outdir, "length.png")
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
-  written.append(path)
+  written.append(_save(fig, outdir, "length.png"))
   return written
+
+
+def _save(fig, outdir: str, name: str) -> str:
+  """The figure rendered to PNG bytes and written through mopd_jax.storage."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=90)
+  plt.close(fig)
+  path = storage.join(outdir, name)
+  storage.write_bytes(path, buf.getvalue())
+  return path
 
 
 def write(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> dict:
   rep = build(workdir, config_json, wall_seconds, grid)
   rep["checks"] = checks(rep)
-  checkpoint.write_json(os.path.join(workdir, "report.json"), rep)
-  with open(os.path.join(workdir, "report.md"), "w") as f:
-    f.write(markdown(rep))
-  plots(rep, workdir)
+  checkpoint.write_json(storage.join(workdir, "report.json"), rep)
+  if jax.process_index() == 0:  # the workdir is shared: one writer
+    storage.write_text(storage.join(workdir, "report.md"), markdown(rep))
+    plots(rep, workdir)
   return rep

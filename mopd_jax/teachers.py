@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 from typing import Mapping, Optional, Sequence
 
 import flax.struct
@@ -26,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import checkpoint, logprobs, models
+from mopd_jax import checkpoint, logprobs, models, storage
 from mopd_jax.tasks.base import TOY_DOMAINS
 from mopd_jax.tokenizer import DEFAULT_EFFORTS
 
@@ -247,7 +246,7 @@ def validate_manifest(manifest: dict, path: str, grid, student_cfg: models.Model
   student = model_signature(student_cfg)
   for name in names:
     entry = cells[name]
-    if not os.path.isdir(entry.get("path", "")):
+    if not entry.get("path") or not storage.isdir(entry["path"]):
       problems.append(f"{name}: no checkpoint directory {entry.get('path')!r}")
     if entry.get("format") == "hf":
       try:

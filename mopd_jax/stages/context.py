@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from typing import Callable, Optional
 
 import jax
 import ml_collections
 
 from mopd_jax import (checkpoint, config as config_mod, metrics, models, placement, profiling,
-                      rollout, sharding, teachers, train)
+                      rollout, sharding, storage, teachers, train)
 from mopd_jax.tasks import base as task_base
 from mopd_jax.tokenizer import load_tokenizer
 
@@ -31,7 +30,7 @@ class Run:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     config = self.config = config_mod.build(config, jax.device_count())
     self.grid = config.grid
-    self.workdir = os.path.abspath(workdir)
+    self.workdir = storage.join(workdir)  # absolute if local; gs://... kept as it is
     self.profile = profiling.Switch(config.profile, self.workdir)
     self.tok = load_tokenizer(config.model.tokenizer_path or "char",
                               efforts=self.grid.effort_names)
@@ -39,17 +38,17 @@ class Run:
     # The student's mesh, and the teachers' (the same one unless disaggregated).
     self.mesh, self.teacher_mesh = placement.config_meshes(config)
     self.taus = self.grid.taus
-    self.data_dir = config.data.dir or os.path.join(self.workdir, "data")
+    self.data_dir = config.data.dir or storage.join(self.workdir, "data")
 
   # --- files ---------------------------------------------------------------------------------
   def path(self, *parts) -> str:
-    return os.path.join(self.workdir, *parts)
+    """A path under the workdir (local or object storage: mopd_jax/storage.py)."""
+    return storage.join(self.workdir, *parts)
 
   def done(self, stage: str) -> bool:
-    return os.path.exists(self.path(stage, "DONE.json"))
+    return storage.exists(self.path(stage, "DONE.json"))
 
   def mark_done(self, stage: str, info: dict) -> None:
-    os.makedirs(self.path(stage), exist_ok=True)
     checkpoint.write_json(self.path(stage, "DONE.json"), info)
 
   def logger(self, stage: str) -> metrics.MetricsLogger:

@@ -2,18 +2,17 @@
 each teacher in its own cell, on the test split (greedy at `eval.temperature` 0)."""
 from __future__ import annotations
 
-import os
 
 import jax
 
-from mopd_jax import checkpoint, sft
+from mopd_jax import checkpoint, sft, storage
 from mopd_jax.stages.context import Progress, Run
 
 
 def run(ctx: Run) -> None:
   like = ctx.params_like()
   policies = {"sft": checkpoint.load_params(ctx.path("sft", "params"), like)}
-  if os.path.exists(ctx.path("mopd", "params")):
+  if storage.exists(ctx.path("mopd", "params")):
     policies["student"] = checkpoint.load_params(ctx.path("mopd", "params"), like)
   manifest = checkpoint.read_json(ctx.path("teachers.json"), default={"teachers": {}})
   cells = []

@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from typing import Iterator, Optional
 
 import jax
 
-from mopd_jax import checkpoint, lanes as lanes_mod, rl, sft, teachers, train
+from mopd_jax import checkpoint, lanes as lanes_mod, rl, sft, storage, teachers, train
 from mopd_jax.stages.context import Run
 
 MANIFEST = "teachers.json"
@@ -72,7 +71,7 @@ def run(ctx: Run) -> None:
   manifest["grid"] = ctx.grid.to_json()
   if ctx.teacher_hf_paths:  # teachers brought as checkpoints: register, do not train
     for name, hf_path in zip(ctx.grid.names, ctx.teacher_hf_paths):
-      if not os.path.isdir(hf_path):
+      if not storage.isdir(hf_path):
         raise FileNotFoundError(f"teacher {name}: no checkpoint directory {hf_path}")
       d, e = name.split("/")
       manifest["teachers"][name] = {"domain": d, "effort": e, "tau": ctx.taus[e], "step": 0,
@@ -142,7 +141,7 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
   domain, tag, seed = lane.domain, lane.tag, lane.seed
   di = ctx.grid.domains.index(domain)
   task = ctx.task(domain)
-  os.makedirs(lane.directory, exist_ok=True)
+  storage.makedirs(lane.directory)
   parent = lane.parent
   params = root = checkpoint.load_params(parent, like)
   it = ctx.iterator(domain, c.prompts_per_step, salt=100 + di, seed=seed)
@@ -150,8 +149,8 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
   val = [validation[i] for i in range(min(ctx.config.eval.num_examples, len(validation)))]
   for effort in lane.efforts:
     name = f"{domain}/{effort}"
-    out = os.path.join(lane.directory, f"teacher_{effort}")
-    if name in done and os.path.exists(out):
+    out = storage.join(lane.directory, f"teacher_{effort}")
+    if name in done and storage.exists(out):
       params, parent = checkpoint.load_params(out, like), out
       if "data_state" in done[name]:  # the next effort reads on from here
         it.restore(done[name]["data_state"])
@@ -161,7 +160,7 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
     ph = rl.phase_settings(c, effort, order)
     trainer = trainer_for(ph)
     # One checkpoint directory per (domain, effort) run: lanes never share state.
-    with ctx.training(f"rl {tag}{name}", os.path.join(lane.directory, f"ckpt_{effort}"),
+    with ctx.training(f"rl {tag}{name}", storage.join(lane.directory, f"ckpt_{effort}"),
                       trainer, ph["steps"], init=lambda p=params: trainer.init(p),
                       data_state=lambda: {"train": it.state()},
                       restore_data=lambda data: it.restore(data["train"])) as (loop, state,
@@ -203,11 +202,10 @@ def lane_main(argv=None) -> None:
   parser.add_argument("--config", required=True, help="the run's resolved config (JSON)")
   args = parser.parse_args(argv)
   import ml_collections  # pylint: disable=g-import-not-at-top
-  with open(args.config) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  config = ml_collections.ConfigDict(json.loads(storage.read_text(args.config)))
   ctx = Run(config, args.workdir)
   lane = lanes_of(ctx)[args.lane]
-  os.makedirs(lane.directory, exist_ok=True)
+  storage.makedirs(lane.directory)
   # Teachers this lane finished in an earlier run of the lanes one after another count too.
   manifest = checkpoint.read_json(ctx.path(MANIFEST), default={})
   names = {f"{lane.domain}/{e}" for e in lane.efforts}
@@ -215,7 +213,7 @@ def lane_main(argv=None) -> None:
             if k in names and v.get("origin") != "outside"}
   record.update(lanes_mod.read_records(lane))
   steps = lane_steps(ctx, lane)
-  progress = os.path.join(lane.directory, lanes_mod.PROGRESS)
+  progress = storage.join(lane.directory, lanes_mod.PROGRESS)
 
   def on_step(effort, step, m):
     done = sum(steps[:lane.efforts.index(effort)]) + step + 1
@@ -226,7 +224,7 @@ def lane_main(argv=None) -> None:
     with checkpoint.sigterm_guard():
       for name, entry in train_lane(ctx, lane, record, on_step=on_step):
         record[name] = entry
-        checkpoint.write_json(os.path.join(lane.directory, lanes_mod.RECORDS), record)
+        checkpoint.write_json(storage.join(lane.directory, lanes_mod.RECORDS), record)
   except checkpoint.Preempted as e:
     print(f"PREEMPTED: {e}", file=sys.stderr, flush=True)
     sys.exit(checkpoint.PREEMPTED_EXIT_CODE)

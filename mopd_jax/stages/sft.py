@@ -3,10 +3,9 @@ batch padded to its own length), QAT from here on. With `teacher.outside_cell` s
 outside SFT (its own seed: init, data order and effort tokens differ) under sft/outside/."""
 from __future__ import annotations
 
-import os
 import time
 
-from mopd_jax import checkpoint, rollout, sft, train
+from mopd_jax import checkpoint, rollout, sft, storage, train
 from mopd_jax.stages.context import Run
 
 
@@ -48,7 +47,7 @@ def train_sft(ctx: Run, seed: int, name: str, directory: str):
                                     len(ctx.tok.encode(ex.solutions["full"])) + 1
                                     for ex in exs))
 
-  with ctx.training(name, os.path.join(directory, "ckpt"), trainer, c.steps,
+  with ctx.training(name, storage.join(directory, "ckpt"), trainer, c.steps,
                     init=lambda: trainer.init(ctx.initial_params(seed)),
                     data_state=lambda: {d: it.state() for d, it in iters.items()},
                     restore_data=restore_data) as (loop, state, bar):
