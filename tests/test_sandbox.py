@@ -198,6 +198,36 @@ def _strip_hook(monkeypatch):
   monkeypatch.setattr(sandbox, "_harness_source", lambda: stripped)
 
 
+def _strip_audit_hook_only(monkeypatch):
+  """Harness without the audit hook (imports work) but with the deleted functions."""
+  harness = sandbox._harness_source()
+  stripped = harness.replace("sys.addaudithook(_hook)", "pass")
+  assert stripped != harness
+  monkeypatch.setattr(sandbox, "_harness_source", lambda: stripped)
+
+
+@pytest.mark.parametrize("src", [
+    # A fresh posix module from _imp would bring the deleted functions back.
+    "import _imp, sys\ndef f(x):\n    p = _imp.create_builtin(sys.modules['posix'].__spec__)\n"
+    "    p.kill(PARENT, 0)\n" + RET,
+    "import os\ndef f(x):\n    os.setpriority(os.PRIO_PROCESS, PARENT, 19)\n" + RET,
+    "import os\ndef f(x):\n    os.sched_setaffinity(PARENT, {0})\n" + RET,
+    "import os, signal\ndef f(x):\n    signal.pidfd_send_signal(os.pidfd_open(PARENT), 0)\n"
+    + RET,
+    "import os\ndef f(x):\n    os.nice(5)\n" + RET,
+])
+def test_deleted_functions_stay_deleted_without_the_audit_hook(src, monkeypatch):
+  """The in-process barrier's holes: re-creating posix through _imp, and re-nicing,
+  pinning or signalling the parent (not audited), each closed by the deletion alone."""
+  _strip_audit_hook_only(monkeypatch)
+  monkeypatch.setattr(sandbox, "_DROP_PRIVILEGES", False)  # a non-root child's view
+  nice, affinity = os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0)
+  _hostile(src.replace("PARENT", str(os.getpid())))
+  assert (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0)) == (nice, affinity)
+  # The same harness runs an honest program.
+  assert reward(GOOD, TESTS) == 1.0
+
+
 def test_network_namespace_when_available(monkeypatch):
   if not sandbox._netns_prefix():
     pytest.skip("unshare --net is not permitted here")
