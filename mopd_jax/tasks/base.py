@@ -266,15 +266,11 @@ class Task:
   def verify(self, example: Example, response: str) -> float:
     """Reward in [0, 1]; never raises (an exception counts in `num_verify_errors`, gives 0)."""
     self.num_verify_calls += 1
-    try:
-      r = float(self._verify(example, response))
-      if not 0.0 <= r <= 1.0:  # also catches NaN
-        raise ValueError(f"verifier returned {r!r}, outside [0, 1]")
-      return r
-    except Exception as e:  # pylint: disable=broad-except
+    r, error = guarded_reward(self._verify, example, response)
+    if error is not None:
       self.num_verify_errors += 1
-      self.last_verify_error = f"{type(e).__name__}: {e}"[:300]
-      return 0.0
+      self.last_verify_error = error
+    return r
 
   def verify_batch(self, examples: Sequence[Example], responses: Sequence[str]) -> list:
     if len(examples) != len(responses):
@@ -294,6 +290,18 @@ class Task:
 
   def counters(self) -> dict:
     return dict(verify_calls=self.num_verify_calls, verify_errors=self.num_verify_errors)
+
+
+def guarded_reward(fn: Callable[..., float], *args) -> tuple:
+  """(fn(*args), None) for a reward in [0, 1]; (0.0, the error) when fn raises or returns
+  anything else (NaN included). What every verifier wraps itself in, so it never raises."""
+  try:
+    r = float(fn(*args))
+    if not 0.0 <= r <= 1.0:  # also catches NaN
+      raise ValueError(f"verifier returned {r!r}, outside [0, 1]")
+    return r, None
+  except Exception as e:  # pylint: disable=broad-except
+    return 0.0, f"{type(e).__name__}: {e}"[:300]
 
 
 def make_example(task: str, seed: int, index: int, prompt: str, answer: str,

@@ -27,7 +27,7 @@ import re
 import threading
 from typing import Callable, Mapping, Optional
 
-from mopd_jax.tasks import jsonl, sandbox
+from mopd_jax.tasks import base, jsonl, sandbox
 
 _REGISTRY: dict = {}
 
@@ -42,15 +42,11 @@ class Verifier:
 
   def __call__(self, response: str, record: Mapping) -> float:
     self.calls += 1
-    try:
-      r = float(self._fn(response, record))
-      if not 0.0 <= r <= 1.0:  # also catches NaN
-        raise ValueError(f"reward {r!r} outside [0, 1]")
-      return r
-    except Exception as e:  # pylint: disable=broad-except  (a verifier never raises)
+    r, error = base.guarded_reward(self._fn, response, record)
+    if error is not None:
       self.errors += 1
-      self.last_error = f"{type(e).__name__}: {e}"[:300]
-      return 0.0
+      self.last_error = error
+    return r
 
   def check_record(self, record: Mapping) -> Optional[str]:
     """Why `record` cannot be verified (a missing or mistyped field), or None."""
