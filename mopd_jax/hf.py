@@ -265,8 +265,11 @@ def resolve_model_config(block, vocab_size: int, hf_path: str = "") -> ModelConf
   `hf_path`, `hf_paths`, `tokenizer_path`, ignored here). `hf_path` (default: the block's own
   `hf_path`, if any): a Hugging Face checkpoint whose config.json wins over the preset; the
   block's overrides may then only restate its shape (ValueError otherwise) or change non-shape
-  fields (quant, dtype, max_seq_len, ...), and the tokenizer's `vocab_size` must fit in the
-  checkpoint's embedding (which may be padded larger).
+  fields (quant, dtype, max_seq_len, ...). A tokenizer with more tokens than the checkpoint's
+  embedding has rows (added specials, e.g. effort tokens, on a checkpoint with no spare rows
+  such as Llama 3) gives a ModelConfig with the tokenizer's `vocab_size`:
+  `load_checkpoint(..., vocab_size=)` grows the embedding (and an untied head) to it, and an
+  export records the grown vocabulary. A larger (padded) embedding is kept as it is.
   """
   block = dict(block)
   overrides = {k: v for k, v in block.items() if k not in BLOCK_KEYS}
@@ -275,8 +278,7 @@ def resolve_model_config(block, vocab_size: int, hf_path: str = "") -> ModelConf
     return models.get_preset(block["preset"], vocab_size=vocab_size, **overrides)
   cfg = load_config(hf_path, overrides.get("param_dtype"))
   if vocab_size > cfg.vocab_size:
-    raise ValueError(f"the tokenizer has {vocab_size} tokens but the checkpoint {hf_path} "
-                     f"embeds only {cfg.vocab_size}")
+    cfg = cfg.replace(vocab_size=vocab_size)  # grown on load (load_checkpoint)
   for k in _SHAPE_FIELDS:
     if k in overrides and overrides[k] != getattr(cfg, k):
       raise ValueError(f"override {k}={overrides[k]!r} contradicts the checkpoint {hf_path} "
@@ -508,7 +510,8 @@ def _resolve_shardings(cfg: ModelConfig, sharding):
   return lookup
 
 
-def load_checkpoint(path: str, sharding=None, dtype=None) -> Tuple[ModelConfig, dict]:
+def load_checkpoint(path: str, sharding=None, dtype=None,
+                    vocab_size: Optional[int] = None) -> Tuple[ModelConfig, dict]:
   """(ModelConfig, params) of a Hugging Face model directory.
 
   `path`: a directory with `config.json` and `*.safetensors` (one file, several, or sharded
@@ -519,6 +522,10 @@ def load_checkpoint(path: str, sharding=None, dtype=None) -> Tuple[ModelConfig, 
   With a sharding each device's shard is read on its own, as the slice of the safetensors
   tensor that holds it.
   `dtype`: param (and compute) dtype; None keeps the checkpoint's `torch_dtype`.
+  `vocab_size`: a vocabulary larger than the checkpoint's (a tokenizer with added specials):
+  the embedding, and an untied head, grow by the missing rows, each initialised to the mean
+  of the stored rows, so a new token starts as the average token; the returned ModelConfig
+  has this vocabulary. None or a smaller value keeps the checkpoint's.
 
   Errors: ValueError naming the file (and field or tensor) for everything `load_config`
   refuses, an unsupported architecture or feature, a missing tensor, a tensor of the wrong
@@ -554,11 +561,30 @@ def load_checkpoint(path: str, sharding=None, dtype=None) -> Tuple[ModelConfig, 
                        f"of {sorted(_ST_DTYPES)}")
 
   np_dtype = jnp.dtype(cfg.param_dtype)
+  grown = {}  # our path -> the whole grown array (host), for the vocabulary-sized params
+  if vocab_size is not None and vocab_size > cfg.vocab_size:
+    new_cfg = cfg.replace(vocab_size=int(vocab_size))
+    new_shapes = {ours: shape for ours, _, _, shape in _param_specs(new_cfg)}
+    for ours, name, kind, shape in specs:
+      if new_shapes[ours] != shape:
+        stored = np.asarray(_read_block(tensors.handle_for(name), name, kind, shape, ()),
+                            np.float32)
+        axis = 0 if ours == ("embed",) else 1  # embed [V, D]; lm_head [D, V]
+        extra = new_shapes[ours][axis] - shape[axis]
+        mean = stored.mean(axis=axis, keepdims=True)
+        grown[ours] = np.concatenate([stored, np.repeat(mean, extra, axis=axis)],
+                                     axis=axis).astype(np_dtype)
+    cfg = new_cfg
+    specs = [(ours, name, kind, new_shapes[ours]) for ours, name, kind, _ in specs]
   shard_of = _resolve_shardings(cfg, sharding)
   params: dict = {}
   for ours, name, kind, shape in specs:
     handle = tensors.handle_for(name)
-    if shard_of is None:
+    if ours in grown:
+      full = grown[ours]
+      value = (jnp.asarray(full) if shard_of is None else jax.make_array_from_callback(
+          shape, shard_of(ours), lambda index, full=full: full[index]))
+    elif shard_of is None:
       block = _read_block(handle, name, kind, shape, ())
       value = jnp.asarray(np.asarray(block, np_dtype))
     else:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
@@ -444,8 +445,43 @@ def test_qwen3_mopd_config(tiny_ckpt):
   assert from_ckpt == TINY.replace(quant="int8")
   with pytest.raises(ValueError, match="d_model"):
     hf.resolve_model_config({"preset": "toy", "d_model": 48}, 60, hf_path=path)
-  with pytest.raises(ValueError, match="embeds only"):
-    hf.resolve_model_config({"preset": "toy"}, 1000, hf_path=path)
+  # A tokenizer with more tokens than the embedding has rows: the config grows to it.
+  assert hf.resolve_model_config({"preset": "toy"}, 72, hf_path=path) == \
+      TINY.replace(vocab_size=72)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_embedding_grows_for_added_tokens(tmp_path, tie):
+  """A checkpoint with no spare rows and a tokenizer with 8 more tokens: the embedding (and
+  an untied head) grow by 8 rows, each the mean of the stored rows; every stored row and the
+  logits of the stored tokens are unchanged; sharded equals unsharded; an export records the
+  new vocabulary."""
+  cfg = TINY.replace(tie_embeddings=tie)
+  params = _random_params(cfg, seed=5)
+  path = str(tmp_path / "ckpt")
+  hf.save_checkpoint(cfg, params, path)
+  got_cfg, grown = hf.load_checkpoint(path, vocab_size=72)
+  assert got_cfg == cfg.replace(vocab_size=72) and grown["embed"].shape == (72, 32)
+  np.testing.assert_array_equal(np.asarray(grown["embed"][:64]), params["embed"])
+  np.testing.assert_allclose(np.asarray(grown["embed"][64:]),
+                             np.repeat(params["embed"].mean(0, keepdims=True), 8, 0), atol=1e-6)
+  if not tie:
+    assert grown["lm_head"].shape == (32, 72)
+    np.testing.assert_allclose(np.asarray(grown["lm_head"][:, 64:]),
+                               np.repeat(params["lm_head"].mean(1, keepdims=True), 8, 1),
+                               atol=1e-6)
+  tokens = np.array([[1, 5, 9, 63]], np.int32)
+  before = models.forward(cfg, jax.tree.map(jnp.asarray, params), tokens)
+  after = models.forward(got_cfg, grown, tokens)
+  np.testing.assert_allclose(np.asarray(after[..., :64]), np.asarray(before), atol=1e-5)
+  mesh = sharding.make_mesh({"fsdp": 2, "tensor": 4})
+  _, sharded = hf.load_checkpoint(path, sharding=mesh, vocab_size=72)
+  for a, b in zip(jax.tree.leaves(grown), jax.tree.leaves(sharded)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  out = str(tmp_path / "export")
+  hf.save_checkpoint(got_cfg, jax.device_get(grown), out)
+  assert json.load(open(os.path.join(out, "config.json")))["vocab_size"] == 72
+  assert hf.load_checkpoint(path, vocab_size=60)[0].vocab_size == 64  # never shrinks
 
 
 # --- a run from Hugging Face checkpoints, through the command line --------------------------
@@ -453,11 +489,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_student_from_hugging_face_checkpoint(tmp_path):
-  """`model.hf_path`: the run starts from a safetensors checkpoint written by our exporter."""
+  """`model.hf_path`: the run starts from a safetensors checkpoint written by our exporter,
+  one whose embedding lacks rows for the tokenizer's last 3 tokens (the effort tokens): the
+  run grows it."""
   import configs.qwen3_mopd as q
   from mopd_jax import config as config_mod, hf
   from mopd_jax.tokenizer import CharTokenizer
-  cfg = config_mod.model_config(q.get_config("tiny"), CharTokenizer().vocab_size)
+  cfg = config_mod.model_config(q.get_config("tiny"), CharTokenizer().vocab_size - 3)
   ckpt = tmp_path / "student"
   hf.save_checkpoint(cfg, jax.device_get(__import__("mopd_jax").models.init_params(
       cfg, jax.random.PRNGKey(3))), str(ckpt))

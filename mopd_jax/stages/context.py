@@ -124,7 +124,7 @@ class Run:
   def load_teacher(self, entry: dict):
     if entry.get("format") == "hf":
       from mopd_jax import hf  # pylint: disable=g-import-not-at-top
-      _, params = hf.load_checkpoint(entry["path"])
+      _, params = hf.load_checkpoint(entry["path"], vocab_size=self.teacher_cfg.vocab_size)
       return params
     return checkpoint.load_params(entry["path"], self.params_like())
 
@@ -150,7 +150,8 @@ class Run:
     shardings = sharding.param_shardings(self.model_cfg, self.mesh)
     if self.config.model.hf_path:
       from mopd_jax import hf  # pylint: disable=g-import-not-at-top
-      _, params = hf.load_checkpoint(self.config.model.hf_path, sharding=shardings)
+      _, params = hf.load_checkpoint(self.config.model.hf_path, sharding=shardings,
+                                     vocab_size=self.model_cfg.vocab_size)
       return params
     return models.init_params(self.model_cfg, jax.random.PRNGKey(
         self.config.seed if seed is None else seed), out_shardings=shardings)
