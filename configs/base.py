@@ -1,7 +1,9 @@
 """The defaults of every run config: each field once, with what it does.
 
 `configs/toy.py` and `configs/qwen3_mopd.py` start from `get_config()` and override only
-what differs; the pipeline reads every field from the config, with no fallbacks of its own.
+what differs; `mopd_jax/config.py` turns the result into one typed, checked `RunConfig`
+(a field it does not know, or one missing here, is an error), and the pipeline reads every
+field from it, with no fallbacks of its own.
 Override any field from the command line, e.g. `--config.rl.lr=1e-4`, and the task grid with
 `--config.domains=gen,cod --config.efforts=low,max` (names of the `tasks` and `effort`
 blocks below; see mopd_jax/grid.py).
