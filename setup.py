@@ -26,6 +26,7 @@ setup(
         "tensorboardX>=2.6.5",  # TensorBoard event files without TensorFlow
         "jinja2>=3.1",  # chat templates of Hugging Face tokenizers (sandboxed rendering)
         "math-verify>=0.9.0",  # the math verifier's answer equivalence (LaTeX, fractions, %)
+        "pyarrow>=14",  # Parquet data files (mopd_jax.tasks.records); TFDS needs it too
     ],
     extras_require={
         "test": ["pytest>=9.0", "pytest-xdist>=3.8",  # -n 2: the suite on both cores

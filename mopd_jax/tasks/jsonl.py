@@ -83,6 +83,40 @@ def answers_match(predicted: str | None, reference: str) -> bool:
   return p == r
 
 
+def iter_records(path: str):
+  """(1-based line number, record dict or None for a blank line) of a JSONL file.
+
+  Errors: DataError naming the file (and line): no such file or a directory, bytes that are
+  not UTF-8, malformed JSON, nesting too deep, an unreadable value (an integer over Python's
+  digit limit), a line that is not a JSON object."""
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise base.DataError(f"{path}: no such file" + (" (a directory)" if os.path.isdir(path)
+                                                     else ""))
+  with open(path, "rb") as fh:
+    for lineno, raw in enumerate(fh, start=1):
+      where = f"{path}:{lineno}"
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise base.DataError(f"{where}: not valid UTF-8 (byte {e.start}: "
+                             f"{raw[e.start:e.start + 1]!r})") from None
+      if not line.strip():
+        yield lineno, None
+        continue
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise base.DataError(f"{where}: malformed JSON: {e.msg} at column {e.colno}") from None
+      except RecursionError:
+        raise base.DataError(f"{where}: JSON nested too deeply to read") from None
+      except ValueError as e:  # e.g. an integer over Python's digit limit
+        raise base.DataError(f"{where}: unreadable JSON value: {e}") from None
+      if not isinstance(rec, dict):
+        raise base.DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+      yield lineno, rec
+
+
 def load_jsonl(path: str, *, max_prompt_len: int | None = None, tokenizer=None,
                on_too_long: str = "error", default_domain: str = "gen",
                default_budget: int = 256, domains=None) -> JsonlData:
@@ -99,81 +133,63 @@ def load_jsonl(path: str, *, max_prompt_len: int | None = None, tokenizer=None,
   path = os.fspath(path)
   name = os.path.basename(path)
   out = JsonlData(examples=[], path=path)
-  if not os.path.isfile(path):
-    raise base.DataError(f"{path}: no such file" + (" (a directory)" if os.path.isdir(path)
-                                                     else ""))
-  with open(path, "rb") as fh:
-    for lineno, raw in enumerate(fh, start=1):
-      out.num_lines = lineno
+  for lineno, rec in iter_records(path):
+    out.num_lines = lineno
 
-      def fail(msg, lineno=lineno):
-        raise base.DataError(f"{path}:{lineno}: {msg}")
+    def fail(msg, lineno=lineno):
+      raise base.DataError(f"{path}:{lineno}: {msg}")
 
-      try:
-        line = raw.decode("utf-8")
-      except UnicodeDecodeError as e:
-        fail(f"not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})")
-      if not line.strip():
-        out.num_blank += 1
-        continue
-      try:
-        rec = json.loads(line)
-      except json.JSONDecodeError as e:
-        fail(f"malformed JSON: {e.msg} at column {e.colno}")
-      except RecursionError:
-        fail("JSON nested too deeply to read")
-      except ValueError as e:  # e.g. an integer over Python's digit limit
-        fail(f"unreadable JSON value: {e}")
-      if not isinstance(rec, dict):
-        fail(f"expected a JSON object, got {type(rec).__name__}")
-      for key in ("prompt", "answer"):
-        if key not in rec:
-          fail(f"missing field {key!r}")
-      prompt, answer = rec["prompt"], rec["answer"]
-      if not isinstance(prompt, str):
-        fail(f"'prompt' must be a string, got {type(prompt).__name__}")
-      if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-        fail(f"'answer' must be a string or a number, got {type(answer).__name__}")
-      if isinstance(answer, float) and not math.isfinite(answer):
-        fail(f"'answer' must be a finite number, got {answer!r}")
-      answer = str(answer)
-      if not prompt.strip():
-        fail("empty prompt")
-      if not _reference(answer):
-        fail("empty answer")
-      domain = rec.get("domain", default_domain)
-      if not isinstance(domain, str) or domain not in domains:
-        fail(f"unknown domain {domain!r}; expected one of {list(domains)}")
-      budget = rec.get("budget")
-      if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
-                                 or budget <= 0):
-        fail(f"'budget' must be a positive int, got {budget!r}")
-      try:
-        base.check_text(prompt, "prompt"), base.check_text(answer, "answer")
-        n = len(prompt) if tokenizer is None else base.num_tokens(prompt, tokenizer)
-        if budget is None and "#" in answer:  # the answer holds reasoning: size b0 on it
-          m = len(answer) if tokenizer is None else base.num_tokens(answer, tokenizer)
-          budget = int(math.ceil(base.B0_MARGIN * (m + 1) - 1e-9))
-        elif budget is None:
-          budget = default_budget
-      except ValueError as e:  # DataError, or a tokenizer refusing a character
-        fail(str(e))
-      if max_prompt_len is not None and n > max_prompt_len:
-        if on_too_long == "error":
-          unit = "characters" if tokenizer is None else "tokens"
-          fail(f"prompt has {n} {unit}, over the maximum {max_prompt_len}")
-        out.num_skipped_too_long += 1
-        out.skipped_lines.append(lineno)
-        continue
-      ref = _reference(answer)
-      solutions = {"direct": "#" + ref}
-      if "#" in answer:
-        solutions["full"] = answer
-      meta = {k: v for k, v in rec.items() if k not in ("prompt", "answer", "domain", "budget")}
-      meta["source"] = f"{name}:{lineno}"
-      out.examples.append(base.Example(
-          uid=f"{name}:{lineno}", domain=domain, prompt=prompt, b0=budget, answer=ref,
-          solutions=solutions, meta=meta))
+    if rec is None:
+      out.num_blank += 1
+      continue
+    for key in ("prompt", "answer"):
+      if key not in rec:
+        fail(f"missing field {key!r}")
+    prompt, answer = rec["prompt"], rec["answer"]
+    if not isinstance(prompt, str):
+      fail(f"'prompt' must be a string, got {type(prompt).__name__}")
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+      fail(f"'answer' must be a string or a number, got {type(answer).__name__}")
+    if isinstance(answer, float) and not math.isfinite(answer):
+      fail(f"'answer' must be a finite number, got {answer!r}")
+    answer = str(answer)
+    if not prompt.strip():
+      fail("empty prompt")
+    if not _reference(answer):
+      fail("empty answer")
+    domain = rec.get("domain", default_domain)
+    if not isinstance(domain, str) or domain not in domains:
+      fail(f"unknown domain {domain!r}; expected one of {list(domains)}")
+    budget = rec.get("budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                               or budget <= 0):
+      fail(f"'budget' must be a positive int, got {budget!r}")
+    try:
+      base.check_text(prompt, "prompt"), base.check_text(answer, "answer")
+      n = len(prompt) if tokenizer is None else base.num_tokens(prompt, tokenizer)
+      if budget is None and "#" in answer:  # the answer holds reasoning: size b0 on it
+        m = len(answer) if tokenizer is None else base.num_tokens(answer, tokenizer)
+        budget = int(math.ceil(base.B0_MARGIN * (m + 1) - 1e-9))
+      elif budget is None:
+        budget = default_budget
+    except ValueError as e:  # DataError, or a tokenizer refusing a character
+      fail(str(e))
+    if max_prompt_len is not None and n > max_prompt_len:
+      if on_too_long == "error":
+        unit = "characters" if tokenizer is None else "tokens"
+        fail(f"prompt has {n} {unit}, over the maximum {max_prompt_len}")
+      out.num_skipped_too_long += 1
+      out.skipped_lines.append(lineno)
+      continue
+    ref = _reference(answer)
+    solutions = {"direct": "#" + ref}
+    if "#" in answer:
+      solutions["full"] = answer
+    meta = {k: v for k, v in rec.items() if k not in ("prompt", "answer", "domain", "budget")}
+    meta["source"] = f"{name}:{lineno}"
+    out.examples.append(base.Example(
+        uid=f"{name}:{lineno}", domain=domain, prompt=prompt, b0=budget, answer=ref,
+        solutions=solutions, meta=meta))
   return out
 
 
