@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import jax
 import numpy as np
@@ -244,3 +245,64 @@ def write(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> di
     storage.write_text(storage.join(workdir, "report.md"), markdown(rep))
     plots(rep, workdir)
   return rep
+
+
+# ----------------------------------------------------------------------------- seed sweeps
+def sweep(reports: dict) -> dict:
+  """Several seeds' report.json dicts ({seed: report}, one grid) as one summary: every
+  cell's accuracy and mean length as mean and standard deviation over the seeds (population
+  std, ddof 0), each seed's KL curve, and per expected result the seeds that meet it."""
+  if not reports:
+    raise ValueError("no seed has a report yet")
+  seeds = sorted(reports)
+  grids = {json.dumps(reports[s]["grid"], sort_keys=True) for s in seeds}
+  if len(grids) != 1:
+    raise ValueError(f"the seeds' reports are of different grids: {sorted(grids)}")
+  grid = reports[seeds[0]]["grid"]
+  cells = []
+  for d, e in Grid.from_json(grid).cells:
+    for p in POLICIES:
+      got = [_cell(reports[s]["cells"], p, d, e) for s in seeds]
+      got = [c for c in got if c is not None]
+      if not got:
+        continue
+      row = {"policy": p, "domain": d, "effort": e, "seeds": len(got)}
+      for key in ("accuracy", "mean_length", "over_budget_rate"):
+        vals = np.asarray([c[key] for c in got], np.float64)
+        row[key] = {"mean": float(vals.mean()), "std": float(vals.std()),
+                    "values": vals.tolist()}
+      cells.append(row)
+  checks = {}
+  for s in seeds:
+    for c in reports[s].get("checks", []):
+      entry = checks.setdefault(c["name"], {"target": c["target"], "met": [], "missed": [],
+                                            "undecided": []})
+      entry["met" if c["ok"] is True else "missed" if c["ok"] is False else "undecided"].append(s)
+  return {"seeds": seeds, "grid": grid, "cells": cells, "checks": checks,
+          "kl_curves": {str(s): reports[s]["kl"]["curve"] for s in seeds}}
+
+
+def sweep_markdown(sw: dict) -> str:
+  seeds = sw["seeds"]
+  lines = [f"# mopd_jax seed sweep: seeds {', '.join(map(str, seeds))}", "",
+           "Accuracy and mean length on the test split, mean ± standard deviation over the "
+           "seeds (ddof 0).", "",
+           "| domain | effort | " + " | ".join(f"{p} acc | {p} len" for p in POLICIES) + " |",
+           "|---|---|" + "---|---|" * len(POLICIES)]
+  by = {(c["policy"], c["domain"], c["effort"]): c for c in sw["cells"]}
+  for d, e in Grid.from_json(sw["grid"]).cells:
+    row = [d, e]
+    for p in POLICIES:
+      c = by.get((p, d, e))
+      row += (["-", "-"] if c is None else
+              [f"{c['accuracy']['mean']:.3f} ± {c['accuracy']['std']:.3f}",
+               f"{c['mean_length']['mean']:.1f} ± {c['mean_length']['std']:.1f}"])
+    lines.append("| " + " | ".join(row) + " |")
+  if sw["checks"]:
+    every = sum(1 for c in sw["checks"].values() if len(c["met"]) == len(seeds))
+    lines += ["", f"Expected results met on every seed: {every} of {len(sw['checks'])}.", "",
+              "| check | target | seeds meeting it | seeds missing it |", "|---|---|---|---|"]
+    lines += [f"| {name} | {c['target']} | {', '.join(map(str, c['met'])) or '-'} | "
+              f"{', '.join(map(str, c['missed'])) or '-'} |"
+              for name, c in sw["checks"].items()]
+  return "\n".join(lines) + "\n"

@@ -37,3 +37,61 @@ def test_report_checks_evaluate_the_bars():
       "per-token KL, first / last MOPD step"] is None
   md = report.markdown(rep)
   assert "no ratio" in md and "first / last 1 steps 0.2000 / -0.0250" in md, md
+
+
+def _seed_report(acc: float, ok: bool):
+  from mopd_jax.tasks import TOY_DOMAINS
+  grid = {"domains": list(TOY_DOMAINS[:1]), "efforts": [["low", 0.3], ["max", 1.5]]}
+  cells = [{"policy": p, "domain": "gen", "effort": e, "accuracy": acc, "mean_length": 10.0,
+            "over_budget_rate": 0.0, "n": 8} for p in ("sft", "teacher") for e in ("low", "max")]
+  return {"grid": grid, "cells": cells, "kl": {"initial": 1.0, "final": 0.1,
+                                               "curve": [[0, 1.0], [1, 0.1]]},
+          "checks": [{"name": "a bar", "target": ">= 1", "ok": ok, "value": 1.0}]}
+
+
+def test_sweep_means_spreads_and_checks_per_seed():
+  import pytest
+  from mopd_jax import report
+  sw = report.sweep({0: _seed_report(0.5, True), 1: _seed_report(0.7, False),
+                     2: _seed_report(0.9, True)})
+  cell = next(c for c in sw["cells"] if (c["policy"], c["effort"]) == ("teacher", "max"))
+  assert cell["seeds"] == 3 and cell["accuracy"]["values"] == [0.5, 0.7, 0.9]
+  assert cell["accuracy"]["mean"] == pytest.approx(0.7)
+  assert cell["accuracy"]["std"] == pytest.approx(((0.04 + 0 + 0.04) / 3) ** 0.5)
+  assert sw["checks"]["a bar"] == {"target": ">= 1", "met": [0, 2], "missed": [1],
+                                   "undecided": []}
+  md = report.sweep_markdown(sw)
+  assert "| gen | max | 0.700 ± 0.163 | 10.0 ± 0.0 | 0.700 ± 0.163 |" in md
+  assert "Expected results met on every seed: 0 of 1." in md and "| a bar | >= 1 | 0, 2 | 1 |" in md
+  other = _seed_report(0.5, True)
+  other["grid"]["efforts"] = [["max", 1.5]]
+  with pytest.raises(ValueError, match="different grids"):
+    report.sweep({0: _seed_report(0.5, True), 1: other})
+
+
+def test_sweep_command(tmp_path, monkeypatch, capsys):
+  import pytest
+  from experiments import sweep
+  from mopd_jax import checkpoint
+  for args in (["--config", "configs/toy.py", "--workdir", str(tmp_path), "--seeds", "0,x"],
+               ["--config", "configs/toy.py", "--workdir", str(tmp_path), "--config.seed=3"],
+               ["--config", "configs/toy.py", "--workdir", str(tmp_path), "stray"]):
+    with pytest.raises(SystemExit) as e:
+      sweep.parse(args)
+    assert e.value.code == 2
+  for s, acc in ((0, 0.5), (2, 0.9)):  # seed 1 never finished
+    checkpoint.write_json(str(tmp_path / f"seed_{s}" / "report.json"), _seed_report(acc, True))
+  calls = []
+
+  def fake_run(cmd, check):  # seed 0 runs, seed 1 fails: the sweep stops and summarises
+    calls.append(cmd)
+    return type("P", (), {"returncode": 0 if "--config.seed=0" in cmd else 3})()
+  monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+  assert sweep.main(["--config", "configs/toy.py:fast", "--seeds", "0,1,2", "--workdir",
+                     str(tmp_path), "--config.mopd.steps=5"]) == 3
+  assert len(calls) == 2 and "--config.mopd.steps=5" in calls[0]
+  assert calls[1][-3:] == ["--config.seed=1", "--workdir", str(tmp_path / "seed_1")]
+  sw = checkpoint.read_json(str(tmp_path / "sweep.json"))
+  assert sw["seeds"] == [0, 2] and (tmp_path / "sweep.md").exists()
+  assert sweep.main(["--config", "configs/toy.py", "--seeds", "0,2", "--workdir",
+                     str(tmp_path), "--summarize-only"]) == 0
