@@ -124,21 +124,27 @@ def _f(check):
   return dataclasses.field(metadata={"check": check})
 
 
+def _fields_of(value, name: str, required) -> dict:
+  """The block `value` as a dict of plain values, with every `required` field present."""
+  if not isinstance(value, (ml_collections.ConfigDict, Mapping)):
+    raise ValueError(f"{name} must be a block of fields, got {value!r}")
+  given = {k: Raw()(k, v) for k, v in dict(value).items()}
+  missing = sorted(set(required) - set(given))
+  if missing:
+    raise ValueError(f"{name} lacks {[f'{name}.{k}' for k in missing]}; start the config from "
+                     "configs/base.py, which defines every field")
+  return given
+
+
 def _block(cls, value, name: str):
   """`cls` from the ConfigDict block `value`: every field present, none unknown, each
   checked by its field's checker."""
-  if not isinstance(value, (ml_collections.ConfigDict, Mapping)):
-    raise ValueError(f"{name} must be a block of fields, got {value!r}")
-  given = dict(value)
   fields = {f.name: f for f in dataclasses.fields(cls)}
+  given = _fields_of(value, name, fields)
   unknown = sorted(set(given) - set(fields))
   if unknown:
     raise ValueError(f"unknown field(s) {[f'{name}.{k}' for k in unknown]}; the fields of "
                      f"{name} are {sorted(fields)}")
-  missing = sorted(set(fields) - set(given))
-  if missing:
-    raise ValueError(f"{name} lacks {[f'{name}.{k}' for k in missing]}; start the config from "
-                     "configs/base.py, which defines every field")
   return cls(**{k: f.metadata["check"](f"{name}.{k}", given[k]) for k, f in fields.items()})
 
 
@@ -188,13 +194,7 @@ _TEACHER_CHECKS = {"hf_paths": Seq(Str()), "outside_cell": Str(), "outside_seed"
 
 def _split(value, name: str, checks: Mapping) -> tuple:
   """(checked named fields, the rest as plain values) of a model-like block."""
-  if not isinstance(value, (ml_collections.ConfigDict, Mapping)):
-    raise ValueError(f"{name} must be a block of fields, got {value!r}")
-  given = {k: Raw()(k, v) for k, v in dict(value).items()}
-  missing = sorted(k for k in checks if k not in given)
-  if missing:
-    raise ValueError(f"{name} lacks {[f'{name}.{k}' for k in missing]}; start the config "
-                     "from configs/base.py, which defines every field")
+  given = _fields_of(value, name, checks)
   named = {k: check(f"{name}.{k}", given.pop(k)) for k, check in checks.items()}
   return named, given
 
