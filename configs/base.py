@@ -186,6 +186,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.num_examples = 96  # test examples per (domain, effort) cell
   c.eval.temperature = 0.0  # 0 = greedy
+  # Besides the greedy accuracy: the mean accuracy of `samples` sampled responses per test
+  # example at `sample_temperature` (0 = off; costs `samples` more rollouts per cell).
+  c.eval.samples = 0
+  c.eval.sample_temperature = 1.0
 
   # Profiling switch (off by default): trace steps [start_step, start_step + num_steps) of
   # one training loop with the JAX profiler into <workdir>/profile/<loop>/. `stage`: "" (off),

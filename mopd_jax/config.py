@@ -301,6 +301,8 @@ class SandboxConfig:
 class EvalConfig:
   num_examples: int = _f(Int())
   temperature: float = _f(Num())
+  samples: int = _f(Int(0))
+  sample_temperature: float = _f(Num(strict=True))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -123,7 +123,8 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
 
 def evaluate(engine: rollout.RolloutEngine, params, task, examples: Sequence[task_base.Example],
              effort: str, budgets: Sequence[int], rng, batch_size: int = 64) -> dict:
-  """Accuracy, mean length and over-budget rate of greedy-or-sampled rollouts.
+  """Accuracy, mean and 90th-percentile length and over-budget rate of greedy-or-sampled
+  rollouts.
 
   Accuracy counts a response only if it finished within its budget (as the RL reward does).
   """
@@ -136,4 +137,5 @@ def evaluate(engine: rollout.RolloutEngine, params, task, examples: Sequence[tas
     lengths += [t.num_tokens for t in res.trajectories]
     over += [bool(ob) for ob in res.over_budget]
   return {"accuracy": float(np.mean(correct)), "mean_length": float(np.mean(lengths)),
+          "p90_length": float(np.percentile(lengths, 90)),
           "over_budget_rate": float(np.mean(over)), "n": len(examples)}

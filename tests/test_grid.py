@@ -112,12 +112,12 @@ def test_report_tables_checks_and_plots_for_any_grid(tmp_path, shape):
   assert router.index(f"d{nd - 1}", f"e{ne - 1}") == nd * ne - 1
 
 
-def _run_grid(tmp_path, domains, efforts):
+def _run_grid(tmp_path, domains, efforts, *extra):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   wd = tmp_path / "run"
   proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
                          "configs/toy.py:tiny", "--workdir", str(wd),
-                         f"--config.domains={domains}", f"--config.efforts={efforts}"],
+                         f"--config.domains={domains}", f"--config.efforts={efforts}", *extra],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return wd
@@ -126,8 +126,10 @@ def _run_grid(tmp_path, domains, efforts):
 @pytest.mark.parametrize("domains, efforts", [("cod", "max"), ("gen,agt,cod", "low,max")])
 def test_pipeline_runs_every_stage_on_a_sub_grid(tmp_path, domains, efforts):
   """A 1 x 1 and a 3 x 2 grid through every stage (the tiny toy config): teachers, manifest,
-  eval cells and report hold exactly the grid's cells."""
-  wd = _run_grid(tmp_path, domains, efforts)
+  eval cells and report hold exactly the grid's cells (the 1 x 1 run also evaluates 2
+  sampled responses per example)."""
+  one = "," not in domains + efforts
+  wd = _run_grid(tmp_path, domains, efforts, *(["--config.eval.samples=2"] if one else []))
   d, e = domains.split(","), efforts.split(",")
   names = {f"{x}/{y}" for x in d for y in e}
   manifest = json.load(open(wd / "teachers.json"))
@@ -138,6 +140,10 @@ def test_pipeline_runs_every_stage_on_a_sub_grid(tmp_path, domains, efforts):
     assert {f"{c['domain']}/{c['effort']}" for c in rep["cells"]
             if c["policy"] == policy} == names, policy
   assert len(rep["cells"]) == 3 * len(names)
+  for c in rep["cells"]:
+    assert c["p90_length"] >= 0 and ("sample_accuracy" in c) == one, c
+    if one:
+      assert 0.0 <= c["sample_accuracy"] <= 1.0
   hist = json.load(open(wd / "mopd" / "history.json"))
   assert set(hist[0]["cells"]) == names
   # The vocabulary follows the efforts: a student of this grid has one effort token each.

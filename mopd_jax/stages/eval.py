@@ -1,5 +1,7 @@
 """The eval stage: pi_SFT and the student in every (domain, effort) cell of the grid, and
-each teacher in its own cell, on the test split (greedy at `eval.temperature` 0)."""
+each teacher in its own cell, on the test split (greedy at `eval.temperature` 0): accuracy,
+mean and 90th-percentile length, over-budget rate; with `eval.samples` k > 0 also
+`sample_accuracy`, the mean accuracy of k responses sampled at `eval.sample_temperature`."""
 from __future__ import annotations
 
 
@@ -16,7 +18,8 @@ def run(ctx: Run) -> None:
     policies["student"] = checkpoint.load_params(ctx.path("mopd", "params"), like)
   manifest = checkpoint.read_json(ctx.path("teachers.json"), default={"teachers": {}})
   cells = []
-  n = ctx.config.eval.num_examples
+  ec = ctx.config.eval
+  n = ec.num_examples
   bar = Progress("eval", len(ctx.grid.cells))  # one step = one (domain, effort) cell
   for domain in ctx.grid.domains:
     task = ctx.task(domain)
@@ -24,16 +27,20 @@ def run(ctx: Run) -> None:
     exs = [test[i] for i in range(min(n, len(test)))]
     for effort in ctx.grid.effort_names:
       budgets = ctx.budgets(exs, effort)
-      for policy in ("sft", "student"):
-        if policy in policies:
-          m = sft.evaluate(ctx.eval_engine, policies[policy], task, exs, effort, budgets,
-                           jax.random.PRNGKey(11))
-          cells.append({"policy": policy, "domain": domain, "effort": effort, **m})
+      runs = [(p, ctx.model_cfg, policies[p]) for p in ("sft", "student") if p in policies]
       t = manifest["teachers"].get(f"{domain}/{effort}")
       if t is not None:
-        m = sft.evaluate(ctx.teacher_engine(), ctx.load_teacher(t), task, exs, effort,
-                         budgets, jax.random.PRNGKey(11))
-        cells.append({"policy": "teacher", "domain": domain, "effort": effort, **m})
+        runs.append(("teacher", ctx.teacher_cfg, ctx.load_teacher(t)))
+      for policy, model_cfg, params in runs:
+        m = sft.evaluate(ctx.make_engine(model_cfg, ec.temperature), params, task, exs,
+                         effort, budgets, jax.random.PRNGKey(11))
+        if ec.samples:
+          engine = ctx.make_engine(model_cfg, ec.sample_temperature)
+          m["sample_accuracy"] = sum(
+              sft.evaluate(engine, params, task, exs, effort, budgets,
+                           jax.random.PRNGKey(1000 + k))["accuracy"]
+              for k in range(ec.samples)) / ec.samples
+        cells.append({"policy": policy, "domain": domain, "effort": effort, **m})
       bar.update(cells[-1], keys=("accuracy", "mean_length"))
   bar.close()
   log = ctx.logger("eval")  # final cells as scalars: "<policy>/<domain>/<effort>/accuracy"
@@ -47,9 +54,10 @@ def run(ctx: Run) -> None:
 
 
 def cells_table(cells) -> str:
-  lines = ["policy   domain effort  accuracy  length  over-budget   n",
-           "-------  ------ ------  --------  ------  -----------  ---"]
+  lines = ["policy   domain effort  accuracy  length  p90 len  over-budget   n",
+           "-------  ------ ------  --------  ------  -------  -----------  ---"]
   for c in cells:
     lines.append(f"{c['policy']:7s}  {c['domain']:6s} {c['effort']:6s}  {c['accuracy']:8.3f}  "
-                 f"{c['mean_length']:6.1f}  {c['over_budget_rate']:11.3f}  {c['n']:3d}")
+                 f"{c['mean_length']:6.1f}  {c['p90_length']:7.1f}  "
+                 f"{c['over_budget_rate']:11.3f}  {c['n']:3d}")
   return "\n".join(lines)
