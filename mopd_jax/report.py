@@ -26,6 +26,8 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> di
              "final": curve[-1][1] if curve else None, "curve": curve,
              **initial_kl_by_cell(workdir, history)},
       "reward_curve": [[h["step"], h["reward_mean"]] for h in history],
+      # Fraction of generated tokens whose reward r_t is clipped at +-r_max, per step.
+      "clip_frac_curve": [[h["step"], h["clip_frac"]] for h in history if "clip_frac" in h],
       "kl_per_cell": {name: [[h["step"], h["cells"][name]["kl"]] for h in history
                              if name in h["cells"]]
                       for name in (history[0]["cells"] if history else {})},
@@ -143,6 +145,11 @@ def markdown(rep: dict) -> str:
     lines += ["", f"Per-token KL student vs routed teacher: initial {kl['initial']:.4f}, "
               f"final {kl['final']:.4f} ({drop}); mean over the first / last {n} steps "
               f"{first:.4f} / {last:.4f}."]
+  clip = [v for _, v in rep.get("clip_frac_curve") or []]
+  if clip:
+    lines += ["", f"Reward clipped at +-r_max on {100 * sum(clip) / len(clip):.2f}% of the "
+              f"generated tokens (mean over the {len(clip)} MOPD steps; largest step "
+              f"{100 * max(clip):.2f}%)."]
   if kl.get("initial_by_cell"):
     lines += ["", "Initial per-token KL (first MOPD step) per routed teacher; origin `same` = "
               "trained from the student's pi_SFT, `outside` = from another SFT "

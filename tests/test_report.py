@@ -29,6 +29,10 @@ def test_report_checks_evaluate_the_bars():
   assert got["teacher factory wall seconds (sft + rl)"] is True
   assert got["pipeline wall seconds"] is False
   assert "x4.0 drop" in report.markdown(rep)
+  rep["clip_frac_curve"] = [[0, 0.02], [1, 0.0]]
+  assert "Reward clipped at +-r_max on 1.00% of the generated tokens (mean over the 2 MOPD " \
+      "steps; largest step 2.00%)" in " ".join(report.markdown(rep).split())
+  del rep["clip_frac_curve"]
   # The last step's value is a sampled-token estimate and can fall below 0: no ratio is
   # claimed, the bar stays undecided, and the first / last tenths' means are shown.
   curve = [[i, 0.2 - 0.025 * i] for i in range(10)]
