@@ -417,7 +417,9 @@ def resolve_backend(backend: str | None = None) -> str:
   return "inprocess"
 
 
-def _normalise_tests(tests) -> tuple[list, list]:
+def normalise_tests(tests) -> tuple[list, list]:
+  """(inputs, expected) of (args, expected) pairs as plain JSON-like values; ValueError
+  for anything else (the form IOTests take)."""
   if not isinstance(tests, (list, tuple)) or not tests:
     raise ValueError("tests must be a non-empty list of (args, expected)")
   inputs, expected = [], []
@@ -448,7 +450,7 @@ def run(source: str, tests, limits: Limits = Limits(), backend: str | None = Non
     raise ValueError("limits must be a sandbox.Limits")
   backend = resolve_backend(backend)
   if isinstance(tests, IOTests):
-    inputs, expected = _normalise_tests(tests.pairs)
+    inputs, expected = normalise_tests(tests.pairs)
     n = len(inputs)
   else:
     inputs = expected = None

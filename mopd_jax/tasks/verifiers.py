@@ -189,7 +189,7 @@ def hidden_tests(lines) -> Optional[sandbox.IOTests]:
   if not pairs or func is None or func[:1] == "_":
     return None
   try:
-    sandbox._normalise_tests(pairs)  # plain JSON-like values only  pylint: disable=protected-access
+    sandbox.normalise_tests(pairs)  # plain JSON-like values only
   except ValueError:
     return None
   return sandbox.IOTests(func, tuple(pairs))
