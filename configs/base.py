@@ -51,9 +51,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.remat = "none"
 
   # Teachers: trained by the rl stage from pi_SFT (the default), or brought as Hugging Face
-  # checkpoints, one per cell in the grid's teacher order (gen/low, gen/high, ...).
+  # checkpoints, one per cell of the grid: "gen/low=DIR,gen/high=DIR,..." (every cell, no
+  # other).
   c.teacher = ml_collections.ConfigDict()
-  c.teacher.hf_paths = ()
+  c.teacher.hf_paths = ""
+  # K3 eq. 15 conditions the student on the effort and not the teacher, whose effort lives
+  # in its weights: False = teachers are trained (RL), initialise the student (teacher_sft)
+  # and score MOPD rollouts on prompts without the effort, the student's prompts carry it.
+  # True = every prompt carries it (an ablation). pi_SFT, the teachers' start, trains on
+  # both: with False, one SFT example in |efforts| + 1 has no effort (docs/choices.md).
+  c.teacher.effort_in_prompt = False
   # Outside-teacher ablation (configs/toy_outside_teacher.py): "domain/effort" of a cell
   # whose teacher is trained from a second SFT of `outside_seed`; "" = off.
   c.teacher.outside_cell = ""
@@ -86,6 +93,35 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.sizes = (4000, 300, 300)  # train / validation / test examples per domain
   c.data.dir = ""  # TFDS data_dir; empty = <workdir>/data
+  # Domains of record files (task "records"): a prompt longer than this many tokens (as the
+  # student sees it) is skipped and counted, or stops the data stage (on_too_long="error");
+  # nothing is truncated. 0 = no limit.
+  c.data.max_prompt_tokens = 0
+  c.data.on_too_long = "skip"
+
+  # b0(x) of record domains: "reference" = the toy's rule on the reference response's
+  # tokens (1.1 x (tokens + EOS)); "field" = the record's positive-int `budget`. A record
+  # whose b0 cannot be set is dropped and counted.
+  c.budget = ml_collections.ConfigDict()
+  c.budget.source = "reference"
+
+  # How a prompt becomes tokens (mopd_jax/tokenizer.py). With a Hugging Face tokenizer whose
+  # tokenizer_config.json has a chat template (and chat_template=True) the prompt is a user
+  # message; the student's effort is its special token after the generation prompt
+  # (effort_format="token") or a system line (`system_line`, "system": no token added). The
+  # toy's CharTokenizer ignores these. Empty token names = the tokenizer's own <pad> <bos>
+  # <eos>; a chat model's end-of-turn token (e.g. "<|im_end|>") is its EOS. tool_tokens: four
+  # existing tokens (call, call end, observation, observation end) for the tool markers,
+  # e.g. "<tool_call>,</tool_call>,<tool_response>,</tool_response>"; empty = add
+  # <call> </call> <obs> </obs>.
+  c.prompt = ml_collections.ConfigDict()
+  c.prompt.chat_template = True
+  c.prompt.effort_format = "token"
+  c.prompt.system_line = "Reasoning effort: {effort}"
+  c.prompt.pad_token = ""
+  c.prompt.bos_token = ""
+  c.prompt.eos_token = ""
+  c.prompt.tool_tokens = ""
 
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 1000  # updates; each trains on one domain (sft.schedule)

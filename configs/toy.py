@@ -40,6 +40,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.data.sizes = (400, 48, 48) if fast else (4000, 300, 300)  # train / validation / test
 
+  # The toy's measured results (README, docs/toy_results/) put the effort token in every
+  # prompt, the teachers' too: the ablation of K3 eq. 15's effort-free teacher
+  # (configs/base.py, docs/choices.md). --config.teacher.effort_in_prompt=False runs the
+  # toy with teachers that do not see the effort.
+  c.teacher.effort_in_prompt = True
+
   # Room for the full reasoning style (b0 = 1.1 x its length) and a mistake: an agt call of a
   # wrong name returns "error: unknown name" (19 tokens), and at tau 1.0 such a trajectory
   # runs over budget, so it scores -1, below the brief style's 0 for a wrong answer, and RL

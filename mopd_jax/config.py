@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional
 import ml_collections
 
 from mopd_jax import grid as grid_mod
-from mopd_jax import lanes, mopd, placement, profiling, rl, sft, sharding
+from mopd_jax import lanes, mopd, placement, profiling, rl, sft, sharding, storage
 from mopd_jax.tasks import base as task_base
 
 # Top-level blocks that tools other than the pipeline read (benchmarks/memory_plan.py).
@@ -175,21 +175,46 @@ class ModelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class TeacherSpec:
-  """The `teacher` block: Hugging Face teachers (one per cell) with their model overrides,
-  and the outside-teacher ablation."""
-  hf_paths: tuple
+  """The `teacher` block: Hugging Face teachers ("domain/effort" -> checkpoint directory,
+  one per cell) with their model overrides, the outside-teacher ablation, and whether the
+  teachers see the effort in their prompts."""
+  hf_paths: dict
   outside_cell: str
   outside_seed: int
+  effort_in_prompt: bool
   model: dict  # preset and ModelConfig overrides of Hugging Face teachers
 
   def mapping(self) -> dict:
     return dict(self.model)
 
 
+@dataclasses.dataclass(frozen=True)
+class HfPaths:
+  """"domain/effort" -> checkpoint directory: the string "gen/low=DIR,gen/max=DIR" (what a
+  config file or a flag sets) or a mapping; "" = none. Checked against the grid by build."""
+
+  def __call__(self, name: str, v):
+    if isinstance(v, str):
+      out = {}
+      for item in filter(None, (x.strip() for x in v.split(","))):
+        cell, sep, path = item.partition("=")
+        if not sep or not cell.strip() or not path.strip():
+          raise ValueError(f"{name}: {item!r} is not 'domain/effort=directory'")
+        if cell.strip() in out:
+          raise ValueError(f"{name} names cell {cell.strip()!r} twice")
+        out[cell.strip()] = path.strip()
+      return out
+    if not isinstance(v, (Mapping, ml_collections.ConfigDict)):
+      raise ValueError(f"{name} must map 'domain/effort' to a checkpoint directory "
+                       f"('gen/low=DIR,gen/max=DIR'), got {v!r}")
+    return {k: Str()(f"{name}[{k!r}]", p) for k, p in dict(v).items()}
+
+
 _MODEL_CHECKS = {"preset": Str(), "hf_path": Str(), "tokenizer_path": Str(),
                  "quant": OneOf(("none", "int8", "int4")), "quant_group": Int(),
                  "remat": OneOf(("none", "block", "dots"))}
-_TEACHER_CHECKS = {"hf_paths": Seq(Str()), "outside_cell": Str(), "outside_seed": Int(0)}
+_TEACHER_CHECKS = {"hf_paths": HfPaths(), "outside_cell": Str(), "outside_seed": Int(0),
+                   "effort_in_prompt": Bool()}
 
 
 def _split(value, name: str, checks: Mapping) -> tuple:
@@ -217,11 +242,48 @@ class DistributedConfig:
 class DataConfig:
   sizes: tuple = _f(Seq(Int(), 3))
   dir: str = _f(Str())
+  max_prompt_tokens: int = _f(Int(0))  # 0 = no limit (record domains)
+  on_too_long: str = _f(OneOf(task_base.ON_TOO_LONG))
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetConfig:
+  source: str = _f(OneOf(("field", "reference")))
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptConfig:
+  chat_template: bool = _f(Bool())
+  effort_format: str = _f(OneOf(("token", "system")))
+  system_line: str = _f(Str())
+  pad_token: str = _f(Str())
+  bos_token: str = _f(Str())
+  eos_token: str = _f(Str())
+  tool_tokens: str = _f(Str())
+
+  def tokenizer_options(self) -> dict:
+    """The keyword arguments of tokenizer.HFTokenizer."""
+    return dict(chat=self.chat_template, effort_format=self.effort_format,
+                system_line=self.system_line, pad_token=self.pad_token or None,
+                bos_token=self.bos_token or None, eos_token=self.eos_token or None,
+                tool_tokens=tuple(t.strip() for t in self.tool_tokens.split(","))
+                if self.tool_tokens else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordsSpec:
+  """A `tasks.<domain>` block of the `records` task: the domain's data files (absolute
+  paths), its verifier, and how many training records are held out for validation."""
+  task: str = _f(Str())
+  train: str = _f(Str())
+  test: str = _f(Str())
+  verifier: str = _f(Str())
+  validation: int = _f(Int(1))
 
 
 @dataclasses.dataclass(frozen=True)
 class SftConfig:
-  steps: int = _f(Int())
+  steps: int = _f(Int(0))  # 0 = the initial checkpoint is pi_SFT as it is
   schedule: Any = _f(Raw())  # resolved by build: the domain of each update, repeating
   style_weights: Any = _f(Raw())  # resolved by build: {domain: (w_full, w_brief, w_direct)}
   batch_size: int = _f(Int())
@@ -319,7 +381,8 @@ class SmokeConfig:
 
 
 _BLOCKS = {"checkpoint": CheckpointConfig, "placement": PlacementConfig,
-           "distributed": DistributedConfig, "data": DataConfig, "sft": SftConfig,
+           "distributed": DistributedConfig, "data": DataConfig, "budget": BudgetConfig,
+           "prompt": PromptConfig, "sft": SftConfig,
            "rl": RlConfig, "mopd": MopdConfig, "rollout": RolloutConfig, "eval": EvalConfig,
            "sandbox": SandboxConfig,
            "profile": ProfileConfig, "smoke": SmokeConfig}
@@ -343,6 +406,9 @@ class RunConfig:
   placement: PlacementConfig
   distributed: DistributedConfig
   data: DataConfig
+  budget: BudgetConfig
+  prompt: PromptConfig
+  records: dict  # domain -> RecordsSpec, for the domains that run the `records` task
   sft: SftConfig
   rl: RlConfig
   mopd: MopdConfig
@@ -420,9 +486,38 @@ def _build(config: ml_collections.ConfigDict, num_devices: int) -> RunConfig:
       s, schedule=tuple(sft.schedule(s.schedule, grid.domains, known_domains)),
       style_weights=sft.domain_style_weights(s.style_weights, grid.domains, known_domains))
   rc = RunConfig(**top, stages=stages, grid=grid, known_domains=known_domains, model=model,
-                 teacher=teacher, mesh=mesh, **blocks, source=config)
+                 teacher=teacher, mesh=mesh, records=_records(config, grid), **blocks,
+                 source=config)
   _cross_checks(rc, num_devices)
   return rc
+
+
+def _records(config, grid) -> dict:
+  """The RecordsSpec of each domain of the grid that runs the `records` task; a task block
+  of another task may hold only `task`."""
+  from mopd_jax.tasks import verifiers  # pylint: disable=g-import-not-at-top
+  out = {}
+  for d in grid.domains:
+    block = dict((config.tasks or {}).get(d) or {})
+    name = f"tasks.{d}"
+    if grid.task_of(d) != "records":
+      extra = sorted(set(block) - {"task"})
+      if extra:
+        raise ValueError(f"{name} has field(s) {extra}; a domain of task "
+                         f"{grid.task_of(d)!r} takes only 'task'")
+      continue
+    spec = _block(RecordsSpec, block, name)
+    if spec.verifier not in verifiers.registered():
+      raise ValueError(f"{name}.verifier={spec.verifier!r}; registered verifiers: "
+                       f"{list(verifiers.registered())}")
+    paths = {}
+    for split in ("train", "test"):
+      p = getattr(spec, split)
+      if not p:
+        raise ValueError(f"{name}.{split} must name a JSONL or Parquet file")
+      paths[split] = storage.join(p)  # absolute, so the lanes' processes read the same
+    out[d] = dataclasses.replace(spec, **paths)
+  return out
 
 
 def _cross_checks(c: RunConfig, num_devices: int) -> None:
@@ -469,12 +564,23 @@ def _cross_checks(c: RunConfig, num_devices: int) -> None:
     if t.hf_paths:
       raise ValueError("teacher.outside_cell needs teachers trained by the rl stage; it "
                        "cannot be combined with teacher.hf_paths")
+    if c.sft.steps == 0:
+      raise ValueError("teacher.outside_cell trains a second SFT from its own seed; it needs "
+                       "sft.steps > 0")
     if t.outside_seed == c.seed:
       raise ValueError(f"teacher.outside_seed={t.outside_seed!r} must be an int other than "
                        f"the run's seed {c.seed} (the outside SFT needs its own init and "
                        "order)")
   if c.sandbox.timeout_s >= 600:
     raise ValueError(f"sandbox.timeout_s must be below 600 s, got {c.sandbox.timeout_s}")
-  if t.hf_paths and len(t.hf_paths) != len(grid.names):
-    raise ValueError(f"teacher.hf_paths has {len(t.hf_paths)} entries; expected "
-                     f"{len(grid.names)} in the grid's order {grid.names}")
+  if t.hf_paths:
+    missing = [n for n in grid.names if n not in t.hf_paths]
+    extra = sorted(set(t.hf_paths) - set(grid.names))
+    if missing or extra:
+      raise ValueError(f"teacher.hf_paths must map every cell of the grid {grid.names} to a "
+                       f"checkpoint directory" + (f"; missing {missing}" if missing else "") +
+                       (f"; not cells of the grid: {extra}" if extra else ""))
+  if c.prompt.effort_format == "system" and not c.model.tokenizer_path:
+    raise ValueError("prompt.effort_format='system' needs a Hugging Face tokenizer "
+                     "(model.tokenizer_path); the toy's CharTokenizer puts the effort as a "
+                     "token")

@@ -4,10 +4,13 @@
 One step:
   1. draw prompts with their (domain, effort) labels: b prompts per (domain, effort) cell, so
      the batch is stratified by teacher ([K, b, T]);
-  2. the student samples ONE trajectory per prompt with the effort token in its context
+  2. the student samples ONE trajectory per prompt with the effort in its context
      (multi-turn for agt); nothing is copied from a teacher;
   3. the router sends each trajectory to teacher (d, e), which prefills it in one forward
-     pass (prompt and observation tokens masked) and returns one log-prob per token;
+     pass (prompt and observation tokens masked) and returns one log-prob per token. The
+     teacher's prompt is the same prompt without the effort (K3 eq. 15 conditions only the
+     student on e; `teacher_effort_in_prompt=True` keeps the student's prompt, an ablation):
+     its log-probs are moved back onto the student's response positions (`realign`);
   4. the student is updated with the MOPD loss (K3 eq. 15) on every generated token, and the
      next step samples from the updated student.
 
@@ -149,29 +152,67 @@ def train_batch(arr: dict, teacher_lp_BxT, *, topk: Optional[tuple] = None,
       teacher_topk_ids=None if topk is None else topk[1])
 
 
+def realign(rows, spans, width: int) -> np.ndarray:
+  """Per-token values of the teachers' layout ([B, T'] or [B, T', k]) moved onto the
+  student's positions ([B, width, ...], 0 elsewhere). `spans[i]` = (student response start,
+  teacher response start, response length) of row i; the response tokens are the same in
+  both layouts, only the prompts differ."""
+  rows = np.asarray(rows)
+  out = np.zeros((len(spans), width) + rows.shape[2:], rows.dtype)
+  for i, (ps, pt, n) in enumerate(spans):
+    out[i, ps:ps + n] = rows[i, pt:pt + n]
+  return out
+
+
 @dataclasses.dataclass
 class SampledBatch:
   """One step's student rollouts on the host, stratified by teacher, waiting for scores."""
 
   arr: dict  # rollout.pad_batch arrays, rows in prompt order [B, T]
   index: np.ndarray  # teachers.stratify index: row of each (teacher, slot)
-  tokens: jax.Array  # [K, b, T] stratified, what the teachers score
-  input_mask: jax.Array  # [K, b, T]
+  tokens: jax.Array  # [K, b, T'] stratified, what the teachers score (their prompts)
+  input_mask: jax.Array  # [K, b, T']
   cell_ids: np.ndarray  # [B] index into `cells`
   accuracy: np.ndarray  # [B] verifier score, 0 when unfinished or over budget
   lengths: np.ndarray  # [B] generated tokens
   over: np.ndarray  # [B] unfinished or past the cell's budget
+  # Per row (student response start, teacher response start, length) when the teachers'
+  # prompts differ from the student's; None when the teachers score the student's tokens.
+  spans: Optional[list] = None
+
+  def student_layout(self, rows_BxT):
+    """Teachers' per-row values ([B, T', ...]) on the student's positions ([B, T, ...])."""
+    if self.spans is None:
+      return np.asarray(rows_BxT)
+    return realign(rows_BxT, self.spans, self.arr["tokens"].shape[1])
+
+
+def teacher_view(tok, trajs: Sequence[rollout.Trajectory], examples: Sequence,
+                 width_multiple: int = 32) -> tuple:
+  """(padded arrays, spans) of the student's trajectories as an effort-free teacher scores
+  them: each response after its example's prompt rendered without the effort. `spans` as
+  `realign` takes them, to bring the teacher's per-token values back to the student's
+  positions."""
+  views = [dataclasses.replace(t, prompt_ids=rollout.encode_prompt(tok, ex, None))
+           for t, ex in zip(trajs, examples)]
+  spans = [(len(t.prompt_ids), len(v.prompt_ids), t.num_tokens) for t, v in zip(trajs, views)]
+  arr = rollout.pad_batch(views, tok.pad_id, rollout.padded_width(
+      max(len(v.prompt_ids) + v.num_tokens for v in views), width_multiple))
+  return arr, spans
 
 
 def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngine,
                  tasks: dict, cells: Sequence[tuple], examples_per_cell: Sequence[list],
                  taus: dict, rng, *, width_multiple: int = 32,
-                 rows_per_teacher: Optional[int] = None) -> SampledBatch:
+                 rows_per_teacher: Optional[int] = None,
+                 teacher_effort_in_prompt: bool = True) -> SampledBatch:
   """Steps 1-2 of a MOPD step: the student (`params`) samples one rollout per prompt, b
   prompts per (domain, effort) cell; rollouts are verified and laid out for the teachers.
 
   `rows_per_teacher`: the b of the teachers' [K, b, T] batch, each cell's rows padded to it
-  (fixed, so that cells of varying size compile once); None = the first cell's size."""
+  (fixed, so that cells of varying size compile once); None = the first cell's size.
+  `teacher_effort_in_prompt`: False = each teacher scores the response after the prompt
+  rendered without the effort (`rollout.encode_prompt(..., None)`)."""
   tok = engine.tok
   rows, efforts, domains, teacher_ids = [], [], [], []
   for (d, e), exs in zip(cells, examples_per_cell):
@@ -206,13 +247,16 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
 
   longest = max(len(t.prompt_ids) + t.num_tokens for t in trajs)
   arr = rollout.pad_batch(trajs, tok.pad_id, rollout.padded_width(longest, width_multiple))
+  teacher_arr, spans = arr, None
+  if not teacher_effort_in_prompt:  # the same responses after the effort-free prompts
+    teacher_arr, spans = teacher_view(tok, trajs, rows, width_multiple)
   index = teachers.stratify(np.asarray(teacher_ids), bank.num_teachers, b)
   strat = lambda x, fill=0: jnp.asarray(teachers.gather_stratified(x, index, fill))
   return SampledBatch(
-      arr=arr, index=index, tokens=strat(arr["tokens"]),
-      input_mask=strat(arr["input_mask"], False),
+      arr=arr, index=index, tokens=strat(teacher_arr["tokens"]),
+      input_mask=strat(teacher_arr["input_mask"], False),
       cell_ids=np.asarray([cells.index((d, e)) for d, e in zip(domains, efforts)]),
-      accuracy=acc, lengths=lengths, over=over)
+      accuracy=acc, lengths=lengths, over=over, spans=spans)
 
 
 def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
@@ -228,10 +272,10 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
                        "score_fn must return (logprobs, topk_logprobs, topk_ids), e.g. a "
                        "placement.TeacherScorer built with top_k > 0")
     scored, tk_lp, tk_ids = scored
-    topk = (teachers.scatter_stratified(np.asarray(tk_lp), index, n),
-            teachers.scatter_stratified(np.asarray(tk_ids), index, n))
-  lp_t = np.asarray(scored)
-  teacher_lp = teachers.scatter_stratified(lp_t, index, n)
+    topk = (sampled.student_layout(teachers.scatter_stratified(np.asarray(tk_lp), index, n)),
+            sampled.student_layout(teachers.scatter_stratified(np.asarray(tk_ids), index, n)))
+  teacher_lp = sampled.student_layout(teachers.scatter_stratified(np.asarray(scored), index, n))
+  lp_t = teachers.gather_stratified(teacher_lp, index)  # [K, b, T] on the student's positions
   # Outcome reward of a rollout: the verifier's score, 0 when unfinished or past its cell's
   # budget (the `accuracy` diagnostic), so the term also rewards keeping to the effort.
   batch = train_batch(arr, teacher_lp, topk=topk, alpha=alpha,
@@ -251,7 +295,8 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
 def mopd_step(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
               engine: rollout.RolloutEngine, tasks: dict, cells: Sequence[tuple],
               examples_per_cell: Sequence[list], taus: dict, rng, *, r_max: float,
-              score_fn: Callable, width_multiple: int = 32, alpha: float = 0.0):
+              score_fn: Callable, width_multiple: int = 32, alpha: float = 0.0,
+              teacher_effort_in_prompt: bool = True):
   """One synchronous MOPD update on b prompts per (domain, effort) cell: `sample_batch`,
   teacher scoring, `train_on`. Returns (state, record).
 
@@ -260,6 +305,7 @@ def mopd_step(trainer: train.Trainer, state: train.TrainState, bank: teachers.Te
   top-k ids). `alpha` > 0 adds the outcome term alpha * `outcome_advantages` (REINFORCE).
   """
   sampled = sample_batch(state.params, bank, engine, tasks, cells, examples_per_cell, taus, rng,
-                         width_multiple=width_multiple)
+                         width_multiple=width_multiple,
+                         teacher_effort_in_prompt=teacher_effort_in_prompt)
   scored = score_fn(bank, sampled.tokens, sampled.input_mask)
   return train_on(trainer, state, bank, sampled, scored, r_max=r_max, alpha=alpha)

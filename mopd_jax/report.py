@@ -19,8 +19,13 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> di
   hist_path = storage.join(workdir, "mopd", "history.json")
   history = checkpoint.read_json(hist_path) if storage.exists(hist_path) else []
   curve = [[h["step"], h["kl"]] for h in history]
+  data_done = storage.join(workdir, "data", "DONE.json")
+  records = (checkpoint.read_json(data_done).get("records", {})
+             if storage.exists(data_done) else {})
   return {
       "grid": grid.to_json(),
+      # Per record domain: kept / dropped / skipped counts and the b0 distribution per split.
+      "data": records,
       "cells": ev["cells"],
       "kl": {"initial": curve[0][1] if curve else None,
              "final": curve[-1][1] if curve else None, "curve": curve,
@@ -167,6 +172,20 @@ def markdown(rep: dict) -> str:
               "| check | value | target | met |", "|---|---|---|---|"]
     lines += [f"| {c['name']} | {_fmt(c['value'])} | {c['target']} | "
               f"{'-' if c['ok'] is None else 'yes' if c['ok'] else 'no'} |" for c in rep["checks"]]
+  if rep.get("data"):
+    lines += ["", "Base budgets b0 (tokens) of the record domains' training prompts, and what "
+              "the data stage dropped:", "",
+              "| domain | n | mean | min | p10 | p50 | p90 | max | duplicates | no b0 | "
+              "over-long |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d, c in rep["data"].items():
+      b = c["b0"]["train"]
+      splits = [s for s in ("train", "validation", "test") if s in c]
+      lines.append(
+          f"| {d} | {b['n']} | {b['mean']:.1f} | " + " | ".join(
+              f"{b[k]:.0f}" for k in ("min", "p10", "p50", "p90", "max")) +
+          f" | {c['train_duplicates'] + c['test_duplicates']} | "
+          f"{sum(c[s]['no_budget'] for s in splits)} | "
+          f"{sum(c[s]['too_long'] for s in splits)} |")
   lines += ["", "Wall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in
                                              rep["wall_seconds"].items()), "",
             "![cells](cells.png)", "", "![kl](kl.png)", "", "![length](length.png)"]

@@ -89,7 +89,7 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
                task, next_examples: Callable[[int], list], *, effort: str, tau: float,
                phase: int, steps: int, group_size: int, width: int, seed: int,
                log: Optional[Callable] = None, start_step: int = 0, loop=None,
-               reference=None, plateau: tuple = (0, 0.0)):
+               reference=None, plateau: tuple = (0, 0.0), effort_in_prompt: bool = True):
   """At most `steps` RL iterations at one effort level, fewer when the reward plateaus
   (`plateau` = (window, delta), see `plateaued`); returns the new state and per-step
   metrics (their count is the number of steps run). `phase`: the effort's place in its
@@ -97,6 +97,9 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
 
   `reference`: params held as PMD's old policy for the whole phase (`rl.reference` "sft"
   or "parent"), instead of the policy that sampled each batch.
+
+  `effort_in_prompt`: False = the prompts carry no effort (the teacher of K3 eq. 15 learns
+  the effort's length from the budget alone; `teacher.effort_in_prompt`).
 
   `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
   run then starts at `loop.start_step` and the returned history includes restored steps.
@@ -113,8 +116,8 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
     budgets = [task_base.budget(ex, tau) for ex in rows]
     # A pure function of (seed, phase, step): a resumed lane draws the same samples.
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), phase), step)
-    res = engine.run(state.params, rows, [effort] * len(rows), budgets, rng,
-                     environment=task.environment)
+    res = engine.run(state.params, rows, [effort if effort_in_prompt else None] * len(rows),
+                     budgets, rng, environment=task.environment)
     rewards = rewards_of(task, rows, res)
     longest = max(len(t.prompt_ids) + t.num_tokens for t in res.trajectories)
     w = rollout.padded_width(longest, pow2=True, floor=width)

@@ -24,11 +24,11 @@ from mopd_jax import models, sampling
 from mopd_jax.tasks import base as task_base
 
 
-def encode_prompt(tok, example: task_base.Example, effort: str) -> list:
-  """<bos> prompt "\n" <effort>: the effort token comes last, so the reply's first token
-  (where the style is chosen) is predicted at the effort token itself and a policy can
-  condition on it through that token's embedding, not only through attention."""
-  return [tok.bos_id] + tok.encode(example.prompt + "\n") + [tok.effort_id(effort)]
+def encode_prompt(tok, example: task_base.Example, effort: Optional[str]) -> list:
+  """The example's prompt ids as the tokenizer renders them (`tok.encode_prompt`: the toy's
+  `<bos> prompt "\n" <effort>`, or a chat template with the effort as a token or a system
+  line); `effort=None` renders it without the effort, as the teachers see it."""
+  return tok.encode_prompt(example.prompt, effort)
 
 
 @dataclasses.dataclass

@@ -6,6 +6,12 @@ Effort token of an SFT example (`effort_mode`):
     effort token means.
   * "style" (a measurement tool): full -> <max>, brief -> <high>, direct -> <low>, so one
     model can be asked for each style; used to measure accuracy by reasoning style.
+With `no_effort=True` (teachers that see no effort, `teacher.effort_in_prompt=False`) one
+example in |efforts| + 1 (on average) has no effort in its prompt, so pi_SFT, where every
+teacher starts, also answers the teachers' effort-free prompts with the mixture of styles.
+
+Examples of record files have one reference response (style "full"); each example's style
+is drawn among the styles it has.
 """
 from __future__ import annotations
 
@@ -65,19 +71,30 @@ def domain_style_weights(spec, domains: Sequence[str], known: Sequence[str],
 def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomState,
               effort_mode: str, width: int, styles: Sequence[str] = task_base.STYLES,
               style_weights: Optional[Mapping[str, Sequence[float]]] = None,
-              efforts: Sequence[str] = DEFAULT_EFFORTS) -> train.TrainBatch:
+              efforts: Sequence[str] = DEFAULT_EFFORTS,
+              no_effort: bool = False) -> train.TrainBatch:
   """One padded batch: each example with one of its reference solutions, drawn uniformly
-  or, for a domain named in `style_weights`, with that domain's weights over `styles`; its
-  effort token (effort_mode "random") drawn uniformly from `efforts`."""
+  or, for a domain named in `style_weights`, with that domain's weights over `styles`
+  (among the styles the example has); its effort (effort_mode "random") drawn uniformly
+  from `efforts`, plus "none" when `no_effort`."""
   probs = {d: style_probs(w, styles) for d, w in (style_weights or {}).items()}
   trajs = []
   for ex in examples:
-    p = probs.get(ex.domain)
-    style = styles[rng.randint(len(styles)) if p is None else rng.choice(len(styles), p=p)]
+    have = [s for s in styles if s in ex.solutions]
+    if not have:
+      raise ValueError(f"example {ex.uid!r} has no reference response to train SFT on")
+    if len(have) < len(styles):  # a record's single reference: no draw
+      style = have[rng.randint(len(have))]
+    else:
+      p = probs.get(ex.domain)
+      style = styles[rng.randint(len(styles)) if p is None else rng.choice(len(styles), p=p)]
     if effort_mode == "style":
       effort = STYLE_EFFORT[style]
+      if no_effort and rng.randint(len(efforts) + 1) == 0:
+        effort = None
     elif effort_mode == "random":
-      effort = efforts[rng.randint(len(efforts))]
+      choices = list(efforts) + ([None] if no_effort else [])
+      effort = choices[rng.randint(len(choices))]
     else:
       raise ValueError(f"unknown effort_mode {effort_mode!r}; expected 'random' or 'style'")
     trajs.append(rollout.sft_trajectory(tok, ex, effort, ex.solutions[style]))
@@ -89,13 +106,14 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
               width, seed: int, log: Optional[Callable] = None,
               start_step: int = 0, loop=None,
               style_weights: Optional[Mapping[str, Sequence[float]]] = None,
-              efforts: Sequence[str] = DEFAULT_EFFORTS):
+              efforts: Sequence[str] = DEFAULT_EFFORTS, no_effort: bool = False):
   """Runs `steps` SFT updates; `next_examples(step)` returns the step's examples.
 
   The batch rng is a pure function of (seed, step), so a resumed run sees the same data.
   `width`: the padded length, or a function of the step's examples returning it.
   `style_weights`: per domain, the weights of (full, brief, direct) (see `sft_batch`).
-  `efforts`: the run's effort names, whose tokens the random effort mode draws from.
+  `efforts`: the run's effort names, whose tokens the random effort mode draws from;
+  `no_effort`: some examples have no effort (see the module docstring).
   `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
   run then starts at `loop.start_step` and the returned history includes restored steps.
   """
@@ -106,7 +124,7 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
     rng = np.random.RandomState([seed, step])
     exs = next_examples(step)
     batch = sft_batch(tok, exs, rng, effort_mode, width(exs) if callable(width) else width,
-                      style_weights=style_weights, efforts=efforts)
+                      style_weights=style_weights, efforts=efforts, no_effort=no_effort)
     state, m = trainer.step(state, batch)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     if loop is not None:
@@ -122,16 +140,19 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
 
 
 def evaluate(engine: rollout.RolloutEngine, params, task, examples: Sequence[task_base.Example],
-             effort: str, budgets: Sequence[int], rng, batch_size: int = 64) -> dict:
+             effort: str, budgets: Sequence[int], rng, batch_size: int = 64,
+             effort_in_prompt: bool = True) -> dict:
   """Accuracy, mean and 90th-percentile length and over-budget rate of greedy-or-sampled
-  rollouts.
+  rollouts at `effort`'s budgets.
 
   Accuracy counts a response only if it finished within its budget (as the RL reward does).
+  `effort_in_prompt`: False = the prompts carry no effort (a teacher of K3 eq. 15).
   """
   correct, lengths, over = [], [], []
   for lo in range(0, len(examples), batch_size):
     exs = list(examples[lo:lo + batch_size])
-    res = engine.run(params, exs, [effort] * len(exs), budgets[lo:lo + batch_size],
+    res = engine.run(params, exs, [effort if effort_in_prompt else None] * len(exs),
+                     budgets[lo:lo + batch_size],
                      jax.random.fold_in(rng, lo), environment=task.environment)
     correct += task.verify_unless(exs, res.texts, res.over_budget, 0.0)
     lengths += [t.num_tokens for t in res.trajectories]

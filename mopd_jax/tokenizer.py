@@ -8,6 +8,14 @@ per effort level (`effort_id(name)`) and the tool-call / observation markers.
 The effort tokens follow the run's efforts (`grid.Grid.effort_names`): `<name>` for each, in
 the config's order, between the PAD/BOS/EOS and the tool markers. The toy's three efforts
 give the ids listed in `SPECIALS`.
+
+Prompts. `encode_prompt(text, effort)` is the one place a prompt becomes ids. The toy
+layout is `<bos> text "\n" <effort>`; a Hugging Face tokenizer with a chat template renders
+the prompt as a user message with the generation prompt, and the effort either as its
+special token after it (`effort_format="token"`) or as a system line such as
+`Reasoning effort: high` (`"system"`: no token is added to the vocabulary). `effort=None`
+renders the prompt without any effort: what the teachers see (K3 eq. 15 conditions only the
+student on the effort; a teacher's effort lives in its weights).
 """
 from __future__ import annotations
 
@@ -70,6 +78,13 @@ class CharTokenizer:
       i += 1
     return ids
 
+  def encode_prompt(self, text: str, effort: str | None) -> list:
+    """<bos> text "\n" <effort>, or without the effort token when `effort` is None. The
+    effort token comes last, so the reply's first token (where the style is chosen) is
+    predicted at the effort token itself."""
+    ids = [self.bos_id] + self.encode(text + "\n")
+    return ids if effort is None else ids + [self.effort_id(effort)]
+
   def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
     out = []
     for i in ids:
@@ -82,19 +97,30 @@ class CharTokenizer:
     return "".join(out)
 
 
+EFFORT_FORMATS = ("token", "system")
+
+
 class HFTokenizer:
   """The same interface over a Hugging Face `tokenizers` `tokenizer.json`.
 
-  The effort tokens (`<low> <high> <max>`, or `<name>` of each of `efforts`) and the tool markers (`<call> </call> <obs> </obs>`)
-  are added as special tokens (a token the file already has keeps its id). PAD/BOS/EOS reuse
-  the tokens named by `pad_token`/`bos_token`/`eos_token` when the file has them (e.g.
-  `"<|endoftext|>"`), otherwise our `<pad> <bos> <eos>` are added. `encode` never adds BOS/EOS
-  by itself (the caller places them, as with `CharTokenizer`); special tokens written literally
-  in the text are recognised.
+  The effort tokens (`<low> <high> <max>`, or `<name>` of each of `efforts`; none with
+  `effort_format="system"`) and the tool markers (`<call> </call> <obs> </obs>`, or the four
+  tokens of `tool_tokens`, e.g. Qwen's `<tool_call>`...) are added as special tokens (a token
+  the file already has keeps its id). PAD/BOS/EOS reuse the tokens named by
+  `pad_token`/`bos_token`/`eos_token` when the file has them (e.g. `"<|im_end|>"` as the EOS
+  of a chat model), otherwise our `<pad> <bos> <eos>` are added. `encode` never adds BOS/EOS
+  by itself (the caller places them, as with `CharTokenizer`); special tokens written
+  literally in the text are recognised.
+
+  `chat`: render prompts with the chat template of the `tokenizer_config.json` beside the
+  file (when it has one); `system_line`: the system message of the "system" effort format,
+  `{effort}` replaced by the effort's name.
   """
 
   def __init__(self, path: str, pad_token: str | None = None, bos_token: str | None = None,
-               eos_token: str | None = None, efforts=DEFAULT_EFFORTS):
+               eos_token: str | None = None, efforts=DEFAULT_EFFORTS,
+               effort_format: str = "token", chat: bool = True,
+               system_line: str = "Reasoning effort: {effort}", tool_tokens=None):
     from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
     import os  # pylint: disable=g-import-not-at-top
     path = str(path)
@@ -106,9 +132,22 @@ class HFTokenizer:
       raise ValueError(f"cannot load tokenizer from {path!r}: {e}") from None
     self.path = path
     self.efforts = _check_efforts(efforts)
+    if effort_format not in EFFORT_FORMATS:
+      raise ValueError(f"effort_format={effort_format!r}; expected one of {EFFORT_FORMATS}")
+    if effort_format == "system" and "{effort}" not in system_line:
+      raise ValueError(f"system_line {system_line!r} must contain {{effort}}")
+    self.effort_format, self.system_line = effort_format, system_line
     chosen = {"<pad>": pad_token, "<bos>": bos_token, "<eos>": eos_token}
+    if tool_tokens:
+      tool_tokens = tuple(tool_tokens)
+      if len(tool_tokens) != 4:
+        raise ValueError(f"tool_tokens must name 4 tokens (call, call end, observation, "
+                         f"observation end), got {tool_tokens!r}")
+      chosen.update(zip(_TOOL, tool_tokens))
+    wanted = _HEAD + (tuple(f"<{e}>" for e in self.efforts)
+                      if effort_format == "token" else ()) + _TOOL
     names = {}
-    for ours in specials(self.efforts):
+    for ours in wanted:
       theirs = chosen.get(ours)
       if theirs is not None and self._tok.token_to_id(theirs) is None:
         raise ValueError(f"{path}: has no token {theirs!r} to use for {ours}")
@@ -121,6 +160,7 @@ class HFTokenizer:
     self.call_id, self.call_end_id = self._special_ids["<call>"], self._special_ids["</call>"]
     self.obs_id, self.obs_end_id = self._special_ids["<obs>"], self._special_ids["</obs>"]
     self.chat_template = _read_chat_template(os.path.dirname(path))
+    self.chat = bool(chat and self.chat_template)
 
   @property
   def vocab_size(self) -> int:
@@ -138,7 +178,27 @@ class HFTokenizer:
   def effort_id(self, effort: str) -> int:
     if effort not in self.efforts:
       raise ValueError(f"unknown effort {effort!r}; expected one of {self.efforts}")
+    if self.effort_format != "token":
+      raise ValueError(f"effort_format={self.effort_format!r}: the effort is a system line, "
+                       "not a token")
     return self._special_ids[f"<{effort}>"]
+
+  def encode_prompt(self, text: str, effort: str | None) -> list:
+    """The prompt's ids: by the chat template (a user message, the generation prompt; the
+    effort as a system line or as its token after the generation prompt), else the toy
+    layout `<bos> text "\n" <effort>`. `effort=None`: no effort at all."""
+    if effort is not None and effort not in self.efforts:
+      raise ValueError(f"unknown effort {effort!r}; expected one of {self.efforts}")
+    token = [] if effort is None or self.effort_format != "token" else [self.effort_id(effort)]
+    if not self.chat:
+      if effort is not None and self.effort_format == "system":
+        text = self.system_line.format(effort=effort) + "\n" + text
+      return [self.bos_id] + self.encode(text + "\n") + token
+    messages = [{"role": "user", "content": text}]
+    if effort is not None and self.effort_format == "system":
+      messages.insert(0, {"role": "system",
+                          "content": self.system_line.format(effort=effort)})
+    return self.encode(self.apply_chat_template(messages)) + token
 
   def encode(self, text: str) -> list:
     if not isinstance(text, str):
@@ -187,13 +247,11 @@ def _check_efforts(efforts) -> tuple:
 
 
 def load_tokenizer(spec: str = "char", efforts=DEFAULT_EFFORTS, **kwargs):
-  """`"char"` -> `CharTokenizer(efforts=efforts)`; a path to a `tokenizer.json` (or a folder
-  holding one) -> `HFTokenizer(path, efforts=efforts, **kwargs)`. ValueError for anything
-  else."""
+  """`"char"` -> `CharTokenizer(efforts=efforts)` (the HF options `kwargs` do not apply to
+  it); a path to a `tokenizer.json` (or a folder holding one) -> `HFTokenizer(path,
+  efforts=efforts, **kwargs)`. ValueError for anything else."""
   import os  # pylint: disable=g-import-not-at-top
   if spec == "char":
-    if kwargs:
-      raise ValueError(f"CharTokenizer takes no options, got {sorted(kwargs)}")
     return CharTokenizer(efforts=efforts)
   if isinstance(spec, str) and (os.path.isfile(spec) or
                                 os.path.isfile(os.path.join(spec, "tokenizer.json"))):

@@ -37,7 +37,22 @@ CASES = [
     ("c.rl.reference = 'sampler,sft,sft,sft'", "one per phase"),
     ("c.rl.reference = 'phase'", "rl.reference"),
     ("c.rl.anneal_tau_kl = -1.0", "rl.anneal_tau_kl must be a finite number >= 0"),
-    ("c.sft.steps = 0", "sft.steps must be an int >= 1, got 0"),
+    ("c.sft.steps = -1", "sft.steps must be an int >= 0, got -1"),
+    ("c.sft.steps = 0; c.teacher.outside_cell = 'gen/max'", "it needs sft.steps > 0"),
+    ("c.teacher.hf_paths = 'gen/low=/a'", "missing ['gen/high'"),
+    ("c.teacher.hf_paths = 'gen/low=/a,gen/low=/b'", "names cell 'gen/low' twice"),
+    ("c.teacher.hf_paths = 'gen/low'", "is not 'domain/effort=directory'"),
+    ("c.teacher.hf_paths = ','.join(f'{d}/{e}=/x' for d in ('gen', 'agt', 'cod') "
+     "for e in ('low', 'high', 'max')) + ',gen/mid=/y'", "not cells of the grid: ['gen/mid']"),
+    ("c.tasks.gen.train = 'x.jsonl'", "tasks.gen has field(s) ['train']; a domain of task "
+     "'gen' takes only 'task'"),
+    ("c.tasks.gen.task = 'records'", "tasks.gen lacks"),
+    ("c.tasks.gen = dict(task='records', train='a.jsonl', test='b.jsonl', verifier='maths', "
+     "validation=4)", "tasks.gen.verifier='maths'; registered verifiers"),
+    ("c.prompt.effort_format = 'system'", "needs a Hugging Face tokenizer"),
+    ("c.prompt.effort_format = 'text'", "prompt.effort_format='text'"),
+    ("c.data.on_too_long = 'truncate'", "data.on_too_long='truncate'"),
+    ("c.budget.source = 'samples'", "budget.source='samples'"),
     ("c.mopd.steps = -3", "mopd.steps must be an int >= 1, got -3"),
     ("c.rl.group_size = 0", "rl.group_size must be an int >= 1"),
     ("c.rl.temperature = float('nan')", "rl.temperature must be a finite number >= 0"),
@@ -109,7 +124,7 @@ def test_run_config_is_typed_and_frozen():
       rc.sft.steps = 3
   rc = config.build(toy.get_config(), 1)
   assert rc.sft.steps == 1040 and rc.mopd.prompts_across_efforts == "shared"
-  assert rc.model.mapping()["num_layers"] == 4 and rc.teacher.hf_paths == ()
+  assert rc.model.mapping()["num_layers"] == 4 and rc.teacher.hf_paths == {}
 
 
 def test_unknown_key_and_wrong_type_are_rejected():

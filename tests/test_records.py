@@ -67,3 +67,57 @@ def test_bad_files(tmp_path):
     records.read(str(tmp_path / "broken.parquet"))
   with pytest.raises(base.DataError, match="no such file"):
     records.read(str(tmp_path / "none.parquet"))
+
+
+def test_examples_budgets_skips_and_references(tmp_path):
+  """b0 from the reference's tokens or a `budget` field; records without one dropped and
+  counted; over-long prompts skipped and counted, or an error naming the line; HumanEval's
+  indented body joined to the prompt's signature; the task verifies by the record's
+  verifier."""
+  from mopd_jax.tokenizer import CharTokenizer
+  tok = CharTokenizer()
+  rows = [{"prompt": "2+2?", "answer": 4, "solution": "2+2=4\n#### 4", "budget": 9},
+          {"prompt": "3+3?", "answer": 6},
+          {"prompt": "x" * 50, "answer": 1, "solution": "#### 1", "budget": 3}]
+  recs = records.read(_jsonl(tmp_path / "t.jsonl", rows))
+  exs, c = records.examples(recs, "math", "math", budget_source="reference", tok=tok,
+                            prompt_tokens=lambda t: len(tok.encode(t)), max_prompt_tokens=20)
+  assert [e.prompt for e in exs] == ["2+2?"] and (c.no_budget, c.too_long) == (1, 1)
+  assert exs[0].b0 == base.compute_b0("2+2=4\n#### 4", tok)
+  assert exs[0].solutions == {"full": "2+2=4\n#### 4"} and exs[0].meta["verifier"] == "math"
+  exs, c = records.examples(recs, "math", "math", budget_source="field", tok=tok,
+                            prompt_tokens=len)
+  assert [e.b0 for e in exs] == [9, 3] and c.no_budget == 1
+  with pytest.raises(base.DataError, match=r"t.jsonl:3: the prompt has 50 tokens"):
+    records.examples(recs, "math", "math", budget_source="field", tok=tok, prompt_tokens=len,
+                     max_prompt_tokens=20, on_too_long="error")
+  he = {"prompt": "def f(x):\n    \"\"\"x+1\"\"\"\n", "canonical_solution": "    return x + 1\n"}
+  assert records.reference_response(he) == \
+      "```python\ndef f(x):\n    \"\"\"x+1\"\"\"\n    return x + 1\n```"
+  task = base.get_task("records", workers=2, backend="inprocess")
+  code = {"prompt": "inc", "tests": ["assert inc(1) == 2"]}
+  ex_m = base.Example("m", "m", "2+2?", 5, "4", meta={"verifier": "math", "record": rows[0]})
+  ex_c = base.Example("c", "c", "inc", 5, "", meta={"verifier": "python_tests",
+                                                    "record": code})
+  got = task.verify_batch([ex_m, ex_c, ex_c, ex_m],
+                          ["so \\boxed{4}", "```python\ndef inc(x):\n    return x + 1\n```",
+                           "def inc(x): return x", "no answer"])
+  assert got == [1.0, 1.0, 0.0, 0.0] and task.num_verify_calls == 4
+  bad = base.Example("b", "m", "q", 5, "", meta={"verifier": "math", "record": {"prompt": "q"}})
+  assert task.verify(bad, "\\boxed{1}") == 0.0 and task.num_verify_errors == 1
+
+
+def test_example_files_references_pass_their_verifiers():
+  """The shipped examples/ data: every reference response scores 1 under its verifier, and
+  each test file shares no prompt with its train file."""
+  import os
+  from mopd_jax.tasks import verifiers
+  here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+  spec = json.load(open(os.path.join(here, "spec.json")))
+  for d, b in spec["domains"].items():
+    tr, te, counts = records.load_domain(os.path.join(here, b["train"]),
+                                         os.path.join(here, b["test"]), b["verifier"])
+    v = verifiers.get(b["verifier"])  # the OS sandbox: imports and classes are allowed
+    assert all(v(records.reference_response(r.fields), r.fields) == 1.0 for r in tr + te), \
+        (d, v.last_error)
+    assert counts.train >= 30 and counts.test >= 10

@@ -135,8 +135,9 @@ def test_load_tokenizer(hf_path):
   assert isinstance(load_tokenizer(hf_path), HFTokenizer)
   with pytest.raises(ValueError, match="unknown tokenizer"):
     load_tokenizer("/no/such/tokenizer.json")
-  with pytest.raises(ValueError, match="takes no options"):
-    load_tokenizer("char", eos_token="x")
+  # The run passes its prompt options to any tokenizer; the toy's ignores them.
+  assert load_tokenizer("char", eos_token="x", chat=True).encode("ab") == \
+      CharTokenizer().encode("ab")
 
 
 def test_same_interface(hf_path):
@@ -193,3 +194,56 @@ def test_hf_effort_specials_follow_the_configured_efforts(hf_path):
   with pytest.raises(ValueError, match="unknown effort 'max'"):
     t.effort_id("max")
   assert load_tokenizer(hf_path, efforts=("short",)).effort_id("short") >= base_vocab
+
+
+CHAT = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _chat_folder(hf_path, tmp_path):
+  import shutil
+  folder = tmp_path / "chat"
+  folder.mkdir()
+  shutil.copy(hf_path, folder / "tokenizer.json")
+  (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT}))
+  return str(folder)
+
+
+def test_prompts_by_chat_template_with_the_effort_as_token_or_system_line(hf_path, tmp_path):
+  """The student's prompt carries the effort (its token after the generation prompt, or a
+  system line); effort None renders the teacher's prompt, with no effort at all; the toy
+  layout without a chat template."""
+  folder = _chat_folder(hf_path, tmp_path)
+  t = HFTokenizer(folder, eos_token="<|endoftext|>")
+  user = "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+  assert t.decode(t.encode_prompt("2+2?", None)) == user
+  assert t.encode_prompt("2+2?", "high") == t.encode(user) + [t.effort_id("high")]
+  s = HFTokenizer(folder, eos_token="<|endoftext|>", effort_format="system",
+                  system_line="Reasoning effort: {effort}")
+  assert s.decode(s.encode_prompt("2+2?", "low")) == \
+      "<|im_start|>system\nReasoning effort: low<|im_end|>\n" + user
+  assert s.encode_prompt("2+2?", None) == s.encode(user)
+  # As text the effort adds no token: one fewer special per effort than with effort tokens.
+  assert s.vocab_size == t.vocab_size - len(EFFORTS)
+  with pytest.raises(ValueError, match="system line"):
+    s.effort_id("low")
+  with pytest.raises(ValueError, match="unknown effort"):
+    s.encode_prompt("2+2?", "medium")
+  plain = HFTokenizer(folder, chat=False)
+  assert plain.encode_prompt("hi", "max") == ([plain.bos_id] + plain.encode("hi\n") +
+                                              [plain.effort_id("max")])
+  assert CharTokenizer().encode_prompt("hi", None) == CharTokenizer().encode_prompt(
+      "hi", "max")[:-1]
+
+
+def test_tool_markers_and_eos_reuse_existing_tokens(hf_path, tmp_path):
+  t = HFTokenizer(_chat_folder(hf_path, tmp_path), eos_token="<|endoftext|>",
+                  effort_format="system",
+                  tool_tokens=("<|endoftext|>", "x", "y", "z"))
+  base_vocab = HFTokenizer(hf_path, effort_format="system").vocab_size
+  assert t.eos_id == t.call_id  # an existing token kept its id
+  with pytest.raises(ValueError, match="4 tokens"):
+    HFTokenizer(hf_path, tool_tokens=("a", "b"))
+  with pytest.raises(ValueError, match="must contain"):
+    HFTokenizer(hf_path, effort_format="system", system_line="no placeholder")
+  assert base_vocab > 0

@@ -33,7 +33,8 @@ class Run:
     self.workdir = storage.join(workdir)  # absolute if local; gs://... kept as it is
     self.profile = profiling.Switch(config.profile, self.workdir)
     self.tok = load_tokenizer(config.model.tokenizer_path or "char",
-                              efforts=self.grid.effort_names)
+                              efforts=self.grid.effort_names,
+                              **config.prompt.tokenizer_options())
     self.model_cfg = config_mod.model_config(config, self.tok.vocab_size)
     # The student's mesh, and the teachers' (the same one unless disaggregated).
     self.mesh, self.teacher_mesh = placement.config_meshes(config)
@@ -62,11 +63,28 @@ class Run:
                if getattr(task_base.task_class(name), "uses_sandbox", False) else {})
     return task_base.get_task(name, domain=domain, **options)
 
+  def records_settings(self, domain: str) -> str:
+    """A record domain's settings as its TFDS config carries them ("" for a generated
+    domain): files, verifier, budgets, prompt limit, and the tokenizer that measures them."""
+    spec = self.config.records.get(domain)
+    if spec is None:
+      return ""
+    from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)
+    c = self.config
+    opts = c.prompt.tokenizer_options()
+    return datasets.records_settings(
+        spec.train, spec.test, spec.verifier, spec.validation, budget_source=c.budget.source,
+        max_prompt_tokens=c.data.max_prompt_tokens, on_too_long=c.data.on_too_long,
+        tokenizer=c.model.tokenizer_path, tokenizer_options={
+            k: list(v) if isinstance(v, tuple) else v for k, v in opts.items()},
+        efforts=self.grid.effort_names)
+
   def split(self, domain: str, split: str):
     from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)
     return datasets.load_split(domain, split, self.data_dir, seed=self.config.seed,
                                sizes=tuple(self.config.data.sizes),
-                               task=self.grid.task_of(domain))
+                               task=self.grid.task_of(domain),
+                               records=self.records_settings(domain))
 
   def iterator(self, domain: str, batch_size: int, salt: int, seed: Optional[int] = None):
     """Training batches; `seed` (default: the run's) sets the data order, not the data."""
@@ -97,8 +115,14 @@ class Run:
     return self.make_engine(self.model_cfg, self.config.eval.temperature)
 
   @property
-  def teacher_hf_paths(self) -> tuple:
-    return tuple(self.config.teacher.hf_paths)
+  def teacher_hf_paths(self) -> dict:
+    """"domain/effort" -> Hugging Face checkpoint of that cell's teacher; {} = trained."""
+    return dict(self.config.teacher.hf_paths)
+
+  def teacher_effort(self, effort: str):
+    """The effort a teacher's prompt carries: None (K3 eq. 15: the teacher's effort lives in
+    its weights), or `effort` with `teacher.effort_in_prompt`."""
+    return effort if self.config.teacher.effort_in_prompt else None
 
   def resolve_teacher_hf(self, path: str) -> models.ModelConfig:
     from mopd_jax import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
@@ -111,7 +135,7 @@ class Run:
     Hugging Face checkpoints (`teacher.hf_paths`) have their own (e.g. Qwen3-1.7B)."""
     if not self.teacher_hf_paths:
       return self.model_cfg
-    cfg = self.resolve_teacher_hf(self.teacher_hf_paths[0])
+    cfg = self.resolve_teacher_hf(next(iter(self.teacher_hf_paths.values())))
     teachers.check_compatible(self.model_cfg, cfg)
     return cfg
 

@@ -9,6 +9,7 @@ manifest on every (re)start and never saved with it.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -62,7 +63,8 @@ def run(ctx: Run) -> None:
                                  np.random.RandomState([ctx.config.seed, step]))
     rng = jax.random.fold_in(jax.random.PRNGKey(ctx.config.seed + 3), step)
     return mopd.sample_batch(params, bank, ctx.engine, tasks, grid.cells, per_cell, ctx.taus,
-                             rng, rows_per_teacher=c.prompts_per_cell * (n_eff if mix else 1))
+                             rng, rows_per_teacher=c.prompts_per_cell * (n_eff if mix else 1),
+                             teacher_effort_in_prompt=ctx.config.teacher.effort_in_prompt)
 
   def submit(sampled):  # dispatched without blocking: JAX's async dispatch
     return scorer.submit(sampled.tokens, sampled.input_mask)
@@ -104,8 +106,9 @@ def run(ctx: Run) -> None:
 
 
 def teacher_sft_init(ctx: Run, student, bank: teachers.TeacherBank):
-  """pi_SFT further fine-tuned on trajectories of every teacher, each with its effort
-  token (K3 §4.1.2): rollouts of teacher (d, e) on training prompts at effort e, kept when
+  """pi_SFT further fine-tuned on trajectories of every teacher, each after the student's
+  prompt with its effort (K3 §4.1.2): rollouts of teacher (d, e) on training prompts (as
+  the teacher sees them) at effort e's budget, kept when
   they finish within the cell's budget, then SFT on the pooled set. Returns (params, pool
   size); the pool size is None when a restart found the init already finished."""
   c = ctx.config.mopd
@@ -141,11 +144,13 @@ def teacher_pool(ctx: Run, bank: teachers.TeacherBank) -> list:
     d, e = name.split("/")
     tparams = jax.tree.map(lambda x, k=k: x[k], bank.params)
     exs = next(ctx.iterator(d, c.init_samples_per_cell, salt=300 + k))
-    res = ctx.teacher_engine(sampling=True).run(tparams, exs, [e] * len(exs),
+    res = ctx.teacher_engine(sampling=True).run(tparams, exs, [ctx.teacher_effort(e)] * len(exs),
                                                 ctx.budgets(exs, e),
                                                 jax.random.PRNGKey(ctx.config.seed + 400 + k),
                                                 environment=ctx.task(d).environment)
-    pool += [t for t, over in zip(res.trajectories, res.over_budget) if not over]
+    # The student learns the teacher's response after its own prompt, which has the effort.
+    pool += [dataclasses.replace(t, prompt_ids=rollout.encode_prompt(ctx.tok, ex, e))
+             for t, ex, over in zip(res.trajectories, exs, res.over_budget) if not over]
   if not pool:
     raise RuntimeError("no teacher trajectory finished within its budget; cannot build the "
                        "teacher-SFT initialisation")

@@ -70,7 +70,8 @@ def run(ctx: Run) -> None:
   teachers.check_manifest_grid(manifest, path, ctx.grid)
   manifest["grid"] = ctx.grid.to_json()
   if ctx.teacher_hf_paths:  # teachers brought as checkpoints: register, do not train
-    for name, hf_path in zip(ctx.grid.names, ctx.teacher_hf_paths):
+    for name in ctx.grid.names:
+      hf_path = ctx.teacher_hf_paths[name]
       if not storage.isdir(hf_path):
         raise FileNotFoundError(f"teacher {name}: no checkpoint directory {hf_path}")
       d, e = name.split("/")
@@ -178,10 +179,12 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
           group_size=c.group_size, width=ctx.config.rollout.width, seed=seed * 10 + di,
           log=log_step, loop=loop,
           reference={"sampler": None, "sft": root, "parent": params}[ph["reference"]],
-          plateau=(c.plateau_window, c.plateau_delta))
+          plateau=(c.plateau_window, c.plateau_delta),
+          effort_in_prompt=ctx.config.teacher.effort_in_prompt)
     log.close()
     metrics = sft.evaluate(ctx.eval_engine, state.params, task, val, effort,
-                           ctx.budgets(val, effort), jax.random.PRNGKey(7))
+                           ctx.budgets(val, effort), jax.random.PRNGKey(7),
+                           effort_in_prompt=ctx.config.teacher.effort_in_prompt)
     checkpoint.save_params(out, state.params)
     yield name, {
         "domain": domain, "effort": effort, "tau": ctx.taus[effort],

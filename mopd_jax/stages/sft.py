@@ -1,6 +1,8 @@
 """The sft stage: pi_SFT on every domain's mixed-style data, one domain per update (each
 batch padded to its own length), QAT from here on. With `teacher.outside_cell` set, also the
-outside SFT (its own seed: init, data order and effort tokens differ) under sft/outside/."""
+outside SFT (its own seed: init, data order and effort tokens differ) under sft/outside/.
+With `sft.steps=0` the initial policy (`model.hf_path`, e.g. an instruction-tuned model) is
+pi_SFT as it is."""
 from __future__ import annotations
 
 import time
@@ -11,6 +13,11 @@ from mopd_jax.stages.context import Run
 
 def run(ctx: Run) -> None:
   t0 = time.time()
+  if ctx.config.sft.steps == 0:
+    checkpoint.save_params(ctx.path("sft", "params"), ctx.initial_params())
+    ctx.mark_done("sft", {"steps": 0, "final_loss": None, "seconds": time.time() - t0,
+                          "loss_curve": [], "source": ctx.config.model.hf_path or "init"})
+    return
   state, history = train_sft(ctx, ctx.config.seed, "sft", ctx.path("sft"))
   checkpoint.save_params(ctx.path("sft", "params"), state.params)
   info = {"steps": ctx.config.sft.steps, "final_loss": history[-1][1],
@@ -42,10 +49,13 @@ def train_sft(ctx: Run, seed: int, name: str, directory: str):
       iters[d].restore(pos)
 
   def width(exs):  # each batch padded to its own length (one domain per update)
-    effort = ctx.grid.top_effort  # any effort: its token is one token
-    return rollout.padded_width(max(len(rollout.encode_prompt(ctx.tok, ex, effort)) +
-                                    len(ctx.tok.encode(ex.solutions["full"])) + 1
-                                    for ex in exs))
+    # The longest rendering of a prompt (an effort token or system line, or none) plus the
+    # full reference response (the longest style; a record's only one).
+    def prompt_len(ex):
+      return max(len(rollout.encode_prompt(ctx.tok, ex, e))
+                 for e in (*ctx.grid.effort_names, None))
+    return rollout.padded_width(max(prompt_len(ex) + len(ctx.tok.encode(ex.solutions["full"]))
+                                    + 1 for ex in exs))
 
   with ctx.training(name, storage.join(directory, "ckpt"), trainer, c.steps,
                     init=lambda: trainer.init(ctx.initial_params(seed)),
@@ -61,6 +71,6 @@ def train_sft(ctx: Run, seed: int, name: str, directory: str):
         trainer, state, ctx.tok, lambda step: next(iters[schedule[step % len(schedule)]]),
         steps=c.steps, effort_mode=c.effort_mode, seed=seed, log=log_step, width=width,
         loop=loop, style_weights=c.style_weights,
-        efforts=ctx.grid.effort_names)
+        efforts=ctx.grid.effort_names, no_effort=not ctx.config.teacher.effort_in_prompt)
   log.close()
   return state, history

@@ -8,11 +8,13 @@ A task registers itself by name next to its definition (`@register("gen")`); a r
 names the domains it trains (`config.domains`, see `mopd_jax.grid`). The toy's `gen`, `agt`
 and `cod` are three registered tasks. TFDS builders and the resumable iterator live in
 `mopd_jax.tasks.datasets` (imported on demand: it pulls in tensorflow_datasets);
-bring-your-own JSONL data in `mopd_jax.tasks.jsonl`.
+bring-your-own JSONL data in `mopd_jax.tasks.jsonl`; domains of JSONL or Parquet record
+files run the `records` task (`mopd_jax.tasks.records`).
 """
 from mopd_jax.tasks.base import (B0_MARGIN, STYLES, TOY_DOMAINS, DataError, Example, Task,
                                  budget, check_prompt_length, check_text, compute_b0,
                                  effort_budget, final_answer, get_task, num_tokens, register,
                                  registered, validate_domain)
 from mopd_jax.tasks import agt, cod, gen  # noqa: E402,F401  (the toy tasks register themselves)
+from mopd_jax.tasks import records  # noqa: E402,F401  (the task of record files registers itself)
 

@@ -16,6 +16,13 @@ Splits: train, validation and test are generated from different streams (seed*3 
 their prompts are disjoint: validation skips every train prompt, test every train or
 validation prompt.
 
+Domains of record files (the `records` task) use the same builder: their config carries the
+files and settings as JSON (`records_settings`) and a fingerprint of the files' bytes in its
+name, so changed files get their own folder. The train file gives train and validation
+(`validation` records held out by a permutation of the seed), the test file gives test;
+`mopd_jax.tasks.records` reads, checks, deduplicates and converts them, and the counts of
+what was kept, dropped and skipped are stored in the dataset's metadata (`record_counts`).
+
     source = load_split("gen", "train", data_dir)           # random access, Example items
     it = ResumableIterator(source, batch_size=32, seed=0)
     batch = next(it)                                        # list[Example]
@@ -25,6 +32,7 @@ validation prompt.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import json
 from typing import Any, Sequence
@@ -34,6 +42,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from mopd_jax.tasks import base, get_task
+from mopd_jax.tasks import records as recs_mod
 
 SPLITS = ("train", "validation", "test")
 # (train, validation, test) examples per domain in the default configs.
@@ -51,12 +60,25 @@ class TaskConfig(tfds.core.BuilderConfig):
   num_train: int = DEFAULT_SIZES[0]
   num_validation: int = DEFAULT_SIZES[1]
   num_test: int = DEFAULT_SIZES[2]
+  records: str = ""  # the `records` task: records_settings(...) as JSON
+
+
+def records_settings(train: str, test: str, verifier: str, validation: int, *,
+                     budget_source: str, max_prompt_tokens: int, on_too_long: str,
+                     tokenizer: str, tokenizer_options: dict, efforts: Sequence[str]) -> str:
+  """Everything that decides a record domain's examples, as the JSON of its TaskConfig."""
+  return json.dumps(dict(train=train, test=test, verifier=verifier, validation=validation,
+                         budget_source=budget_source, max_prompt_tokens=max_prompt_tokens,
+                         on_too_long=on_too_long, tokenizer=tokenizer,
+                         tokenizer_options=tokenizer_options, efforts=list(efforts)),
+                    sort_keys=True)
 
 
 def make_config(domain: str, seed: int = 0, sizes: Sequence[int] | None = None,
-                task: str = "") -> TaskConfig:
+                task: str = "", records: str = "") -> TaskConfig:
   """The config for (domain, seed, sizes, task); the defaults are the registered
-  `mopd_tasks/<d>`. `task`: the registered task generating the domain ("" = `domain`)."""
+  `mopd_tasks/<d>`. `task`: the registered task generating the domain ("" = `domain`).
+  `records`: a record domain's `records_settings`."""
   base.validate_domain(domain)
   task = "" if task == domain else task
   if (task or domain) not in base.registered():
@@ -67,6 +89,14 @@ def make_config(domain: str, seed: int = 0, sizes: Sequence[int] | None = None,
                      f"{sizes!r}")
   if not isinstance(seed, int) or seed < 0:
     raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+  if records:
+    settings = json.loads(records)
+    digest = hashlib.sha256((records + f"|{seed}|" + recs_mod.fingerprint(
+        [settings["train"], settings["test"]])).encode()).hexdigest()[:16]
+    return TaskConfig(name=f"{domain}_records_{digest}", domain=domain, task=task, seed=seed,
+                      num_train=0, num_validation=settings["validation"], num_test=0,
+                      records=records, description=f"{domain}: records of "
+                      f"{settings['train']} and {settings['test']}")
   name = domain if (seed, sizes) == (0, DEFAULT_SIZES) else \
       f"{domain}_s{seed}_{sizes[0]}_{sizes[1]}_{sizes[2]}"
   if task:
@@ -100,11 +130,16 @@ class MopdTasks(tfds.core.GeneratorBasedBuilder):
             "example": tfds.features.Text(),  # Example.to_json()
         }),
         disable_shuffling=True,
+        metadata=tfds.core.MetadataDict(),
     )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # nothing to download
     c = self.builder_config
+    if c.records:
+      splits, counts = record_splits(c.domain, json.loads(c.records), c.seed)
+      self.info.metadata["record_counts"] = counts
+      return {split: self._generate_examples(exs) for split, exs in splits.items()}
     task = get_task(c.task or c.domain, domain=c.domain)
     seen: set = set()
     out = {}
@@ -119,9 +154,53 @@ class MopdTasks(tfds.core.GeneratorBasedBuilder):
       yield i, {"uid": ex.uid, "example": ex.to_json()}
 
 
+def record_splits(domain: str, settings: dict, seed: int) -> tuple:
+  """({split: [Example]}, counts) of a record domain (`records_settings`); DataError names
+  the file and line of a bad record."""
+  from mopd_jax.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  s = settings
+  tok = load_tokenizer(s["tokenizer"] or "char", efforts=s["efforts"], **(
+      s["tokenizer_options"] if s["tokenizer"] else {}))
+  train, test, counts = recs_mod.load_domain(s["train"], s["test"], s["verifier"])
+  # Validation: records held out of train by a permutation of the seed (at most a tenth).
+  n_val = min(s["validation"], len(train) // 10)
+  order = base.rng_for(seed, 11).permutation(len(train))
+  held = set(order[:n_val].tolist())
+  parts = {"train": [r for i, r in enumerate(train) if i not in held],
+           "validation": [r for i, r in enumerate(train) if i in held], "test": test}
+  longest = lambda text: max(len(tok.encode_prompt(text, e)) for e in s["efforts"])
+  out, info = {}, counts.to_json()
+  for split, recs in parts.items():
+    exs, c = recs_mod.examples(recs, domain, s["verifier"], budget_source=s["budget_source"],
+                               tok=tok, prompt_tokens=longest,
+                               max_prompt_tokens=s["max_prompt_tokens"],
+                               on_too_long=s["on_too_long"])
+    if not exs:
+      raise base.DataError(f"{s['train'] if split != 'test' else s['test']}: no {split} "
+                           f"example of domain {domain!r} is left ({dataclasses.asdict(c)})")
+    out[split] = exs
+    info[split] = dataclasses.asdict(c)
+  info["b0"] = {split: b0_summary([ex.b0 for ex in exs]) for split, exs in out.items()}
+  return out, info
+
+
+def b0_summary(b0s) -> dict:
+  """The distribution of base budgets: n, mean and the 0/10/50/90/100th percentiles."""
+  a = np.asarray(b0s, np.float64)
+  q = np.percentile(a, [0, 10, 50, 90, 100]) if a.size else [0.0] * 5
+  return {"n": int(a.size), "mean": float(a.mean()) if a.size else 0.0,
+          **{k: float(v) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}}
+
+
+def record_counts(builder) -> dict:
+  """What a record domain's builder kept, dropped and skipped (its metadata)."""
+  return dict(builder.info.metadata.get("record_counts", {}))
+
+
 def make_builder(domain: str, data_dir: str, seed: int = 0,
-                 sizes: Sequence[int] | None = None, task: str = "") -> MopdTasks:
-  config = make_config(domain, seed, sizes, task)
+                 sizes: Sequence[int] | None = None, task: str = "",
+                 records: str = "") -> MopdTasks:
+  config = make_config(domain, seed, sizes, task, records)
   # tfds refuses a config object that shares a registered config's name: pass the name then.
   registered = {c.name for c in MopdTasks.BUILDER_CONFIGS}
   return MopdTasks(data_dir=str(data_dir),
@@ -130,9 +209,9 @@ def make_builder(domain: str, data_dir: str, seed: int = 0,
 
 
 def prepare(domain: str, data_dir: str, seed: int = 0,
-            sizes: Sequence[int] | None = None, task: str = "") -> MopdTasks:
+            sizes: Sequence[int] | None = None, task: str = "", records: str = "") -> MopdTasks:
   """Builds the dataset into `data_dir` unless it is already there; returns the builder."""
-  builder = make_builder(domain, data_dir, seed, sizes, task)
+  builder = make_builder(domain, data_dir, seed, sizes, task, records)
   builder.download_and_prepare(file_format=FILE_FORMAT)
   return builder
 
@@ -170,11 +249,12 @@ class ExampleSource:
 
 
 def load_split(domain: str, split: str, data_dir: str, seed: int = 0,
-               sizes: Sequence[int] | None = None, task: str = "") -> ExampleSource:
+               sizes: Sequence[int] | None = None, task: str = "",
+               records: str = "") -> ExampleSource:
   """Random-access `Example`s of one split, building the dataset first if needed."""
   if split not in SPLITS:
     raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-  builder = prepare(domain, data_dir, seed, sizes, task)
+  builder = prepare(domain, data_dir, seed, sizes, task, records)
   return ExampleSource(builder.as_data_source(split=split))
 
 

@@ -12,11 +12,20 @@ Errors (DataError, a ValueError) name the file and the 1-based line (JSONL) or r
 every JSONL error of `jsonl.iter_records`, a record its verifier cannot check (a missing
 field), an unknown verifier name, a file of another format, a Parquet file that cannot be
 read, and a test prompt found in train (with both places).
+
+A domain of records runs the registered task `records` (`RecordsTask`): `examples` turns its
+records into `Example`s (the prompt, b0 by `budget_source`, the reference response as the
+"full" solution for SFT, the record and its verifier's name in `meta`), and the task scores
+a response with the record's verifier. The data stage stores those examples as the same
+TFDS array_record splits the toy uses (mopd_jax/tasks/datasets.py).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import hashlib
 import os
+from typing import Optional
 
 from mopd_jax.tasks import base, jsonl, verifiers
 
@@ -53,6 +62,20 @@ def _read_parquet(path: str) -> list:
                          f"{e})") from None
   name = os.path.basename(path)
   return [Record(row, f"{name}:row {i}") for i, row in enumerate(rows)]
+
+
+def fingerprint(paths) -> str:
+  """A digest of the files' bytes (sha256), to key what is built from them."""
+  h = hashlib.sha256()
+  for path in paths:
+    try:
+      with open(path, "rb") as f:  # local: data files are read where they are
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+          h.update(chunk)
+    except OSError as e:
+      raise base.DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    h.update(b"\0")
+  return h.hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,3 +121,126 @@ def load_domain(train_path: str, test_path: str, verifier: str) -> tuple:
       raise base.DataError(f"{test_path}: {r.source} has the same prompt as the training "
                            f"record {hit}; a test split must not share problems with train")
   return train, test, Counts(len(train), len(test), train_dups, test_dups)
+
+
+# --- records as examples ----------------------------------------------------------------------
+BUDGET_SOURCES = ("field", "reference")
+
+
+def reference_response(fields: dict) -> Optional[str]:
+  """The record's reference response: `solution`, else `canonical_solution` in a fenced
+  Python block (a HumanEval body indented under the prompt's signature is joined to the
+  prompt's code first), else None."""
+  sol = fields.get("solution")
+  if isinstance(sol, str) and sol.strip():
+    return sol
+  code = fields.get("canonical_solution")
+  if not (isinstance(code, str) and code.strip()):
+    return None
+  if code[:1] in (" ", "\t") and "def " in fields.get("prompt", ""):
+    code = fields["prompt"] + code  # HumanEval: the body of the prompt's function
+  return "```python\n" + code.strip("\n") + "\n```"
+
+
+@dataclasses.dataclass
+class ExampleCounts:
+  """What `examples` kept and dropped, for the data stage's DONE file."""
+  kept: int = 0
+  no_budget: int = 0  # b0 could not be set (no `budget` field / no reference response)
+  too_long: int = 0  # prompt over the limit (skipped; on_too_long="skip")
+
+
+def examples(recs: list, domain: str, verifier: str, *, budget_source: str, tok,
+             prompt_tokens, max_prompt_tokens: int = 0, on_too_long: str = "skip") -> tuple:
+  """(Examples, ExampleCounts) of `recs` (`Record`s of one split, in order).
+
+  b0 by `budget_source`: "field" reads the record's positive-int `budget`; "reference" is
+  the toy's rule on the reference response's tokens (`base.compute_b0` with `tok`). A record
+  whose b0 cannot be set is dropped and counted. `prompt_tokens(text)`: the prompt's length
+  in tokens as the student sees it; over `max_prompt_tokens` (> 0) a record is skipped and
+  counted, or raises (`on_too_long="error"`); nothing is truncated."""
+  if budget_source not in BUDGET_SOURCES:
+    raise ValueError(f"budget source {budget_source!r}; expected one of {BUDGET_SOURCES}")
+  if on_too_long not in base.ON_TOO_LONG:
+    raise ValueError(f"on_too_long must be one of {base.ON_TOO_LONG}, got {on_too_long!r}")
+  out, counts = [], ExampleCounts()
+  for r in recs:
+    f = r.fields
+    ref = reference_response(f)
+    if budget_source == "field":
+      b0 = f.get("budget")
+      b0 = b0 if isinstance(b0, int) and not isinstance(b0, bool) and b0 > 0 else None
+    else:
+      try:
+        b0 = None if ref is None else base.compute_b0(ref, tok)
+      except ValueError as e:  # text the tokenizer cannot encode
+        raise base.DataError(f"{r.source}: the reference response: {e}") from None
+    if b0 is None:
+      counts.no_budget += 1
+      continue
+    try:
+      n = prompt_tokens(f["prompt"])
+    except ValueError as e:  # text the tokenizer cannot encode
+      raise base.DataError(f"{r.source}: {e}") from None
+    if max_prompt_tokens and n > max_prompt_tokens:
+      if on_too_long == "error":
+        raise base.DataError(f"{r.source}: the prompt has {n} tokens, over "
+                             f"data.max_prompt_tokens={max_prompt_tokens}")
+      counts.too_long += 1
+      continue
+    answer = f.get("answer")
+    out.append(base.Example(
+        uid=f"{domain}:{r.source}", domain=domain, prompt=f["prompt"], b0=int(b0),
+        answer="" if answer is None else str(answer),
+        solutions={} if ref is None else {"full": ref},
+        meta={"verifier": verifier, "record": f, "source": r.source}))
+  counts.kept = len(out)
+  return out, counts
+
+
+@base.register("records")
+class RecordsTask(base.Task):
+  """A domain of records from data files: each example is scored by its record's verifier
+  (`meta["verifier"]`, mopd_jax.tasks.verifiers) on `meta["record"]`. Code verifiers run
+  in the configured sandbox; a batch is verified on `workers` threads."""
+  uses_sandbox = True  # Run.task passes the config's `sandbox` block
+
+  def __init__(self, backend: Optional[str] = None, workers: int = 2,
+               timeout_s: float = 5.0, memory_mb: int = 256):
+    super().__init__()
+    from mopd_jax.tasks import sandbox  # pylint: disable=g-import-not-at-top
+    self.workers = workers
+    self._options = {"python_tests": dict(
+        limits=sandbox.Limits(timeout_s=timeout_s, memory_mb=memory_mb), backend=backend)}
+    self._verifiers: dict = {}
+
+  def _verifier(self, name: str) -> verifiers.Verifier:
+    if name not in self._verifiers:
+      self._verifiers[name] = verifiers.get(name, **self._options.get(name, {}))
+    return self._verifiers[name]
+
+  def _verify(self, example: base.Example, response: str) -> float:
+    # The unguarded function: Task.verify counts its errors (reward 0).
+    return self._verifier(example.meta["verifier"]).unguarded(response, example.meta["record"])
+
+  def verify_batch(self, examples, responses) -> list:
+    """`verify` of every row, the rows on `workers` threads (a code verifier's sandbox runs
+    each program in its own process tree); never raises."""
+    if len(examples) != len(responses):
+      raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
+    if self.workers <= 1 or len(examples) <= 1:
+      return [self.verify(ex, r) for ex, r in zip(examples, responses)]
+    for ex in examples:  # create the verifiers here, not racing in the threads
+      self._verifier(ex.meta["verifier"])
+    with concurrent.futures.ThreadPoolExecutor(max_workers=self.workers) as pool:
+      results = list(pool.map(lambda a: base.guarded_reward(self._verify, *a),
+                              zip(examples, responses)))
+    out = []
+    for r, error in results:  # the counters are updated here, on one thread
+      self.num_verify_calls += 1
+      if error is not None:
+        self.num_verify_errors += 1
+        self.last_verify_error = error
+      out.append(r)
+    return out
+

@@ -1,0 +1,82 @@
+"""MOPD on record files end to end (configs/files.py): the shipped examples/ data, a tiny
+Qwen3-architecture checkpoint in Hugging Face format and a BPE tokenizer.json with a chat
+template, both made here. Every stage runs on CPU: data from JSONL and Parquet, SFT on the
+reference responses, RL lanes with the math and python_tests verifiers (the code in the OS
+sandbox), effort-free teachers, MOPD, eval and the report with every cell."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
+            "<tool_response>", "</tool_response>"]
+CHAT = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def make_chat_checkpoint(folder, vocab_extra: int = 0) -> str:
+  """A byte-level BPE tokenizer trained on the example records, its chat template, and a
+  random tiny Qwen3-family checkpoint whose embedding has a row per token (no spare rows),
+  all in `folder`; returns `folder`."""
+  tokenizers = pytest.importorskip("tokenizers")
+  from mopd_jax import hf, models
+  import configs.qwen3_mopd as q
+  texts = []
+  for name in os.listdir(EXAMPLES):
+    if name.endswith(".jsonl"):
+      texts += open(os.path.join(EXAMPLES, name), encoding="utf-8").read().splitlines()
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = tokenizers.decoders.ByteLevel()
+  trainer = tokenizers.trainers.BpeTrainer(
+      vocab_size=600, special_tokens=SPECIALS,
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(texts * 3, trainer)
+  os.makedirs(folder, exist_ok=True)
+  tok.save(os.path.join(folder, "tokenizer.json"))
+  with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+    json.dump({"chat_template": CHAT, "eos_token": "<|im_end|>"}, f)
+  cfg = models.get_preset("qwen3-0.6b", **q._TINY_SHAPE,  # pylint: disable=protected-access
+                          vocab_size=tok.get_vocab_size() + vocab_extra)
+  hf.save_checkpoint(cfg, jax.device_get(models.init_params(cfg, jax.random.PRNGKey(0))),
+                     folder)
+  return folder
+
+
+def test_every_stage_on_the_example_records(tmp_path):
+  ckpt = make_chat_checkpoint(str(tmp_path / "ckpt"))
+  wd = tmp_path / "wd"
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.run", "--config",
+       os.path.join("configs", "files.py") + ":" + os.path.join(EXAMPLES, "spec.json"),
+       "--workdir", str(wd), f"--config.model.hf_path={ckpt}",
+       f"--config.model.tokenizer_path={ckpt}/tokenizer.json",
+       "--config.sft.steps=2", "--config.sft.batch_size=4",
+       "--config.rl.steps_per_effort=1", "--config.rl.prompts_per_step=2",
+       "--config.rl.group_size=2", "--config.mopd.steps=2", "--config.mopd.prompts_per_cell=1",
+       "--config.eval.num_examples=3", "--config.rollout.max_response_tokens=16",
+       "--config.rollout.width=64", "--config.checkpoint.every=1",
+       "--config.data.max_prompt_tokens=120"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  done = json.load(open(wd / "data" / "DONE.json"))
+  counts = done["records"]
+  assert set(counts) == {"math", "code"}
+  assert counts["math"]["validation"]["kept"] == 4 and counts["code"]["validation"]["kept"] == 3
+  assert counts["math"]["train"]["kept"] + counts["math"]["train"]["too_long"] == 41
+  rep = json.load(open(wd / "report.json"))
+  cells = {(c["policy"], c["domain"], c["effort"]) for c in rep["cells"]}
+  assert cells == {(p, d, e) for p in ("sft", "teacher", "student") for d in ("math", "code")
+                   for e in ("low", "max")}
+  assert all(c["n"] == 3 for c in rep["cells"])
+  md = open(wd / "report.md").read()
+  assert "Base budgets b0" in md and "| math |" in md
+  manifest = json.load(open(wd / "teachers.json"))
+  assert sorted(manifest["teachers"]) == ["code/low", "code/max", "math/low", "math/max"]
+  assert json.load(open(wd / "sft" / "DONE.json"))["steps"] == 2
