@@ -2,6 +2,9 @@
 
     python examples/make_examples.py
 
+tool: questions answered by looking facts up in a small per-record document store (`search`,
+`lookup`) and adding them with a `calculator`, in Qwen's tool-call format; the reference
+solution holds the calls and the observations the environment returns.
 math: GSM8K-style word problems (`prompt`, `answer`, `solution` ending in `#### N`; a few
 answers are fractions written in LaTeX). code: MBPP-style records (`tests`, a list of assert
 lines, and `canonical_solution`) in Parquet for train, and HumanEval-style ones (a `test`
@@ -118,6 +121,50 @@ def _humaneval(rng, seen, n):
   return out
 
 
+_PLACES = ["Oskel", "Varn", "Tirra", "Melk", "Quorra", "Dusk", "Pellin", "Arbo", "Zenna",
+           "Hollow", "Brisk", "Cairn", "Lume", "Fenner", "Gask", "Ivel"]
+
+
+def _call(name, **arguments):
+  return ("<tool_call>" + json.dumps({"name": name, "arguments": arguments}) +
+          "</tool_call>")
+
+
+def _obs(text):
+  return f"<tool_response>{text}</tool_response>"
+
+
+def _tool(rng, seen, n):
+  out = []
+  while len(out) < n:
+    a, b = rng.sample(_PLACES, 2)
+    single = rng.random() < 0.5
+    key = ("len", a) if single else ("sum", frozenset((a, b)))  # the underlying problem
+    if key in seen:
+      continue
+    seen.add(key)
+    la, lb = rng.randint(50, 900), rng.randint(50, 900)
+    docs = {f"River {a}": f"The river {a} is {la} km long.",
+            f"River {b}": f"The river {b} is {lb} km long.",
+            f"Town {a}": f"{a} is a market town with {rng.randint(2, 90)} thousand people."}
+    if single:
+      prompt = f"How long is the river {a}, in km? Use the tools."
+      answer = la
+      sol = (_call("search", query=f"river {a}") + _obs(json.dumps([f"River {a}"])) +
+             _call("lookup", title=f"River {a}") + _obs(docs[f"River {a}"]) +
+             f"The river {a} is {la} km long.\n#### {la}")
+    else:
+      prompt = (f"What is the total length of the rivers {a} and {b}, in km? Use the tools.")
+      answer = la + lb
+      sol = (_call("lookup", title=f"River {a}") + _obs(docs[f"River {a}"]) +
+             _call("lookup", title=f"River {b}") + _obs(docs[f"River {b}"]) +
+             _call("calculator", expression=f"{la} + {lb}") + _obs(repr(la + lb)) +
+             f"Together they are {la + lb} km long.\n#### {la + lb}")
+    out.append({"prompt": prompt, "answer": answer, "solution": sol,
+                "tools": {"documents": docs, "calculator": True}})
+  return out
+
+
 def _write_jsonl(name, rows):
   with open(os.path.join(HERE, name), "w", encoding="utf-8") as f:
     for r in rows:
@@ -134,12 +181,16 @@ def main():
   train = _mbpp(rng, seen, 32)
   pq.write_table(pa.Table.from_pylist(train), os.path.join(HERE, "code.parquet"))
   _write_jsonl("code_test.jsonl", _mbpp(rng, seen, 6) + _humaneval(rng, seen, 4))
+  _write_jsonl("tool_train.jsonl", _tool(rng, seen, 36))
+  _write_jsonl("tool_test.jsonl", _tool(rng, seen, 10))
   with open(os.path.join(HERE, "spec.json"), "w", encoding="utf-8") as f:
     json.dump({"domains": {
         "math": {"verifier": "math", "train": "math_train.jsonl", "test": "math_test.jsonl",
                  "validation": 4},
         "code": {"verifier": "python_tests", "train": "code.parquet",
-                 "test": "code_test.jsonl", "validation": 3}},
+                 "test": "code_test.jsonl", "validation": 3},
+        "tool": {"verifier": "tool", "train": "tool_train.jsonl", "test": "tool_test.jsonl",
+                 "validation": 3}},
         "efforts": {"low": 0.5, "max": 1.0}, "budget": {"source": "reference"}}, f, indent=1)
     f.write("\n")
 

@@ -161,9 +161,13 @@ def markdown(rep: dict) -> str:
               "initialisation; a sampled-token estimate, so one cell's value at a few "
               "prompts can be negative. Mean by origin: " + ", ".join(
                   f"{o} {v:.4f}" for o, v in sorted(kl["initial_by_origin"].items())) + ".",
-              "", "| teacher | origin | initial KL |", "|---|---|---|"]
-    lines += [f"| {name} | {c['origin']} | {c['kl']:.4f} |"
-              for name, c in kl["initial_by_cell"].items()]
+              "The teacher's test accuracy sits beside it, so a comparison of origins can "
+              "be read against the teachers' quality.",
+              "", "| teacher | origin | initial KL | teacher accuracy |", "|---|---|---|---|"]
+    for name, c in kl["initial_by_cell"].items():
+      t = _cell(rep["cells"], "teacher", *name.split("/"))
+      lines.append(f"| {name} | {c['origin']} | {c['kl']:.4f} | "
+                   f"{'-' if t is None else format(t['accuracy'], '.3f')} |")
   if rep.get("checks"):
     passed = sum(c["ok"] is True for c in rep["checks"])
     known = sum(c["ok"] is not None for c in rep["checks"])

@@ -1,8 +1,9 @@
 """MOPD on record files end to end (configs/files.py): the shipped examples/ data, a tiny
 Qwen3-architecture checkpoint in Hugging Face format and a BPE tokenizer.json with a chat
 template, both made here. Every stage runs on CPU: data from JSONL and Parquet, SFT on the
-reference responses, RL lanes with the math and python_tests verifiers (the code in the OS
-sandbox), effort-free teachers, MOPD, eval and the report with every cell."""
+reference responses, RL lanes with the math, python_tests (the code in the OS sandbox) and
+tool verifiers (multi-turn, Qwen-style tool calls run by the environment), effort-free
+teachers, MOPD, eval and the report with every cell."""
 import json
 import os
 import subprocess
@@ -60,23 +61,24 @@ def test_every_stage_on_the_example_records(tmp_path):
        "--config.sft.steps=2", "--config.sft.batch_size=4",
        "--config.rl.steps_per_effort=1", "--config.rl.prompts_per_step=2",
        "--config.rl.group_size=2", "--config.mopd.steps=2", "--config.mopd.prompts_per_cell=1",
-       "--config.eval.num_examples=3", "--config.rollout.max_response_tokens=16",
+       "--config.eval.num_examples=2", "--config.rollout.max_response_tokens=16",
        "--config.rollout.width=64", "--config.checkpoint.every=1",
        "--config.data.max_prompt_tokens=120"],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   done = json.load(open(wd / "data" / "DONE.json"))
   counts = done["records"]
-  assert set(counts) == {"math", "code"}
+  assert set(counts) == {"math", "code", "tool"}
   assert counts["math"]["validation"]["kept"] == 4 and counts["code"]["validation"]["kept"] == 3
   assert counts["math"]["train"]["kept"] + counts["math"]["train"]["too_long"] == 41
   rep = json.load(open(wd / "report.json"))
   cells = {(c["policy"], c["domain"], c["effort"]) for c in rep["cells"]}
-  assert cells == {(p, d, e) for p in ("sft", "teacher", "student") for d in ("math", "code")
-                   for e in ("low", "max")}
-  assert all(c["n"] == 3 for c in rep["cells"])
+  assert cells == {(p, d, e) for p in ("sft", "teacher", "student")
+                   for d in ("math", "code", "tool") for e in ("low", "max")}
+  assert all(c["n"] == 2 for c in rep["cells"])
   md = open(wd / "report.md").read()
   assert "Base budgets b0" in md and "| math |" in md
   manifest = json.load(open(wd / "teachers.json"))
-  assert sorted(manifest["teachers"]) == ["code/low", "code/max", "math/low", "math/max"]
+  assert sorted(manifest["teachers"]) == ["code/low", "code/max", "math/low", "math/max",
+                                          "tool/low", "tool/max"]
   assert json.load(open(wd / "sft" / "DONE.json"))["steps"] == 2

@@ -123,7 +123,9 @@ def _run_grid(tmp_path, domains, efforts, *extra):
   return wd
 
 
-@pytest.mark.parametrize("domains, efforts", [("cod", "max"), ("gen,agt,cod", "low,max")])
+@pytest.mark.parametrize("domains, efforts", [
+    pytest.param("cod", "max", marks=pytest.mark.slow),  # the 3 x 2 below is the guard
+    ("gen,agt,cod", "low,max")])
 def test_pipeline_runs_every_stage_on_a_sub_grid(tmp_path, domains, efforts):
   """A 1 x 1 and a 3 x 2 grid through every stage (the tiny toy config): teachers, manifest,
   eval cells and report hold exactly the grid's cells (the 1 x 1 run also evaluates 2

@@ -423,6 +423,7 @@ def test_interrupted_pipeline_equals_uninterrupted(tmp_path, env, reference):
   assert {k[len("params/"):] for k in saved if k.startswith("params/")} == set(params)
 
 
+@pytest.mark.slow  # ~100 s of lane processes; tests/test_lanes.py guards their spawning
 def test_rl_lanes_side_by_side_equal_one_after_another(tmp_path, env, reference):
   """`rl.lane_processes=3` on the reference's pi_SFT: a SIGTERM to the stage reaches every
   lane process, each saves its step, and the resumed lanes end with exactly the teachers of

@@ -57,3 +57,28 @@ def test_random_effort_tokens_come_from_the_grid_efforts():
   ids = {tok.effort_id("short"), tok.effort_id("long")}
   used = {int(t) for t in np.asarray(batch.tokens).ravel() if int(t) in ids}
   assert used == ids and int(np.asarray(batch.tokens).max()) < tok.vocab_size
+
+
+def test_no_effort_share_covers_the_teachers_prompt_format():
+  """With effort-free teachers, about one SFT example in |efforts| + 1 has no effort token
+  (the teachers' prompt format); without, every example has one. Toy examples keep their
+  style draw; a record's single reference is its only style."""
+  from mopd_jax.tasks import base
+  tok = CharTokenizer()
+  exs = get_task("gen").generate(0, 300)
+  effort_ids = {tok.effort_id(e) for e in ("low", "high", "max")}
+
+  def without_effort(batch):
+    toks = np.asarray(batch.tokens)
+    return sum(not (set(row.tolist()) & effort_ids) for row in toks)
+
+  for mode in ("random", "style"):
+    with_none = sft.sft_batch(tok, exs, np.random.RandomState(1), mode, 64, no_effort=True)
+    assert 40 < without_effort(with_none) < 110  # ~300 / 4
+    assert without_effort(sft.sft_batch(tok, exs, np.random.RandomState(1), mode, 64)) == 0
+  rec = base.Example("r", "gen", "1+1", 5, "2", solutions={"full": "#2"})
+  batch = sft.sft_batch(tok, [rec], np.random.RandomState(0), "random", 16)
+  assert tok.decode(np.asarray(batch.tokens)[0]).startswith("<bos>1+1\n<")
+  with pytest.raises(ValueError, match="no reference response"):
+    sft.sft_batch(tok, [base.Example("s", "gen", "1+1", 5, "2")], np.random.RandomState(0),
+                  "random", 16)

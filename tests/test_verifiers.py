@@ -1,5 +1,7 @@
 """Verifiers of real-format records (mopd_jax/tasks/verifiers.py): math via math-verify,
 python_tests in the code sandbox, exact; none of them ever raises."""
+import json
+
 import pytest
 
 from mopd_jax.tasks import sandbox, verifiers
@@ -104,3 +106,55 @@ def test_check_record_names_the_missing_field():
   assert verifiers.get("exact").check_record({"answer": 1}) == \
       "missing or empty field 'prompt'"
   assert verifiers.get("exact").check_record({"prompt": "p", "answer": 3}) is None
+
+
+TOOL_RECORD = {"prompt": "How long is the river Oskel, in km?", "answer": 412,
+               "tools": {"documents": {"River Oskel": "The river Oskel is 412 km long.",
+                                       "Town Oskel": "Oskel has 3 thousand people."},
+                         "calculator": True}}
+
+
+@pytest.mark.parametrize("response, want", [
+    ('<tool_call>{"name": "lookup", "arguments": {"title": "River Oskel"}}</tool_call>'
+     "<tool_response>The river Oskel is 412 km long.</tool_response>It is 412 km.\n#### 412", 1.0),
+    ("<tool_call>{}</tool_call><tool_response>error: ...</tool_response>"
+     "The answer is 412.", 1.0),
+    ("\\boxed{412}", 1.0),
+    # The number in the observation is not an answer: only the text after it counts.
+    ("<tool_call>x</tool_call><tool_response>#### 412</tool_response>I do not know.", 0.0),
+    ("#### 413", 0.0),
+    ("no final answer", 0.0),
+])
+def test_tool_final_answer(response, want):
+  assert verifiers.get("tool")(response, TOOL_RECORD) == want
+
+
+def test_tool_environment_runs_calls_and_answers_malformed_ones_with_errors():
+  from mopd_jax.tasks import base, tools
+  env = tools.ToolEnvironment(("<obs>", "</obs>"))
+  ex = base.Example("t", "tool", "q", 9, "412", meta={"record": TOOL_RECORD})
+  call = lambda name, **a: json.dumps({"name": name, "arguments": a})
+  assert env.step(ex, call("search", query="oskel river")) == '<obs>["River Oskel"]</obs>'
+  assert env.step(ex, call("search", query="zzz")) == "<obs>no results</obs>"
+  assert env.step(ex, call("lookup", title="Town Oskel")) == "<obs>Oskel has 3 thousand people.</obs>"
+  assert env.step(ex, call("calculator", expression="412 + 3 * (2 - 1)")) == "<obs>415</obs>"
+  for bad, why in [("not json", "not JSON"), (call("rm", path="/"), "no tool named 'rm'"),
+                   (call("calculator", expression="__import__('os')"), "unsupported"),
+                   (call("calculator", expression="9**9**9"), "too large"),
+                   (call("calculator", expression="1/0"), "division by zero"),
+                   (call("lookup", title="</obs>"), "no document"),
+                   ('{"name": "search", "arguments": [1]}', "must be an object"),
+                   ("[" * 100000, "not JSON"), (None, "error")]:
+    out = env.step(ex, bad)
+    assert out.startswith("<obs>error: ") and why in out and out.count("</obs>") == 1, out
+  no_tools = base.Example("u", "tool", "q", 9, "1", meta={"record": {"prompt": "q"}})
+  assert env.step(no_tools, call("search", query="x")) == "<obs>error: this task has no tools</obs>"
+
+
+def test_tool_records_are_checked():
+  v = verifiers.get("tool")
+  assert v.check_record(TOOL_RECORD) is None
+  assert "needs field 'tools'" in v.check_record({"prompt": "p", "answer": 1})
+  assert "defines no tool" in v.check_record({"prompt": "p", "answer": 1, "tools": {}})
+  assert "unknown key(s) ['shell']" in v.check_record(
+      {"prompt": "p", "answer": 1, "tools": {"shell": True}})

@@ -59,8 +59,11 @@ class Run:
   def task(self, domain: str) -> task_base.Task:
     """A fresh instance of the task the domain runs (its examples labelled `domain`)."""
     name = self.grid.task_of(domain)
-    options = (self.config.sandbox.task_options()
-               if getattr(task_base.task_class(name), "uses_sandbox", False) else {})
+    cls = task_base.task_class(name)
+    options = self.config.sandbox.task_options() if getattr(cls, "uses_sandbox", False) else {}
+    if getattr(cls, "uses_observation_markers", False):
+      options["observation_markers"] = (self.tok.decode([self.tok.obs_id]),
+                                        self.tok.decode([self.tok.obs_end_id]))
     return task_base.get_task(name, domain=domain, **options)
 
   def records_settings(self, domain: str) -> str:

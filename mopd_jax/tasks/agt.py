@@ -124,6 +124,11 @@ class AgtTask(base.Task):
     meta = dict(boss=boss, chain=chain, memo=list(memo))
     return base.make_example(self.name, seed, index, prompt, answer, solutions, meta)
 
+  def problem_key(self, example: base.Example):
+    """The question's chain of bosses: the memo and the people off the chain do not change
+    the answer."""
+    return ("agt", tuple(example.meta["chain"]))
+
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 2)
     h, k = self.hops, self.memo_hops

@@ -240,17 +240,26 @@ class Task:
   def _stream(self, seed: int):
     raise NotImplementedError
 
-  def generate(self, seed: int, n: int, exclude: Iterable[str] = ()) -> list[Example]:
-    """`n` examples with distinct prompts, none in `exclude`; deterministic in (seed, n)."""
+  def problem_key(self, example: Example):
+    """The example's underlying problem: examples with the same key have the same answer
+    whatever else their prompts say (a memo, a comment). Held-out splits are disjoint from
+    training by this key. Default: the prompt itself."""
+    return example.prompt
+
+  def generate(self, seed: int, n: int, exclude: Iterable[str] = (),
+               exclude_problems: Iterable = ()) -> list[Example]:
+    """`n` examples with distinct prompts, none in `exclude` and none whose `problem_key` is
+    in `exclude_problems`; deterministic in (seed, n)."""
     if not (isinstance(n, int) and n >= 0):
       raise ValueError(f"n must be a non-negative int, got {n!r}")
     seen = set(exclude)
+    problems = set(exclude_problems)
     out = []
     misses = 0
     for ex in self._stream(seed):
       if len(out) >= n:
         break
-      if ex.prompt in seen:
+      if ex.prompt in seen or (problems and self.problem_key(ex) in problems):
         misses += 1
         if misses > 100 * n + 10_000:
           raise RuntimeError(f"{self.name}: cannot find {n} distinct prompts")

@@ -124,6 +124,11 @@ class CodTask(base.Task):
     return base.make_example(self.name, seed, index, f"{code}#b={int(claimed_b)}", expr,
                              solutions, dict(a=a, b=b, claimed_b=int(claimed_b), tests=tests))
 
+  def problem_key(self, example: base.Example):
+    """The program (its slope and intercept literals): the comment's claimed intercept and
+    the hidden test inputs do not change the answer."""
+    return ("cod", example.prompt.split("#", 1)[0])
+
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 3)
     m = self.modulus

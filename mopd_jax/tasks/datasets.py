@@ -5,7 +5,7 @@ seeds and sizes get their own config name, hence their own folder). Examples are
 procedurally from the seed by `get_task(domain).generate` and stored as one JSON string feature
 (`Example.to_json`) in `array_record` files:
 
-    <data_dir>/mopd_tasks/<config>/1.0.0/mopd_tasks-{train,validation,test}.array_record-*
+    <data_dir>/mopd_tasks/<config>/1.1.0/mopd_tasks-{train,validation,test}.array_record-*
 
 Building and reading need no TensorFlow (checked with tensorflow-datasets 4.9.10, TensorFlow
 not installed): `GeneratorBasedBuilder.download_and_prepare(file_format="array_record")` writes
@@ -13,8 +13,9 @@ the files itself and `as_data_source()` reads them through `array_record`. Shuff
 time is disabled, so record i of a split is the i-th generated example.
 
 Splits: train, validation and test are generated from different streams (seed*3 + 0/1/2) and
-their prompts are disjoint: validation skips every train prompt, test every train or
-validation prompt.
+are disjoint by underlying problem (`Task.problem_key`: gen's terms, cod's program, agt's
+chain), not only by prompt string: validation skips every train problem, test every train or
+validation problem.
 
 Domains of record files (the `records` task) use the same builder: their config carries the
 files and settings as JSON (`records_settings`) and a fingerprint of the files' bytes in its
@@ -109,8 +110,9 @@ def make_config(domain: str, seed: int = 0, sizes: Sequence[int] | None = None,
 class MopdTasks(tfds.core.GeneratorBasedBuilder):
   """Procedural toy tasks of mopd_jax, one config per domain."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "gen/agt/cod toy tasks with full/brief/direct solutions."}
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.0.0": "gen/agt/cod toy tasks with full/brief/direct solutions.",
+                   "1.1.0": "Held-out splits disjoint from train by underlying problem."}
   BUILDER_CONFIGS = [make_config(d) for d in base.TOY_DOMAINS]
 
   @tfds.core.utils.classproperty
@@ -142,10 +144,12 @@ class MopdTasks(tfds.core.GeneratorBasedBuilder):
       return {split: self._generate_examples(exs) for split, exs in splits.items()}
     task = get_task(c.task or c.domain, domain=c.domain)
     seen: set = set()
+    problems: set = set()
     out = {}
     for k, (split, n) in enumerate(zip(SPLITS, (c.num_train, c.num_validation, c.num_test))):
-      examples = task.generate(3 * c.seed + k, n, exclude=seen)
+      examples = task.generate(3 * c.seed + k, n, exclude=seen, exclude_problems=problems)
       seen.update(ex.prompt for ex in examples)
+      problems.update(task.problem_key(ex) for ex in examples)
       out[split] = self._generate_examples(examples)
     return out
 

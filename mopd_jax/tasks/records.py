@@ -202,13 +202,17 @@ def examples(recs: list, domain: str, verifier: str, *, budget_source: str, tok,
 class RecordsTask(base.Task):
   """A domain of records from data files: each example is scored by its record's verifier
   (`meta["verifier"]`, mopd_jax.tasks.verifiers) on `meta["record"]`. Code verifiers run
-  in the configured sandbox; a batch is verified on `workers` threads."""
+  in the configured sandbox; a batch is verified on `workers` threads. The environment runs
+  the tool calls of records that define `tools` (mopd_jax/tasks/tools.py)."""
   uses_sandbox = True  # Run.task passes the config's `sandbox` block
+  uses_observation_markers = True  # and the tokenizer's observation markers
 
   def __init__(self, backend: Optional[str] = None, workers: int = 2,
-               timeout_s: float = 5.0, memory_mb: int = 256):
+               timeout_s: float = 5.0, memory_mb: int = 256,
+               observation_markers: tuple = ("<tool_response>", "</tool_response>")):
     super().__init__()
-    from mopd_jax.tasks import sandbox  # pylint: disable=g-import-not-at-top
+    from mopd_jax.tasks import sandbox, tools  # pylint: disable=g-import-not-at-top
+    self.environment = tools.ToolEnvironment(tuple(observation_markers))
     self.workers = workers
     self._options = {"python_tests": dict(
         limits=sandbox.Limits(timeout_s=timeout_s, memory_mb=memory_mb), backend=backend)}

@@ -19,6 +19,11 @@ dict; every record has `prompt`, and each verifier names the fields it reads in 
                   test program. Reward 1 only if every test passes.
     exact         the normalised string or number match of `mopd_jax.tasks.jsonl` (the text
                   after the last `#`, else after "answer:") against `answer`.
+    tool          multi-turn tool use (mopd_jax/tasks/tools.py: the record's `tools`, run by
+                  the environment during the rollout): the final answer, taken from the text
+                  after the last tool observation as `math` takes it (else after the last
+                  `#` or "answer:"), against `answer`, equal as normalised strings or by
+                  math-verify. Tool calls and observations themselves earn nothing.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import re
 import threading
 from typing import Callable, Mapping, Optional
 
-from mopd_jax.tasks import base, jsonl, sandbox
+from mopd_jax.tasks import base, jsonl, sandbox, tools
 
 _REGISTRY: dict = {}
 
@@ -35,8 +40,9 @@ _REGISTRY: dict = {}
 class Verifier:
   """A named reward function of (response, record) that never raises."""
 
-  def __init__(self, name: str, fn: Callable[[str, Mapping], float], fields: tuple):
-    self.name, self._fn, self.fields = name, fn, fields
+  def __init__(self, name: str, fn: Callable[[str, Mapping], float], fields: tuple,
+               check: Optional[Callable] = None):
+    self.name, self._fn, self.fields, self._check = name, fn, fields, check
     self.calls = self.errors = 0
     self.last_error = ""
 
@@ -61,16 +67,17 @@ class Verifier:
     for group in self.fields:  # a tuple of alternatives: at least one is needed
       if not any(record.get(f) not in (None, "", []) for f in group):
         return (f"verifier {self.name!r} needs field {' or '.join(map(repr, group))}")
-    return None
+    return None if self._check is None else self._check(record)
 
 
-def register(name: str, fields: tuple = ()):
+def register(name: str, fields: tuple = (), check: Optional[Callable] = None):
   """Registers `fn(response, record) -> float` as verifier `name`; `fields`: tuples of
-  alternative field names, one of each needed in every record."""
+  alternative field names, one of each needed in every record; `check(record)`: why a
+  record is unusable beyond a missing field, or None."""
   def deco(fn):
     if name in _REGISTRY:
       raise ValueError(f"verifier {name!r} is already registered")
-    _REGISTRY[name] = (fn, fields)
+    _REGISTRY[name] = (fn, fields, check)
     return fn
   return deco
 
@@ -84,8 +91,9 @@ def get(name: str, **options) -> Verifier:
   are passed to it (e.g. python_tests' sandbox `limits` and `backend`)."""
   if name not in _REGISTRY:
     raise ValueError(f"unknown verifier {name!r}; registered: {list(registered())}")
-  fn, fields = _REGISTRY[name]
-  return Verifier(name, (lambda r, rec: fn(r, rec, **options)) if options else fn, fields)
+  fn, fields, check = _REGISTRY[name]
+  return Verifier(name, (lambda r, rec: fn(r, rec, **options)) if options else fn, fields,
+                  check)
 
 
 # --- math ----------------------------------------------------------------------------------
@@ -233,3 +241,28 @@ def verify_python_tests(response: str, record: Mapping, *,
 @register("exact", fields=(("answer",),))
 def verify_exact(response: str, record: Mapping) -> float:
   return float(jsonl.answers_match(jsonl.extract_answer(response), str(record["answer"])))
+
+
+# --- tool ----------------------------------------------------------------------------------
+_OBSERVATION_ENDS = ("</tool_response>", "</obs>")
+
+
+@register("tool", fields=(("answer",), ("tools",)),
+          check=lambda record: tools.check_tools(record["tools"]))
+def verify_tool(response: str, record: Mapping) -> float:
+  if not isinstance(response, str):
+    return 0.0
+  tail = response
+  for marker in _OBSERVATION_ENDS:  # only the text after the last observation answers
+    k = tail.rfind(marker)
+    if k >= 0:
+      tail = tail[k + len(marker):]
+  predicted = final_math_answer(tail) or jsonl.extract_answer(tail)
+  if not predicted:
+    return 0.0
+  gold = record["answer"]
+  if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
+    raise ValueError(f"'answer' must be a number or a string, got {type(gold).__name__}")
+  if jsonl.answers_match(predicted, str(gold)):
+    return 1.0
+  return float(_math_equal(str(gold), predicted))
