@@ -100,10 +100,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data.on_too_long = "skip"
 
   # b0(x) of record domains: "reference" = the toy's rule on the reference response's
-  # tokens (1.1 x (tokens + EOS)); "field" = the record's positive-int `budget`. A record
+  # tokens (1.1 x (tokens + EOS)); "field" = the record's positive-int `budget`; "samples" =
+  # 1.1 x the tokens of the shortest correct response among `samples` samples of pi_SFT at
+  # the top effort, measured at the start of the rl stage (mopd_jax/budgets.py). A record
   # whose b0 cannot be set is dropped and counted.
   c.budget = ml_collections.ConfigDict()
   c.budget.source = "reference"
+  c.budget.samples = 4
 
   # How a prompt becomes tokens (mopd_jax/tokenizer.py). With a Hugging Face tokenizer whose
   # tokenizer_config.json has a chat template (and chat_template=True) the prompt is a user

@@ -248,7 +248,8 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class BudgetConfig:
-  source: str = _f(OneOf(("field", "reference")))
+  source: str = _f(OneOf(("field", "reference", "samples")))
+  samples: int = _f(Int())  # k of budget.source=samples
 
 
 @dataclasses.dataclass(frozen=True)

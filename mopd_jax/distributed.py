@@ -141,6 +141,23 @@ def gather(tree):
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
+def allgather_texts(local: list) -> list:
+  """Every process's list of strings (the same count on each), concatenated in process
+  order, on every process: e.g. the examples each process read from its own shard."""
+  if jax.process_count() == 1:
+    return list(local)
+  data = [t.encode("utf-8") for t in local]
+  lens = np.asarray([len(b) for b in data], np.int32)
+  width = int(np.max(multihost_utils.process_allgather(
+      np.asarray([lens.max(initial=0)], np.int32))))
+  buf = np.zeros((len(data), max(width, 1)), np.uint8)
+  for i, b in enumerate(data):
+    buf[i, :len(b)] = np.frombuffer(b, np.uint8)
+  all_lens = np.asarray(multihost_utils.process_allgather(lens)).reshape(-1)
+  all_buf = np.asarray(multihost_utils.process_allgather(buf)).reshape(-1, buf.shape[1])
+  return [bytes(row[:n]).decode("utf-8") for row, n in zip(all_buf, all_lens)]
+
+
 def sync(name: str) -> None:
   """Barrier: every process reaches `name` before any goes on (e.g. before reading files
   that process 0 wrote)."""

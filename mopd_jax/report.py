@@ -22,6 +22,10 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> di
   data_done = storage.join(workdir, "data", "DONE.json")
   records = (checkpoint.read_json(data_done).get("records", {})
              if storage.exists(data_done) else {})
+  for d in records:  # b0 measured from samples of pi_SFT (budget.source=samples)
+    measured = storage.join(workdir, "budgets", f"{d}.json")
+    if storage.exists(measured):
+      records[d]["b0_samples"] = checkpoint.read_json(measured)["counts"]
   return {
       "grid": grid.to_json(),
       # Per record domain: kept / dropped / skipped counts and the b0 distribution per split.
@@ -184,11 +188,14 @@ def markdown(rep: dict) -> str:
     for d, c in rep["data"].items():
       b = c["b0"]["train"]
       splits = [s for s in ("train", "validation", "test") if s in c]
+      no_b0 = sum(c[s]["no_budget"] for s in splits)
+      if "b0_samples" in c:  # measured over every split; no correct sample = no b0
+        b = dict(c["b0_samples"], n=c["b0_samples"]["measured"])
+        no_b0 += c["b0_samples"]["no_correct_sample"]
       lines.append(
           f"| {d} | {b['n']} | {b['mean']:.1f} | " + " | ".join(
               f"{b[k]:.0f}" for k in ("min", "p10", "p50", "p90", "max")) +
-          f" | {c['train_duplicates'] + c['test_duplicates']} | "
-          f"{sum(c[s]['no_budget'] for s in splits)} | "
+          f" | {c['train_duplicates'] + c['test_duplicates']} | {no_b0} | "
           f"{sum(c[s]['too_long'] for s in splits)} |")
   lines += ["", "Wall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in
                                              rep["wall_seconds"].items()), "",

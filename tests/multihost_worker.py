@@ -115,6 +115,34 @@ def run_steps(mesh, workdir: str) -> dict:
   return out
 
 
+def grain_batches() -> dict:
+  """Record-domain batches through datasets.GrainIterator: each process reads only its own
+  shard (the keys it read), every process gets the same global batches, and a restored
+  iterator continues exactly."""
+  import numpy as np
+  from mopd_jax.tasks import datasets, get_task
+
+  class Spy(list):  # a data source that records which examples this process read
+    read = []
+
+    def __getitem__(self, i):
+      Spy.read.append(int(i))
+      return list.__getitem__(self, i)
+
+  source = Spy(get_task("gen").generate(0, 40))
+  it = datasets.GrainIterator(source, 8, seed=5)
+  first = [next(it) for _ in range(3)]
+  state = it.state()
+  more = [next(it) for _ in range(3)]
+  again = datasets.GrainIterator(source, 8, seed=5)
+  again.restore(state)
+  resumed = [next(again) for _ in range(3)]
+  position = {e.uid: i for i, e in enumerate(list.__iter__(source))}
+  uids = lambda batches: np.asarray([[position[e.uid] for e in b] for b in batches])
+  return {"grain_global": uids(first + more), "grain_resumed_equal": resumed == more,
+          "grain_read": np.asarray(sorted(set(Spy.read)))}
+
+
 def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("--process_id", type=int, required=True)
@@ -140,6 +168,8 @@ def main() -> None:
     raise RuntimeError(f"expected {args.num_processes} processes, got {jax.process_count()}")
   _tick("runtime started")
   mesh = sharding.make_mesh(MESH)
+  os.makedirs(args.workdir, exist_ok=True)
+  np.savez(os.path.join(args.workdir, f"grain_{args.process_id}.npz"), **grain_batches())
   out = run_steps(mesh, args.workdir)
   if distributed.is_main():
     np.savez(os.path.join(args.workdir, "result.npz"),

@@ -49,8 +49,13 @@ def make_chat_checkpoint(folder, vocab_extra: int = 0) -> str:
   return folder
 
 
-def test_every_stage_on_the_example_records(tmp_path):
-  ckpt = make_chat_checkpoint(str(tmp_path / "ckpt"))
+@pytest.fixture(scope="module")
+def chat_ckpt(tmp_path_factory):
+  return make_chat_checkpoint(str(tmp_path_factory.mktemp("chat") / "ckpt"))
+
+
+def test_every_stage_on_the_example_records(tmp_path, chat_ckpt):
+  ckpt = chat_ckpt
   wd = tmp_path / "wd"
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run(
@@ -82,3 +87,30 @@ def test_every_stage_on_the_example_records(tmp_path):
   assert sorted(manifest["teachers"]) == ["code/low", "code/max", "math/low", "math/max",
                                           "tool/low", "tool/max"]
   assert json.load(open(wd / "sft" / "DONE.json"))["steps"] == 2
+
+
+def test_measured_budgets_replace_the_placeholders(tmp_path, chat_ckpt):
+  """budget.source=samples: the data stage's b0s are placeholders; once the rl stage has
+  stored measured ones, every split read through the run has them, examples without one
+  (no correct sample) are left out, and grain batches come from the rest."""
+  import configs.files as files
+  from mopd_jax import checkpoint
+  from mopd_jax.stages import context, data
+  c = files.get_config(os.path.join(EXAMPLES, "spec.json"))
+  c.model.hf_path, c.model.tokenizer_path = chat_ckpt, chat_ckpt + "/tokenizer.json"
+  c.budget.source = "samples"
+  c.mesh.data = 8  # the suite's 8 simulated devices
+  ctx = context.Run(c, str(tmp_path / "wd"))
+  data.run(ctx)
+  train = ctx.split("math", "train")
+  assert {train[i].b0 for i in range(len(train))} == {1}  # placeholders
+  uids = [train[i].uid for i in range(len(train))]
+  measured = {u: (None if i % 3 == 0 else 10 + i) for i, u in enumerate(uids)}
+  checkpoint.write_json(ctx.budgets_path("math"),
+                        {"b0": measured, "k": 2, "counts": {"measured": 1}})
+  got = ctx.split("math", "train")
+  assert len(got) == sum(v is not None for v in measured.values())
+  assert all(got[i].b0 == measured[got[i].uid] for i in range(len(got)))
+  batch = next(ctx.iterator("math", 4, salt=0))
+  assert len(batch) == 4 and all(measured[e.uid] == e.b0 for e in batch)
+  assert ctx.split("code", "train")[0].b0 == 1  # not measured yet

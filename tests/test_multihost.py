@@ -56,6 +56,15 @@ def test_two_processes_equal_one_process(tmp_path):  # ~100 s on 2 cores: 2 work
   for i, p in enumerate(ref["params"]):
     np.testing.assert_allclose(multi[f"param_{i}"], p, atol=1e-5, err_msg=f"param {i}")
   assert bool(multi["restored_equal"]) and ref["restored_equal"]
+  # Record domains' grain iterator: each process read only its own shard (disjoint halves),
+  # both got the same global batches, each resumed exactly.
+  g = [np.load(tmp_path / "multi" / f"grain_{i}.npz") for i in range(2)]
+  np.testing.assert_array_equal(g[0]["grain_global"], g[1]["grain_global"])
+  assert not set(g[0]["grain_read"]) & set(g[1]["grain_read"])
+  assert set(g[0]["grain_read"]) | set(g[1]["grain_read"]) <= set(range(40))
+  assert all(bool(x["grain_resumed_equal"]) for x in g)
+  local = g[0]["grain_global"][:, :4]  # process 0's rows of each global batch
+  assert set(local.ravel()) <= set(g[0]["grain_read"])
   # Logs from process 0 only: one line per step, not one per process.
   with open(tmp_path / "multi" / "logs" / "metrics.jsonl") as f:
     assert len(f.read().splitlines()) == 2 * multihost_worker.STEPS

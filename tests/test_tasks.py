@@ -519,3 +519,23 @@ def test_jsonl_too_long_prompts_error_or_are_counted(tmp_path):
     jsonl.load_jsonl(path, on_too_long="truncate")
   with pytest.raises(ValueError, match="unknown domain"):
     jsonl.load_jsonl(path, default_domain="math")
+
+
+def test_grain_iterator_resumes_exactly_and_refuses_another_stream():
+  """Record domains' iterator (grain, sharded by JAX process; one process here): endless
+  shuffled batches, every example once per epoch, and a restored state continues with the
+  very batches the saved one would have produced. The 2-process case is in
+  tests/test_multihost.py."""
+  exs = tasks.get_task("gen").generate(0, 30)
+  it = datasets.GrainIterator(exs, 6, seed=4)
+  epoch = [e.uid for _ in range(5) for e in next(it)]
+  assert sorted(epoch) == sorted(e.uid for e in exs)  # 5 x 6 = one epoch, each once
+  state = json.loads(json.dumps(it.state()))  # what the checkpoint stores
+  ahead = [next(it) for _ in range(7)]
+  back = datasets.GrainIterator(exs, 6, seed=4)
+  back.restore(state)
+  assert [next(back) for _ in range(7)] == ahead
+  with pytest.raises(ValueError, match="seed"):
+    datasets.GrainIterator(exs, 6, seed=5).restore(state)
+  with pytest.raises(ValueError, match="multiple of the 1 process"):
+    datasets.GrainIterator(exs, 0, seed=4)

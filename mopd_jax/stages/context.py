@@ -82,19 +82,36 @@ class Run:
             k: list(v) if isinstance(v, tuple) else v for k, v in opts.items()},
         efforts=self.grid.effort_names)
 
-  def split(self, domain: str, split: str):
+  def split(self, domain: str, split: str, measured_b0: bool = True):
+    """A split's examples; a record domain with `budget.source=samples` gets the b0s the rl
+    stage measured (mopd_jax/budgets.py) once they exist (`measured_b0=False`: the data
+    stage's placeholders)."""
     from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)
-    return datasets.load_split(domain, split, self.data_dir, seed=self.config.seed,
-                               sizes=tuple(self.config.data.sizes),
-                               task=self.grid.task_of(domain),
-                               records=self.records_settings(domain))
+    source = datasets.load_split(domain, split, self.data_dir, seed=self.config.seed,
+                                 sizes=tuple(self.config.data.sizes),
+                                 task=self.grid.task_of(domain),
+                                 records=self.records_settings(domain))
+    path = self.budgets_path(domain)
+    if measured_b0 and path is not None and storage.exists(path):
+      from mopd_jax import budgets  # pylint: disable=g-import-not-at-top
+      return budgets.BudgetedSource(source, checkpoint.read_json(path)["b0"])
+    return source
+
+  def budgets_path(self, domain: str):
+    """Where a record domain's measured b0s live (`budget.source=samples`), else None."""
+    if domain not in self.config.records or self.config.budget.source != "samples":
+      return None
+    return self.path("budgets", f"{domain}.json")
 
   def iterator(self, domain: str, batch_size: int, salt: int, seed: Optional[int] = None):
-    """Training batches; `seed` (default: the run's) sets the data order, not the data."""
+    """Training batches; `seed` (default: the run's) sets the data order, not the data.
+    A record domain is read by grain, each process from its own shard; a toy domain by the
+    order-preserving ResumableIterator (mopd_jax/tasks/datasets.py)."""
     from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)
     seed = self.config.seed if seed is None else seed
-    return datasets.ResumableIterator(self.split(domain, "train"), batch_size,
-                                      seed=seed * 1000 + salt)
+    cls = (datasets.GrainIterator if domain in self.config.records
+           else datasets.ResumableIterator)
+    return cls(self.split(domain, "train"), batch_size, seed=seed * 1000 + salt)
 
   def budgets(self, examples, effort: str) -> list:
     return [task_base.budget(ex, self.taus[effort]) for ex in examples]

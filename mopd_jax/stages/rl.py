@@ -64,7 +64,44 @@ def lane_steps(ctx: Run, lane: Lane) -> list:
           for e in lane.efforts]
 
 
+def measure_budgets(ctx: Run) -> None:
+  """`budget.source=samples`: b0 of every record domain's examples from k samples of pi_SFT
+  at the top effort (as the teachers see the prompt), once, before the first budgeted
+  effort (mopd_jax/budgets.py)."""
+  from mopd_jax import budgets, distributed  # pylint: disable=g-import-not-at-top
+  params = None
+  for i, d in enumerate(ctx.grid.domains):
+    path = ctx.budgets_path(d)
+    if path is None or storage.exists(path):
+      continue
+    if params is None:
+      params = checkpoint.load_params(ctx.path("sft", "params"), ctx.params_like())
+    task, b0 = ctx.task(d), {}
+    for split in ("train", "validation", "test"):
+      exs = exs_of(ctx, d, split)
+      got = budgets.measure(ctx.engine, params, task, exs,
+                            ctx.teacher_effort(ctx.grid.top_effort), ctx.config.budget.samples,
+                            jax.random.PRNGKey(ctx.config.seed * 100 + 60 + i))
+      b0.update({ex.uid: v for ex, v in zip(exs, got)})
+    counts = budgets.summary(b0)
+    print(f"[rl] {d}: b0 from {ctx.config.budget.samples} samples of pi_SFT: {counts}")
+    if not any(b0.get(ex.uid) is not None for ex in exs_of(ctx, d, "train")):
+      raise RuntimeError(
+          f"budget.source=samples: pi_SFT solved none of domain {d!r}'s training prompts in "
+          f"{ctx.config.budget.samples} samples, so no prompt has a b0; raise budget.samples "
+          "or use budget.source=reference or field")
+    if distributed.is_main():
+      checkpoint.write_json(path, {"b0": b0, "k": ctx.config.budget.samples, "counts": counts})
+  distributed.sync("budgets measured")
+
+
+def exs_of(ctx: Run, domain: str, split: str) -> list:
+  src = ctx.split(domain, split, measured_b0=False)
+  return [src[j] for j in range(len(src))]
+
+
 def run(ctx: Run) -> None:
+  measure_budgets(ctx)
   path = ctx.path(MANIFEST)
   manifest = checkpoint.read_json(path, default={"teachers": {}})
   teachers.check_manifest_grid(manifest, path, ctx.grid)

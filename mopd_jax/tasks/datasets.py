@@ -29,6 +29,13 @@ what was kept, dropped and skipped are stored in the dataset's metadata (`record
     batch = next(it)                                        # list[Example]
     state = it.state()                                      # JSON-serialisable
     it2 = ResumableIterator(source, 32, seed=0); it2.restore(state)   # same next batches
+
+Record domains (real data, the pods' path) are read by `GrainIterator` instead: a grain
+`IndexSampler` sharded by JAX process (`ShardByJaxProcess`), so each process reads only its
+own shard of the training prompts, shuffled with the seed, endless; the global batch is the
+processes' local batches in process order (the examples' JSON all-gathered), and the state
+is every process's grain iterator state, so a resume continues each shard exactly. The toy
+domains keep `ResumableIterator`, whose order the toy's measured results were produced with.
 """
 from __future__ import annotations
 
@@ -332,3 +339,75 @@ class ResumableIterator:
     if epoch < 0 or not 0 <= pos < self._n:
       raise ValueError(f"bad iterator state {state!r}")
     self._epoch, self._pos = epoch, pos
+
+
+class _JsonSource:
+  """The examples of a source as their JSON strings: what grain reads and processes
+  exchange."""
+
+  def __init__(self, source):
+    self._source = source
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, i):
+    return self._source[int(i)].to_json()
+
+  def __repr__(self):  # what grain checks a restored state against: the same stream
+    return f"examples(n={len(self._source)})"
+
+
+class GrainIterator:
+  """Global batches of `Example`s read by grain, each process from its own shard (see the
+  module docstring); the `ResumableIterator` interface (`next`, `state`, `restore`)."""
+
+  def __init__(self, source, batch_size: int, seed: int):
+    import grain  # pylint: disable=g-import-not-at-top
+    import jax  # pylint: disable=g-import-not-at-top
+    processes = jax.process_count()
+    if not (isinstance(batch_size, int) and batch_size > 0 and batch_size % processes == 0):
+      raise ValueError(f"batch_size must be a positive multiple of the {processes} "
+                       f"process(es), got {batch_size!r}")
+    if len(source) < processes:
+      raise ValueError(f"{len(source)} examples cannot be sharded over {processes} processes")
+    self.batch_size, self.seed, self._n = batch_size, seed, len(source)
+    self._local = batch_size // processes
+    self._loader = grain.DataLoader(
+        data_source=_JsonSource(source),
+        sampler=grain.samplers.IndexSampler(
+            len(source), grain.sharding.ShardByJaxProcess(drop_remainder=True), shuffle=True,
+            num_epochs=None, seed=seed),
+        worker_count=0)
+    self._it = iter(self._loader)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> list:
+    from mopd_jax import distributed  # pylint: disable=g-import-not-at-top
+    local = [next(self._it) for _ in range(self._local)]
+    return [base.Example.from_json(t) for t in distributed.allgather_texts(local)]
+
+  def state(self) -> dict:
+    """JSON-serialisable: every process's grain state, in process order."""
+    from mopd_jax import distributed  # pylint: disable=g-import-not-at-top
+    mine = self._it.get_state()
+    mine = mine.decode() if isinstance(mine, bytes) else json.dumps(mine)
+    return dict(grain=distributed.allgather_texts([mine]), seed=self.seed,
+                batch_size=self.batch_size, num_examples=self._n)
+
+  def restore(self, state: dict) -> None:
+    """Continues from a `state()` of the same stream and process count."""
+    import jax  # pylint: disable=g-import-not-at-top
+    if isinstance(state, (str, bytes)):
+      state = json.loads(state)
+    for key, mine in (("seed", self.seed), ("batch_size", self.batch_size),
+                      ("num_examples", self._n)):
+      if state.get(key) != mine:
+        raise ValueError(f"state has {key}={state.get(key)!r}, this iterator has {mine!r}")
+    states = state.get("grain") or []
+    if len(states) != jax.process_count():
+      raise ValueError(f"the state was saved by {len(states)} process(es); this run has "
+                       f"{jax.process_count()} (each process resumes its own shard)")
+    self._it.set_state(states[jax.process_index()].encode())

@@ -124,7 +124,7 @@ def load_domain(train_path: str, test_path: str, verifier: str) -> tuple:
 
 
 # --- records as examples ----------------------------------------------------------------------
-BUDGET_SOURCES = ("field", "reference")
+BUDGET_SOURCES = ("field", "reference", "samples")
 
 
 def reference_response(fields: dict) -> Optional[str]:
@@ -155,8 +155,10 @@ def examples(recs: list, domain: str, verifier: str, *, budget_source: str, tok,
   """(Examples, ExampleCounts) of `recs` (`Record`s of one split, in order).
 
   b0 by `budget_source`: "field" reads the record's positive-int `budget`; "reference" is
-  the toy's rule on the reference response's tokens (`base.compute_b0` with `tok`). A record
-  whose b0 cannot be set is dropped and counted. `prompt_tokens(text)`: the prompt's length
+  the toy's rule on the reference response's tokens (`base.compute_b0` with `tok`); with
+  "samples" every b0 is 1 here, a placeholder the rl stage replaces by the measured one
+  (mopd_jax/budgets.py) before anything reads a budget. A record whose b0 cannot be set is
+  dropped and counted. `prompt_tokens(text)`: the prompt's length
   in tokens as the student sees it; over `max_prompt_tokens` (> 0) a record is skipped and
   counted, or raises (`on_too_long="error"`); nothing is truncated."""
   if budget_source not in BUDGET_SOURCES:
@@ -167,7 +169,9 @@ def examples(recs: list, domain: str, verifier: str, *, budget_source: str, tok,
   for r in recs:
     f = r.fields
     ref = reference_response(f)
-    if budget_source == "field":
+    if budget_source == "samples":
+      b0 = 1  # a placeholder: measured from samples of pi_SFT by the rl stage
+    elif budget_source == "field":
       b0 = f.get("budget")
       b0 = b0 if isinstance(b0, int) and not isinstance(b0, bool) and b0 > 0 else None
     else:
