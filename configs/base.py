@@ -205,6 +205,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.init = "sft"
   c.mopd.init_samples_per_cell = 64  # teacher rollouts per cell (teacher_sft)
   c.mopd.init_sft_steps = 60  # SFT updates on them (teacher_sft)
+  # Every this many steps, the exact per-token KL(student || routed teacher) over the whole
+  # vocabulary (chunked; one more forward of the student and the teachers) beside the
+  # sampled-token estimate; the report's KL plot uses it. 0 = off; co-located teachers only.
+  c.mopd.exact_kl_every = 10
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.max_response_tokens = 96  # hard cap on a response (generated + observations)

@@ -11,9 +11,9 @@ Tiny variant (random Qwen3-shaped model of toy size, char tokenizer; its smoke s
 
 The student comes from a Hugging Face checkpoint (`model.hf_path`, read by
 `mopd_jax.hf.load_checkpoint`; empty = the `qwen3-0.6b` preset, randomly initialised). The
-teachers are either nine Hugging Face checkpoints (`teacher.hf_paths`, in the order of
-the grid's teacher names: gen/low, gen/high, gen/max, agt/low, ..., cod/max) or, when
-empty, trained by the rl stage as in the toy run (then they share the student's shape).
+teachers are either nine Hugging Face checkpoints (`teacher.hf_paths`, one per cell:
+`--config.teacher.hf_paths=gen/low=DIR,gen/high=DIR,...,cod/max=DIR`) or, when empty,
+trained by the rl stage as in the toy run (then they share the student's shape).
 `mopd_jax.hf.resolve_model_config(config.model, vocab_size)` (or `config.teacher`) turns a
 block into a ModelConfig.
 

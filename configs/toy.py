@@ -108,6 +108,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.warmup_steps = 0 if fast else 5
   c.mopd.init_samples_per_cell = 8 if fast else 64  # teacher rollouts per cell (teacher_sft)
   c.mopd.init_sft_steps = 3 if fast else 60  # SFT updates on them (teacher_sft)
+  c.mopd.exact_kl_every = 1 if fast else 5  # the exact KL diagnostic (off the update's path)
 
   # 64 holds every gen and cod trajectory of a teacher's own style: the RL update costs
   # about 0.1 ms per padded token here.

@@ -334,6 +334,7 @@ class MopdConfig:
   init: str = _f(OneOf(("sft", "teacher_sft")))
   init_samples_per_cell: int = _f(Int())
   init_sft_steps: int = _f(Int())
+  exact_kl_every: int = _f(Int(0))
 
   @property
   def shared(self) -> bool:

@@ -91,6 +91,30 @@ def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, 
   return TokenStats(lp, ent, tk_lp, tk_ids)
 
 
+def kl_from_hidden(cfg_p: ModelConfig, params_p, hidden_p_BxTxD, cfg_q: ModelConfig, params_q,
+                   hidden_q_BxTxD, *, chunk_size: int = 64):
+  """[B, T] exact KL(p || q) over the whole vocabulary of each next-token distribution:
+  `out[b, t]` compares the two models' predictions of token t (from their hidden states at
+  t - 1, which the caller aligns); 0 at t = 0. Chunked like `token_stats_from_hidden`, so
+  [B, T, V] logits never exist. Both heads may differ (a student and its teacher)."""
+  cfg_p, params_p = models.materialize(cfg_p, params_p)
+  cfg_q, params_q = models.materialize(cfg_q, params_q)
+  b, t, _ = hidden_p_BxTxD.shape
+  n = t - 1
+  c, nchunks, to_chunks = _chunking(b, n, chunk_size)
+
+  def step(carry, x):
+    hp, hq = x
+    lp = jax.nn.log_softmax(models.logits_from_hidden(cfg_p, params_p, hp), axis=-1)
+    lq = jax.nn.log_softmax(models.logits_from_hidden(cfg_q, params_q, hq), axis=-1)
+    return carry, jnp.sum(jnp.exp(lp) * (lp - lq), axis=-1)
+
+  _, ys = jax.lax.scan(step, None, (to_chunks(hidden_p_BxTxD[:, :-1]),
+                                    to_chunks(hidden_q_BxTxD[:, :-1])))
+  kl = jnp.swapaxes(ys, 0, 1).reshape(b, nchunks * c)[:, :n]
+  return jnp.pad(kl, ((0, 0), (1, 0)))
+
+
 def token_stats(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None, positions=None,
                 chunk_size: int = 64, with_entropy: bool = False, top_k: int = 0,
                 topk_ids_BxTxK=None) -> TokenStats:

@@ -14,8 +14,10 @@ One step:
   4. the student is updated with the MOPD loss (K3 eq. 15) on every generated token, and the
      next step samples from the updated student.
 
-Diagnostics per cell: per-token KL (student vs routed teacher, on the sampled tokens),
-mean reward r_t, clip fraction, accuracy, mean length, over-budget rate at the cell's budget.
+Diagnostics per cell: per-token KL (student vs routed teacher): the sampled-token estimate
+log pi_s - log pi_t (what r_t is made of; it can go negative) and, every few steps, the
+exact KL over the whole vocabulary (`exact_kl_rows`, chunked); mean reward r_t, clip
+fraction, accuracy, mean length, over-budget rate at the cell's budget.
 
 Which prompts each cell gets (`cell_prompts`): a domain's prompts shared across its efforts,
 distinct per cell, or each prompt's effort drawn from `mopd.effort_mix`.
@@ -26,13 +28,14 @@ log-probs instead of the sampled token's; `alpha` > 0 adds an outcome-reward REI
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import distributed, rollout, teachers, train
+from mopd_jax import distributed, logprobs, models, rollout, teachers, train
 from mopd_jax.tasks import base as task_base
 
 
@@ -107,6 +110,49 @@ def cell_diagnostics(names, index_Kxb, lp_s_KxbxT, lp_t_KxbxT, mask_KxbxT, r_max
                  "length": float(np.mean(length_B[flat])),
                  "over_budget": float(np.mean(over_B[flat]))}
   return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 9))
+def _exact_kl_stratified(student_cfg, student_params, teacher_cfg, teacher_params_K,
+                         tokens_BxT, mask_BxT, t_tokens_KxbxT, t_mask_KxbxT, shift_Kxb,
+                         chunk_size, rows_Kxb):
+  """[K, b, T'] exact KL(student || teacher k) of each next token on the teachers' layout:
+  the student's hidden states, gathered into the stratified layout and shifted from its
+  positions to the teacher's, meet each teacher's own on its rows."""
+  s_cfg, s_params = models.materialize(student_cfg, student_params)
+  h = models.hidden_states(s_cfg, s_params, tokens_BxT, input_mask=mask_BxT)  # [B, T, D]
+  hs = h[jnp.maximum(rows_Kxb, 0)]  # [K, b, T, D]
+  pos = jnp.arange(t_tokens_KxbxT.shape[-1])[None, None, :] + shift_Kxb[..., None]
+  hs = jnp.take_along_axis(hs, jnp.clip(pos, 0, h.shape[1] - 1)[..., None], axis=2)
+
+  def one(p, tok, m, h_s):
+    t_cfg, p = models.materialize(teacher_cfg, p)
+    h_t = models.hidden_states(t_cfg, p, tok, input_mask=m)
+    return logprobs.kl_from_hidden(s_cfg, s_params, h_s, t_cfg, p, h_t, chunk_size=chunk_size)
+
+  return jax.vmap(one)(jax.lax.stop_gradient(teacher_params_K), t_tokens_KxbxT, t_mask_KxbxT,
+                       hs)
+
+
+def exact_kl_rows(student_cfg, student_params, bank: teachers.TeacherBank,
+                  sampled: "SampledBatch", chunk_size: int = 64) -> np.ndarray:
+  """[B, T] exact per-token KL(student || routed teacher) over the whole vocabulary, on the
+  student's own rollouts and positions (0 off the response), computed in chunks so that
+  [B, T, V] logits never exist. `bank` scores as in the step (its temperature applied)."""
+  index = sampled.index
+  if sampled.spans is None:
+    shift_rows = np.zeros(len(sampled.lengths), np.int32)
+  else:
+    shift_rows = np.asarray([ps - pt for ps, pt, _ in sampled.spans], np.int32)
+  shift = np.where(index >= 0, shift_rows[np.maximum(index, 0)], 0).astype(np.int32)
+  kl = _exact_kl_stratified(student_cfg, student_params, bank.model_cfg, bank.params,
+                            jnp.asarray(sampled.arr["tokens"]),
+                            jnp.asarray(sampled.arr["input_mask"]), sampled.tokens,
+                            sampled.input_mask, jnp.asarray(shift), chunk_size,
+                            jnp.asarray(index))
+  rows = teachers.scatter_stratified(np.asarray(distributed.gather(kl)), index,
+                                     len(sampled.lengths))
+  return sampled.student_layout(rows) * np.asarray(sampled.arr["loss_mask"], np.float32)
 
 
 def outcome_advantages(rewards_B, cell_ids_B) -> np.ndarray:
@@ -260,10 +306,14 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
 
 
 def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
-             sampled: SampledBatch, scored, *, r_max: float, alpha: float = 0.0):
+             sampled: SampledBatch, scored, *, r_max: float, alpha: float = 0.0,
+             exact_kl: Optional[Callable] = None):
   """Steps 3-4 once the teachers' scores `scored` are in (blocks on them): the update and
-  the step's record. `scored` as `mopd_step`'s `score_fn` returns it."""
+  the step's record. `scored` as `mopd_step`'s `score_fn` returns it. `exact_kl(params,
+  sampled)`: the [B, T] exact per-token KL (`exact_kl_rows`) of the student that sampled,
+  recorded as `kl_exact` overall and per cell; None = not this step."""
   arr, index, n = sampled.arr, sampled.index, len(sampled.lengths)
+  kl_rows = None if exact_kl is None else exact_kl(state.params, sampled)
   scored = distributed.gather(scored)  # every host needs every row's scores
   topk = None
   if trainer.loss_cfg.kind == "topk":
@@ -289,6 +339,14 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
       sampled.accuracy, sampled.lengths, sampled.over)
   m.update(accuracy=float(sampled.accuracy.mean()), length=float(sampled.lengths.mean()),
            over_budget=float(sampled.over.mean()))
+  if kl_rows is not None:
+    mask = np.asarray(arr["loss_mask"], bool)
+    m["kl_exact"] = float(kl_rows[mask].mean()) if mask.any() else 0.0
+    for k, name in enumerate(bank.router.names):
+      rows = index[k][index[k] >= 0]
+      if name in cells_diag and len(rows):
+        sel = mask[rows]
+        cells_diag[name]["kl_exact"] = float(kl_rows[rows][sel].mean()) if sel.any() else 0.0
   return state, StepRecord(step=int(state.step), metrics=m, cells=cells_diag)
 
 

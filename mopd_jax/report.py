@@ -34,6 +34,11 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> di
       "kl": {"initial": curve[0][1] if curve else None,
              "final": curve[-1][1] if curve else None, "curve": curve,
              **initial_kl_by_cell(workdir, history)},
+      # The exact full-vocabulary KL, on the steps that measured it (mopd.exact_kl_every).
+      "kl_exact_curve": [[h["step"], h["kl_exact"]] for h in history if "kl_exact" in h],
+      "kl_exact_per_cell": {name: [[h["step"], h["cells"][name]["kl_exact"]] for h in history
+                                   if "kl_exact" in h["cells"].get(name, {})]
+                            for name in (history[0]["cells"] if history else {})},
       "reward_curve": [[h["step"], h["reward_mean"]] for h in history],
       # Fraction of generated tokens whose reward r_t is clipped at +-r_max, per step.
       "clip_frac_curve": [[h["step"], h["clip_frac"]] for h in history if "clip_frac" in h],
@@ -154,6 +159,15 @@ def markdown(rep: dict) -> str:
     lines += ["", f"Per-token KL student vs routed teacher: initial {kl['initial']:.4f}, "
               f"final {kl['final']:.4f} ({drop}); mean over the first / last {n} steps "
               f"{first:.4f} / {last:.4f}."]
+  exact = rep.get("kl_exact_curve") or []
+  if exact:
+    m = max(1, len(exact) // 10)
+    first, last = (float(np.mean([v for _, v in exact[:m]])),
+                   float(np.mean([v for _, v in exact[-m:]])))
+    lines += ["", f"Exact per-token KL over the whole vocabulary (on the student's own "
+              f"rollouts, {len(exact)} steps measured): first {exact[0][1]:.4f}, last "
+              f"{exact[-1][1]:.4f}; mean over the first / last {m} measured steps "
+              f"{first:.4f} / {last:.4f} ({first / last if last > 0 else float('inf'):.1f}x)."]
   clip = [v for _, v in rep.get("clip_frac_curve") or []]
   if clip:
     lines += ["", f"Reward clipped at +-r_max on {100 * sum(clip) / len(clip):.2f}% of the "
@@ -236,13 +250,19 @@ def plots(rep: dict, outdir: str) -> list:
 
   if rep["kl"]["curve"]:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    c = np.asarray(rep["kl"]["curve"])
-    a1.plot(c[:, 0], c[:, 1], label="all cells")
-    for name, cc in rep["kl_per_cell"].items():
+    # The exact KL where measured (smoothed), else the sampled-token estimate.
+    exact = bool(rep.get("kl_exact_curve"))
+    c = np.asarray(rep["kl_exact_curve"] if exact else rep["kl"]["curve"])
+    a1.plot(c[:, 0], _smooth(c[:, 1]), label="all cells", color="k")
+    per_cell = rep["kl_exact_per_cell"] if exact else rep["kl_per_cell"]
+    for name, cc in per_cell.items():
       cc = np.asarray(cc)
-      a1.plot(cc[:, 0], cc[:, 1], alpha=0.35, lw=0.8)
+      if len(cc):
+        a1.plot(cc[:, 0], _smooth(cc[:, 1]), alpha=0.5, lw=0.8, label=name)
     a1.set_yscale("symlog", linthresh=1e-3)
-    a1.set_title("per-token KL student vs routed teacher")
+    a1.legend(fontsize=6, ncol=2)
+    a1.set_title("per-token KL student vs routed teacher" +
+                 (" (exact, smoothed)" if exact else " (sampled-token estimate, smoothed)"))
     a1.set_xlabel("MOPD step")
     r = np.asarray(rep["reward_curve"])
     a2.plot(r[:, 0], r[:, 1])
@@ -261,6 +281,15 @@ def plots(rep: dict, outdir: str) -> list:
   fig.tight_layout()
   written.append(_save(fig, outdir, "length.png"))
   return written
+
+
+def _smooth(y, window: int = 5):
+  """A centred moving average (the ends average what they have)."""
+  y = np.asarray(y, np.float64)
+  if len(y) < 3:
+    return y
+  k = np.ones(min(window, len(y)))
+  return np.convolve(y, k, "same") / np.convolve(np.ones_like(y), k, "same")
 
 
 def _save(fig, outdir: str, name: str) -> str:

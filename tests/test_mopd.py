@@ -1,5 +1,7 @@
-"""MOPD prompt selection (mopd_jax/mopd.py): which prompts each (domain, effort) cell gets."""
+"""MOPD (mopd_jax/mopd.py): which prompts each (domain, effort) cell gets, the effort-free
+teachers' view of the student's rollouts, and the exact full-vocabulary KL diagnostic."""
 import numpy as np
+import pytest
 
 
 def test_mopd_cell_prompts_shared_or_distinct_across_efforts():
@@ -61,3 +63,57 @@ def test_effort_free_teacher_scores_equal_whatever_the_students_effort():
   np.testing.assert_array_equal(scores["low"], scores["max"])
   # The ablation (the teacher sees the student's prompt) differs.
   assert tok.encode_prompt(exs[0].prompt, None) != rollout.encode_prompt(tok, exs[0], "max")
+
+
+@pytest.mark.parametrize("effort_free", [False, True])
+def test_exact_kl_equals_the_dense_full_vocabulary_kl(effort_free):
+  """`exact_kl_rows`: chunked, stratified by teacher, moved back to the student's positions
+  (effort-free teachers score after a shorter prompt), it equals sum_v p_s (log p_s - log p_t)
+  from dense [B, T, V] logits of the student and each row's routed teacher, on every
+  generated token, and is 0 elsewhere. The teachers are deeper than the student."""
+  import jax
+  import jax.numpy as jnp
+  from mopd_jax import models, mopd, rollout, teachers
+  from mopd_jax.tasks import get_task
+  from mopd_jax.tokenizer import CharTokenizer
+  tok = CharTokenizer()
+  s_cfg = models.get_preset("toy", vocab_size=tok.vocab_size, num_layers=1, d_model=32,
+                            quant="int4", quant_group=16)
+  t_cfg = s_cfg.replace(num_layers=2, quant="none")
+  student = models.init_params(s_cfg, jax.random.PRNGKey(1))
+  names = ("gen/low", "gen/max")
+  bank = teachers.build_bank(t_cfg, {n: models.init_params(t_cfg, jax.random.PRNGKey(5 + i))
+                                     for i, n in enumerate(names)})
+  exs = get_task("gen").generate(0, 5)
+  efforts = ["low", "max", "max", "low", "max"]
+  rng = np.random.RandomState(0)
+  trajs = []
+  for ex, e in zip(exs, efforts):
+    ids = rng.randint(20, 60, size=rng.randint(3, 9)).tolist() + [tok.eos_id]
+    trajs.append(rollout.Trajectory(rollout.encode_prompt(tok, ex, e), ids, [1] * len(ids),
+                                    [0.0] * len(ids), True))
+  arr = rollout.pad_batch(trajs, tok.pad_id, 64)
+  t_arr, spans = mopd.teacher_view(tok, trajs, exs) if effort_free else (arr, None)
+  tid = np.asarray([names.index(f"gen/{e}") for e in efforts])
+  index = teachers.stratify(tid, 2, 3)
+  strat = lambda x, fill=0: jnp.asarray(teachers.gather_stratified(x, index, fill))
+  sampled = mopd.SampledBatch(arr=arr, index=index, tokens=strat(t_arr["tokens"]),
+                              input_mask=strat(t_arr["input_mask"], False), cell_ids=tid,
+                              accuracy=np.zeros(5), lengths=np.asarray([t.num_tokens
+                                                                        for t in trajs]),
+                              over=np.zeros(5, bool), spans=spans)
+  got = mopd.exact_kl_rows(s_cfg, student, bank, sampled, chunk_size=16)
+
+  ls = jax.nn.log_softmax(models.forward(s_cfg, student, arr["tokens"],
+                                         input_mask=arr["input_mask"]), -1)
+  for b in range(5):
+    p_t = jax.tree.map(lambda x, k=tid[b]: x[k], bank.params)
+    lt = jax.nn.log_softmax(models.forward(t_cfg, p_t, t_arr["tokens"][b:b + 1],
+                                           input_mask=t_arr["input_mask"][b:b + 1]), -1)[0]
+    ps = len(trajs[b].prompt_ids)
+    pt = ps if spans is None else spans[b][1]
+    for j in range(trajs[b].num_tokens):  # token at ps + j, predicted at ps + j - 1
+      s_row, t_row = ls[b, ps + j - 1], lt[pt + j - 1]
+      want = float(jnp.sum(jnp.exp(s_row) * (s_row - t_row)))
+      np.testing.assert_allclose(got[b, ps + j], want, rtol=2e-4, atol=2e-5)
+  assert np.all(got[~arr["loss_mask"]] == 0) and np.all(got[arr["loss_mask"]] > 0)

@@ -65,6 +65,10 @@ def test_report_schema(workdir):
     assert {"accuracy", "mean_length", "over_budget_rate", "n"} <= set(c)
     assert 0.0 <= c["accuracy"] <= 1.0
   assert rep["kl"]["initial"] is not None and len(rep["kl"]["curve"]) == 3
+  # The exact full-vocabulary KL, every step of the tiny run, overall and per cell: >= 0.
+  assert len(rep["kl_exact_curve"]) == 3 and all(v >= 0 for _, v in rep["kl_exact_curve"])
+  assert len(rep["kl_exact_per_cell"]) == 9
+  assert "Exact per-token KL" in open(os.path.join(workdir, "report.md")).read()
   assert "total" in rep["wall_seconds"] and rep["config"]["seed"] == 0
   for png in ("cells.png", "kl.png", "length.png"):
     assert os.path.getsize(os.path.join(workdir, png)) > 1000

@@ -69,9 +69,20 @@ def run(ctx: Run) -> None:
   def submit(sampled):  # dispatched without blocking: JAX's async dispatch
     return scorer.submit(sampled.tokens, sampled.input_mask)
 
+  # The exact KL diagnostic needs the student and the teachers on the same devices.
+  every = c.exact_kl_every if ctx.config.placement.teachers == "colocated" else 0
+  if c.exact_kl_every and not every:
+    print("[mopd] mopd.exact_kl_every: the exact KL needs co-located teachers; only the "
+          "sampled-token KL estimate is reported")
+
+  def exact_kl(params, sampled):
+    return mopd.exact_kl_rows(ctx.model_cfg, params, scoring, sampled)
+
   def train_fn(state, sampled, scored):
+    step = int(state.step)
     return mopd.train_on(trainer, state, bank, sampled, scorer.fetch(scored), r_max=c.r_max,
-                         alpha=c.alpha)
+                         alpha=c.alpha,
+                         exact_kl=exact_kl if every and step % every == 0 else None)
 
   def init():
     student = checkpoint.load_params(ctx.path("sft", "params"), ctx.params_like())
