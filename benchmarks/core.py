@@ -99,6 +99,43 @@ def decode_benchmark(cfg, params, batch=8, prompt_len=64, new_tokens=128):
   }
 
 
+def long_cache_decode(cfg, params, batch=8, prompt_len=64, new_tokens=128, long=4096,
+                      short=256, repeats=3):
+  """Decode tokens/s with a `long`-slot cache over a `short`-slot one: the same prompts and
+  `new_tokens` generated per row (per-row caps), only the cache (sized by max_new_tokens)
+  differs. Blocked decode attention reads only the filled blocks; the dense path
+  (`DECODE_BLOCK` above the cache size, measured in the same run) reads every slot."""
+  from mopd_jax.models import transformer  # pylint: disable=g-import-not-at-top
+  cfg = cfg.replace(max_seq_len=max(cfg.max_seq_len, long))
+  prompts = np.random.RandomState(0).randint(3, cfg.vocab_size, (batch, prompt_len))
+  caps = np.full((batch,), new_tokens, np.int32)
+  rng = jax.random.PRNGKey(1)
+  block = transformer.DECODE_BLOCK
+
+  def sampler(slots, dense):
+    transformer.DECODE_BLOCK = 1 << 30 if dense else block  # read when the sampler traces
+    scfg = sampling.SamplingConfig(max_new_tokens=slots - prompt_len, buckets=(prompt_len,))
+    s = sampling.Sampler(cfg, scfg)
+    s(params, prompts, rng, max_new=caps).tokens.block_until_ready()  # compile
+    return s
+
+  try:
+    samplers = {(n, d): sampler(n, d) for n in (long, short) for d in (False, True)}
+  finally:
+    transformer.DECODE_BLOCK = block
+  times = {k: [] for k in samplers}
+  for _ in range(repeats):  # alternately, so a machine that changes speed affects all alike
+    for k, s in samplers.items():
+      t0 = time.perf_counter()
+      s(params, prompts, rng, max_new=caps).tokens.block_until_ready()
+      times[k].append(time.perf_counter() - t0)
+  rate = {k: batch * new_tokens / min(v) for k, v in times.items()}
+  return {"long_cache_decode_ratio": rate[(long, False)] / rate[(short, False)],
+          "long_cache_decode_ratio_dense": rate[(long, True)] / rate[(short, True)],
+          "long_cache_decode_tokens_per_s": rate[(long, False)],
+          "long_cache_decode_tokens_per_s_dense": rate[(long, True)]}
+
+
 def logprob_memory(cfg, batch=8, seq=512):
   """Temp bytes of the compiled chunked vs. full [B, T, V] log-prob computation."""
   params = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
@@ -202,6 +239,7 @@ def run(tunix_python=None) -> dict:
   out = {"device": f"{jax.device_count()}x {jax.devices()[0].device_kind}",
          "jax": jax.__version__, "matmul_peak_flops": peak}
   out.update(decode_against_tunix(cfg, params, tunix_python))
+  out.update(long_cache_decode(cfg, params))
   out.update(logprob_memory(cfg))
   out.update(prefill_benchmark(cfg, params, peak))
   out.update(train_benchmark(cfg, params, peak))

@@ -23,6 +23,52 @@ from mopd_jax.models.cache import KVCache
 from mopd_jax.models.config import ModelConfig
 
 _NEG_INF = -1e30  # finite, so a fully masked row gives a uniform softmax instead of NaN
+# Attention against a KV cache (prefill into it, decode from it) runs in blocks of this many
+# slots, only up to the block holding the last slot written: a step's cost follows the filled
+# length, not the cache size (a cache sized for 8k-token responses costs 100-token answers
+# little). Caches of at most one block, and the cache-free forward of training and scoring,
+# use the dense path.
+DECODE_BLOCK = 256
+
+
+def decode_attention(qg, k, v, kv_mask, q_slots, block: int):
+  """Queries against the cache in blocks up to the last query's slot (online softmax).
+
+  qg [B, KV, G, T, hd]; k, v [B, KV, S, hd]; kv_mask [B, S]; q_slots [T] (increasing): each
+  query's slot, attending causally to slots <= its own. Returns [B, KV, G, T, hd] in v's
+  dtype: the dense path's result up to float reassociation. Blocks past the last query's
+  slot are never read (a prefill into a large cache reads only the blocks it fills); a last
+  block that would run past the cache is shifted back and its already-counted slots
+  masked."""
+  b, kvh, g, t, hd = qg.shape
+  s = k.shape[2]
+  f32 = jnp.float32
+  scale = 1.0 / math.sqrt(hd)
+  q_slots = jnp.asarray(q_slots).reshape(-1)
+
+  def body(i, carry):
+    m, l, acc = carry
+    start = jnp.minimum(i * block, s - block)
+    kb = jax.lax.dynamic_slice_in_dim(k, start, block, axis=2)
+    vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2)
+    slots = start + jnp.arange(block)
+    ok = (jax.lax.dynamic_slice_in_dim(kv_mask, start, block, axis=1)[:, None, :] &
+          ((slots >= i * block)[None, :] & (slots[None, :] <= q_slots[:, None]))[None])
+    sc = jnp.einsum("bkgth,bksh->bkgts", qg, kb).astype(f32) * scale
+    sc = jnp.where(ok[:, None, None], sc, -jnp.inf)  # [B, KV, G, T, block]
+    m_new = jnp.maximum(m, sc.max(axis=-1))
+    safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    p = jnp.exp(sc - safe[..., None])
+    corr = jnp.exp(m - safe)
+    l = l * corr + p.sum(axis=-1)
+    acc = acc * corr[..., None] + jnp.einsum("bkgts,bksh->bkgth", p.astype(v.dtype),
+                                             vb).astype(f32)
+    return m_new, l, acc
+
+  init = (jnp.full((b, kvh, g, t), -jnp.inf, f32), jnp.zeros((b, kvh, g, t), f32),
+          jnp.zeros((b, kvh, g, t, hd), f32))
+  _, l, acc = jax.lax.fori_loop(0, q_slots[-1] // block + 1, body, init)
+  return (acc / jnp.maximum(l, 1e-30)[..., None]).astype(v.dtype)
 
 
 def _dense(x, w, in_dims: int = 1, **dot_kw):
@@ -142,12 +188,15 @@ class Attention(nn.Module):
 
     g = h // kv
     qg = jnp.transpose(q.reshape(b, t, kv, g, hd), (0, 2, 3, 1, 4))  # [B, KV, G, T, hd]
-    scores = jnp.einsum("bkgth,bksh->bkgts", qg, k).astype(jnp.float32) / math.sqrt(hd)
-    causal = q_slots[:, None] >= jnp.arange(num_slots)[None, :]  # [T, S]
-    mask = causal[None] & kv_mask[:, None, :]  # [B, T, S]
-    scores = jnp.where(mask[:, None, None], scores, _NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bkgts,bksh->bkgth", probs, v)
+    if layer_cache is not None and num_slots > DECODE_BLOCK:
+      out = decode_attention(qg, k, v, kv_mask, q_slots, DECODE_BLOCK)
+    else:
+      scores = jnp.einsum("bkgth,bksh->bkgts", qg, k).astype(jnp.float32) / math.sqrt(hd)
+      causal = q_slots[:, None] >= jnp.arange(num_slots)[None, :]  # [T, S]
+      mask = causal[None] & kv_mask[:, None, :]  # [B, T, S]
+      scores = jnp.where(mask[:, None, None], scores, _NEG_INF)
+      probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+      out = jnp.einsum("bkgts,bksh->bkgth", probs, v)
     out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, hd)  # heads in (kv, g) order
     return _dense(out, wo.astype(dt), in_dims=2), layer_cache
 
