@@ -136,6 +136,31 @@ def long_cache_decode(cfg, params, batch=8, prompt_len=64, new_tokens=128, long=
           "long_cache_decode_tokens_per_s_dense": rate[(long, True)]}
 
 
+def bf16_decode(cfg, params, batch=8, prompt_len=64, new_tokens=128, repeats=5):
+  """Decode tokens/s of the bf16 decode path (weights, activations, KV cache) over fp32, the
+  two measured alternately in one run, and the largest difference between the bf16
+  sampler's log-probs and fp32 teacher forcing on the same tokens."""
+  prompts = np.random.RandomState(0).randint(3, cfg.vocab_size, (batch, prompt_len))
+  rng = jax.random.PRNGKey(1)
+  samplers = {}
+  for dt in ("float32", "bfloat16"):
+    samplers[dt] = sampling.Sampler(cfg, sampling.SamplingConfig(
+        max_new_tokens=new_tokens, buckets=(prompt_len,), dtype=dt))
+    samplers[dt](params, prompts, rng).tokens.block_until_ready()  # compile
+  times = {dt: [] for dt in samplers}
+  for _ in range(repeats):
+    for dt, s in samplers.items():
+      t0 = time.perf_counter()
+      s(params, prompts, rng).tokens.block_until_ready()
+      times[dt].append(time.perf_counter() - t0)
+  r = samplers["bfloat16"](params, prompts, rng)
+  tf = logprobs.token_logprobs(cfg, params, r.tokens, input_mask=r.input_mask)
+  mask = np.asarray(r.loss_mask)
+  diff = float(np.abs(np.where(mask, np.asarray(tf) - np.asarray(r.logprobs), 0)).max())
+  return {"bf16_decode_speedup": min(times["float32"]) / min(times["bfloat16"]),
+          "bf16_logprob_max_abs_diff": diff}
+
+
 def logprob_memory(cfg, batch=8, seq=512):
   """Temp bytes of the compiled chunked vs. full [B, T, V] log-prob computation."""
   params = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
@@ -240,6 +265,7 @@ def run(tunix_python=None) -> dict:
          "jax": jax.__version__, "matmul_peak_flops": peak}
   out.update(decode_against_tunix(cfg, params, tunix_python))
   out.update(long_cache_decode(cfg, params))
+  out.update(bf16_decode(cfg, params))
   out.update(logprob_memory(cfg))
   out.update(prefill_benchmark(cfg, params, peak))
   out.update(train_benchmark(cfg, params, peak))

@@ -216,6 +216,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Least padded length of RL train batches (prompt + response); a batch is padded to the
   # power of two holding its longest trajectory.
   c.rollout.width = 64
+  # Decode weights, activations and KV cache of every rollout: float32 (the sampler's
+  # log-probs equal fp32 teacher forcing within 1e-5) | bfloat16 (faster on accelerators;
+  # the sampler's log-probs, which PMD's "sampler" old policy and the staleness importance
+  # weights use, carry bf16 rounding: ~2e-2 at most on the benchmark shape; the losses
+  # recompute the policy's own log-probs in fp32). docs/performance.md.
+  c.rollout.sampling_dtype = "float32"
 
   # The code sandbox of code verifiers (mopd_jax/tasks/sandbox.py). backend: "auto"
   # (bubblewrap where it works, else the in-process barrier with a loud warning) | "bwrap" |

@@ -346,6 +346,7 @@ class RolloutConfig:
   max_response_tokens: int = _f(Int())
   max_turns: int = _f(Int(0))
   width: int = _f(Int())
+  sampling_dtype: str = _f(OneOf(("float32", "bfloat16")))
 
 
 @dataclasses.dataclass(frozen=True)

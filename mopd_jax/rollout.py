@@ -61,14 +61,15 @@ class RolloutEngine:
   """Samples trajectories for examples; one compiled Sampler per static setting."""
 
   def __init__(self, model_cfg: models.ModelConfig, tok, *, max_response_tokens: int,
-               temperature: float = 1.0, max_turns: int = 4, top_p: float = 1.0):
+               temperature: float = 1.0, max_turns: int = 4, top_p: float = 1.0,
+               dtype: str = "float32"):
     self.model_cfg, self.tok = model_cfg, tok
     self.max_response_tokens = max_response_tokens
     self.max_turns = max_turns
     stops = (tok.eos_id, tok.call_end_id)
     self.scfg = sampling.SamplingConfig(max_new_tokens=max_response_tokens,
                                         temperature=temperature, top_p=top_p,
-                                        stop_tokens=stops, pad_id=tok.pad_id)
+                                        stop_tokens=stops, pad_id=tok.pad_id, dtype=dtype)
     self.sampler = sampling.Sampler(model_cfg, self.scfg)
 
   def run(self, params, examples: Sequence[task_base.Example], efforts: Sequence[str],

@@ -40,6 +40,15 @@ DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 327
 _CDF_BLOCK = 128
 
 
+DECODE_DTYPES = ("float32", "bfloat16")
+
+
+def decode_model(model_cfg: ModelConfig, scfg: "SamplingConfig") -> ModelConfig:
+  """The model config the sampler decodes with: bf16 activations and cache with
+  `scfg.dtype="bfloat16"` (the params are cast inside the jitted sampler)."""
+  return model_cfg if scfg.dtype == "float32" else model_cfg.replace(dtype="bfloat16")
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """Static sampler settings (hashable: one compilation per distinct config)."""
@@ -53,6 +62,10 @@ class SamplingConfig:
   pad_id: int = 0
   max_prompt_len: Optional[int] = None  # None: model max_seq_len - max_new_tokens
   buckets: tuple = DEFAULT_BUCKETS
+  # "bfloat16": decode weights, activations and the KV cache in bf16 (the sampler's own
+  # log-probs then differ from fp32 teacher forcing by bf16 rounding; the losses recompute
+  # the policy's log-probs in fp32 anyway). "float32": the model's own dtypes.
+  dtype: str = "float32"
 
   def __post_init__(self):
     """Errors: ValueError naming the field, its value and the allowed range, for a
@@ -79,6 +92,8 @@ class SamplingConfig:
       raise ValueError(f"greedy must be True or False, got {self.greedy!r}")
     if not is_int(self.pad_id) or self.pad_id < 0:
       raise ValueError(f"pad_id must be an int >= 0, got {self.pad_id!r}")
+    if self.dtype not in DECODE_DTYPES:
+      raise ValueError(f"dtype must be one of {DECODE_DTYPES}, got {self.dtype!r}")
     if self.max_prompt_len is not None and (not is_int(self.max_prompt_len) or
                                             self.max_prompt_len < 1):
       raise ValueError(f"max_prompt_len must be None or an int >= 1, got "
@@ -203,6 +218,9 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
   b, p = prompt_tokens.shape
   n = scfg.max_new_tokens
   model_cfg, params = models.materialize(model_cfg, params)  # QAT: quantise once, not per step
+  if scfg.dtype == "bfloat16":  # the decode weights in bf16 (cast once per call)
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16)
+                          if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
   tokens, mask = prompt_tokens, prompt_mask  # left-aligned by Sampler.prepare
   prompt_lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
   positions = models.default_positions(mask)
@@ -310,6 +328,7 @@ class Sampler:
 
   def __init__(self, model_cfg: ModelConfig, scfg: SamplingConfig,
                max_traces: Optional[int] = None):
+    model_cfg = decode_model(model_cfg, scfg)  # bf16 activations and cache when asked
     self.model_cfg = model_cfg
     self.scfg = scfg
     def fn(params, cache, prompt_tokens, prompt_mask, row_keys, row_limits):

@@ -55,6 +55,7 @@ CASES = [
     ("c.budget.source = 'guess'", "budget.source='guess'"),
     ("c.budget.samples = 0", "budget.samples must be an int >= 1"),
     ("c.mopd.exact_kl_every = -1", "mopd.exact_kl_every must be an int >= 0"),
+    ("c.rollout.sampling_dtype = 'float16'", "rollout.sampling_dtype='float16'"),
     ("c.mopd.steps = -3", "mopd.steps must be an int >= 1, got -3"),
     ("c.rl.group_size = 0", "rl.group_size must be an int >= 1"),
     ("c.rl.temperature = float('nan')", "rl.temperature must be a finite number >= 0"),

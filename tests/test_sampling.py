@@ -269,3 +269,19 @@ def test_sampler_with_blocked_decode_is_exact(params, monkeypatch):
   tf = logprobs.token_logprobs(CFG, params, r.tokens, input_mask=r.input_mask)
   mask = np.asarray(r.loss_mask)
   np.testing.assert_allclose(np.where(mask, tf, 0), np.asarray(r.logprobs), atol=1e-5)
+
+
+def test_bf16_decode_path(params):
+  """`dtype="bfloat16"`: weights, activations and the KV cache in bf16; the sampler's
+  log-probs stay close to fp32 teacher forcing on the same tokens (bf16 rounding only), and
+  the params handed in are left as they are."""
+  s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=20, dtype="bfloat16"))
+  assert s.model_cfg.dtype == "bfloat16"
+  r = s(params, PROMPTS, jax.random.PRNGKey(3))
+  tf = logprobs.token_logprobs(CFG, params, r.tokens, input_mask=r.input_mask)
+  mask = np.asarray(r.loss_mask)
+  diff = np.abs(np.where(mask, np.asarray(tf) - np.asarray(r.logprobs), 0)).max()
+  assert 0 < diff < 0.15
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+  with pytest.raises(ValueError, match="dtype must be one of"):
+    sampling.SamplingConfig(max_new_tokens=4, dtype="float16")

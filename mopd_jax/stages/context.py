@@ -123,7 +123,8 @@ class Run:
     """One rollout engine (and its compiled sampler) per (model, temperature)."""
     c = self.config.rollout
     return rollout.RolloutEngine(model_cfg, self.tok, max_response_tokens=c.max_response_tokens,
-                                 temperature=temperature, max_turns=c.max_turns)
+                                 temperature=temperature, max_turns=c.max_turns,
+                                 dtype=c.sampling_dtype)
 
   @property
   def engine(self) -> rollout.RolloutEngine:
