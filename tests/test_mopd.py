@@ -52,8 +52,8 @@ def test_effort_free_teacher_scores_equal_whatever_the_students_effort():
              for ex in exs]
     arr, spans = mopd.teacher_view(tok, trajs, exs)
     assert all(ps == pt + 1 for ps, pt, _ in spans)  # the student's prompt has the token
-    lp = np.asarray(logprobs.token_logprobs(cfg, params, arr["tokens"],
-                                            input_mask=arr["input_mask"]))
+    lp = np.asarray(jax.jit(lambda p, t, m: logprobs.token_logprobs(cfg, p, t, input_mask=m))(
+        params, arr["tokens"], arr["input_mask"]))
     student = rollout.pad_batch(trajs, tok.pad_id, 64)
     scores[effort] = mopd.realign(lp, spans, 64)[student["loss_mask"]]
     # Unaligned check: the teacher's own layout, response positions.
@@ -104,16 +104,17 @@ def test_exact_kl_equals_the_dense_full_vocabulary_kl(effort_free):
                               over=np.zeros(5, bool), spans=spans)
   got = mopd.exact_kl_rows(s_cfg, student, bank, sampled, chunk_size=16)
 
-  ls = jax.nn.log_softmax(models.forward(s_cfg, student, arr["tokens"],
-                                         input_mask=arr["input_mask"]), -1)
+  fwd = jax.jit(lambda cfg, p, t, m: jax.nn.log_softmax(models.forward(cfg, p, t,
+                                                                       input_mask=m), -1),
+                static_argnums=0)
+  ls = np.asarray(fwd(s_cfg, student, arr["tokens"], arr["input_mask"]))
+  lt = {k: np.asarray(fwd(t_cfg, jax.tree.map(lambda x, k=k: x[k], bank.params),
+                          t_arr["tokens"], t_arr["input_mask"])) for k in range(2)}
   for b in range(5):
-    p_t = jax.tree.map(lambda x, k=tid[b]: x[k], bank.params)
-    lt = jax.nn.log_softmax(models.forward(t_cfg, p_t, t_arr["tokens"][b:b + 1],
-                                           input_mask=t_arr["input_mask"][b:b + 1]), -1)[0]
     ps = len(trajs[b].prompt_ids)
     pt = ps if spans is None else spans[b][1]
     for j in range(trajs[b].num_tokens):  # token at ps + j, predicted at ps + j - 1
-      s_row, t_row = ls[b, ps + j - 1], lt[pt + j - 1]
-      want = float(jnp.sum(jnp.exp(s_row) * (s_row - t_row)))
+      s_row, t_row = ls[b, ps + j - 1], lt[tid[b]][b, pt + j - 1]
+      want = float(np.sum(np.exp(s_row) * (s_row - t_row)))
       np.testing.assert_allclose(got[b, ps + j], want, rtol=2e-4, atol=2e-5)
   assert np.all(got[~arr["loss_mask"]] == 0) and np.all(got[arr["loss_mask"]] > 0)

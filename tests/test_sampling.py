@@ -1,5 +1,4 @@
 """Sampler exactness: cache == recompute, log-probs == teacher forcing, padding invariance."""
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
