@@ -53,6 +53,16 @@ def test_logprobs_equal_teacher_forcing(params):
   np.testing.assert_allclose(np.where(mask, tf, 0), np.asarray(r.logprobs), atol=1e-5)
 
 
+def test_sampler_with_blocked_decode_is_exact(params, monkeypatch):
+  """With 8-slot cache-attention blocks (so every cache here takes the blocked path), the
+  two exactness checks above hold: greedy decoding equals full recompute, and the
+  sampler's log-probs equal teacher forcing."""
+  from mopd_jax.models import transformer
+  monkeypatch.setattr(transformer, "DECODE_BLOCK", 8)
+  test_greedy_cache_equals_recompute(params)
+  test_logprobs_equal_teacher_forcing(params)
+
+
 def test_rollout_layout_and_stop_tokens(params):
   stops = (3, 4, 5)
   n = 40
@@ -250,24 +260,6 @@ def test_blocked_cache_attention_equals_dense(q_slots):
       for tt in range(t):
         if has_key[bb, tt]:
           np.testing.assert_allclose(got[bb, :, :, tt], want[bb, :, :, tt], atol=2e-6)
-
-
-def test_sampler_with_blocked_decode_is_exact(params, monkeypatch):
-  """With 8-slot decode blocks (so every cache here takes the blocked path): greedy decoding
-  equals full recompute, and the sampler's log-probs equal teacher forcing."""
-  from mopd_jax.models import transformer
-  monkeypatch.setattr(transformer, "DECODE_BLOCK", 8)
-  n = 24
-  r = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=n, greedy=True))(
-      params, PROMPTS, jax.random.PRNGKey(0))
-  p = r.tokens.shape[1] - n
-  for b, prompt in enumerate(PROMPTS):
-    assert list(np.asarray(r.tokens[b, p:])) == _greedy_by_recompute(params, prompt, n)
-  s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=40, stop_tokens=(3, 4)))
-  r = s(params, PROMPTS, jax.random.PRNGKey(7))
-  tf = logprobs.token_logprobs(CFG, params, r.tokens, input_mask=r.input_mask)
-  mask = np.asarray(r.loss_mask)
-  np.testing.assert_allclose(np.where(mask, tf, 0), np.asarray(r.logprobs), atol=1e-5)
 
 
 def test_bf16_decode_path(params):
