@@ -161,6 +161,7 @@ class HFTokenizer:
     self.obs_id, self.obs_end_id = self._special_ids["<obs>"], self._special_ids["</obs>"]
     self.chat_template = _read_chat_template(os.path.dirname(path))
     self.chat = bool(chat and self.chat_template)
+    self._compiled = None  # the chat template, compiled on first use
 
   @property
   def vocab_size(self) -> int:
@@ -170,10 +171,12 @@ class HFTokenizer:
     """Render `messages` ([{"role", "content"}]) with the checkpoint's Jinja chat template."""
     if not self.chat_template:
       raise ValueError(f"{self.path}: no chat_template in tokenizer_config.json")
-    import jinja2.sandbox  # pylint: disable=g-import-not-at-top
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(self.chat_template).render(
-        messages=messages, add_generation_prompt=add_generation_prompt, **kwargs)
+    if self._compiled is None:  # compiled once: every prompt of a run is rendered with it
+      import jinja2.sandbox  # pylint: disable=g-import-not-at-top
+      env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+      self._compiled = env.from_string(self.chat_template)
+    return self._compiled.render(messages=messages,
+                                 add_generation_prompt=add_generation_prompt, **kwargs)
 
   def effort_id(self, effort: str) -> int:
     if effort not in self.efforts:

@@ -40,6 +40,7 @@ class Run:
     self.mesh, self.teacher_mesh = placement.config_meshes(config)
     self.taus = self.grid.taus
     self.data_dir = config.data.dir or storage.join(self.workdir, "data")
+    self._budgeted = {}  # (domain, split) -> budgets.BudgetedSource
 
   # --- files ---------------------------------------------------------------------------------
   def path(self, *parts) -> str:
@@ -93,8 +94,11 @@ class Run:
                                  records=self.records_settings(domain))
     path = self.budgets_path(domain)
     if measured_b0 and path is not None and storage.exists(path):
-      from mopd_jax import budgets  # pylint: disable=g-import-not-at-top
-      return budgets.BudgetedSource(source, checkpoint.read_json(path)["b0"])
+      key = (domain, split)  # written once by the rl stage: read and applied once
+      if key not in self._budgeted:
+        from mopd_jax import budgets  # pylint: disable=g-import-not-at-top
+        self._budgeted[key] = budgets.BudgetedSource(source, checkpoint.read_json(path)["b0"])
+      return self._budgeted[key]
     return source
 
   def budgets_path(self, domain: str):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import os
 from typing import Optional
@@ -65,16 +66,29 @@ def _read_parquet(path: str) -> list:
 
 
 def fingerprint(paths) -> str:
-  """A digest of the files' bytes (sha256), to key what is built from them."""
+  """A digest of the files' bytes (sha256), to key what is built from them. Each file is
+  hashed once per process while its size and modification time stay the same (a run asks
+  for it at every split it loads)."""
   h = hashlib.sha256()
   for path in paths:
     try:
-      with open(path, "rb") as f:  # local: data files are read where they are
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-          h.update(chunk)
+      st = os.stat(path)  # local: data files are read where they are
     except OSError as e:
       raise base.DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    h.update(b"\0")
+    h.update(_file_digest(path, st.st_size, st.st_mtime_ns).encode())
+  return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+  del size, mtime_ns  # the cache key: a changed file is hashed again
+  h = hashlib.sha256()
+  try:
+    with open(path, "rb") as f:  # local: data files are read where they are
+      for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+  except OSError as e:
+    raise base.DataError(f"{path}: cannot read ({e.strerror or e})") from None
   return h.hexdigest()
 
 
