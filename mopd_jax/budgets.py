@@ -71,10 +71,17 @@ class BudgetedSource:
     return f"BudgetedSource({self._source!r}, kept={len(self)})"
 
 
+def distribution(b0s) -> dict:
+  """The distribution of base budgets: n, mean and the 0/10/50/90/100th percentiles (what
+  the data stage records and report.md shows)."""
+  a = np.asarray(list(b0s), np.float64)
+  q = np.percentile(a, [0, 10, 50, 90, 100]) if a.size else [0.0] * 5
+  return {"n": int(a.size), "mean": float(a.mean()) if a.size else 0.0,
+          **{k: float(v) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}}
+
+
 def summary(b0: dict) -> dict:
   """Counts of a domain's measured b0s: with and without one, and their distribution."""
-  vals = np.asarray([v for v in b0.values() if v is not None], np.float64)
-  q = np.percentile(vals, [0, 10, 50, 90, 100]) if vals.size else [0.0] * 5
-  return {"measured": int(vals.size), "no_correct_sample": sum(v is None for v in b0.values()),
-          "mean": float(vals.mean()) if vals.size else 0.0,
-          **{k: float(v) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}}
+  d = distribution(v for v in b0.values() if v is not None)
+  return {"measured": d.pop("n"), "no_correct_sample": sum(v is None for v in b0.values()),
+          **d}

@@ -49,6 +49,7 @@ from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
 
+from mopd_jax import budgets
 from mopd_jax.tasks import base, get_task
 from mopd_jax.tasks import records as recs_mod
 
@@ -191,16 +192,8 @@ def record_splits(domain: str, settings: dict, seed: int) -> tuple:
                            f"example of domain {domain!r} is left ({dataclasses.asdict(c)})")
     out[split] = exs
     info[split] = dataclasses.asdict(c)
-  info["b0"] = {split: b0_summary([ex.b0 for ex in exs]) for split, exs in out.items()}
+  info["b0"] = {split: budgets.distribution(ex.b0 for ex in exs) for split, exs in out.items()}
   return out, info
-
-
-def b0_summary(b0s) -> dict:
-  """The distribution of base budgets: n, mean and the 0/10/50/90/100th percentiles."""
-  a = np.asarray(b0s, np.float64)
-  q = np.percentile(a, [0, 10, 50, 90, 100]) if a.size else [0.0] * 5
-  return {"n": int(a.size), "mean": float(a.mean()) if a.size else 0.0,
-          **{k: float(v) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}}
 
 
 def record_counts(builder) -> dict:
