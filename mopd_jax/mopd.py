@@ -145,11 +145,16 @@ def exact_kl_rows(student_cfg, student_params, bank: teachers.TeacherBank,
   else:
     shift_rows = np.asarray([ps - pt for ps, pt, _ in sampled.spans], np.int32)
   shift = np.where(index >= 0, shift_rows[np.maximum(index, 0)], 0).astype(np.int32)
-  kl = _exact_kl_stratified(student_cfg, student_params, bank.model_cfg, bank.params,
-                            jnp.asarray(sampled.arr["tokens"]),
-                            jnp.asarray(sampled.arr["input_mask"]), sampled.tokens,
-                            sampled.input_mask, jnp.asarray(shift), chunk_size,
-                            jnp.asarray(index))
+  host = (np.asarray(sampled.arr["tokens"]), np.asarray(sampled.arr["input_mask"]),
+          np.asarray(sampled.tokens), np.asarray(sampled.input_mask), shift,
+          np.asarray(index, np.int32))
+  if jax.process_count() > 1:  # every process holds the batch: global, replicated arrays
+    rep = jax.sharding.NamedSharding(distributed.mesh_of(student_params),
+                                     jax.sharding.PartitionSpec())
+    host = distributed.to_global(host, rep)
+  tokens, mask, t_tokens, t_mask, shift, rows = host
+  kl = _exact_kl_stratified(student_cfg, student_params, bank.model_cfg, bank.params, tokens,
+                            mask, t_tokens, t_mask, shift, chunk_size, rows)
   rows = teachers.scatter_stratified(np.asarray(distributed.gather(kl)), index,
                                      len(sampled.lengths))
   return sampled.student_layout(rows) * np.asarray(sampled.arr["loss_mask"], np.float32)
