@@ -76,16 +76,17 @@ def measure_budgets(ctx: Run) -> None:
       continue
     if params is None:
       params = checkpoint.load_params(ctx.path("sft", "params"), ctx.params_like())
-    task, b0 = ctx.task(d), {}
+    task, b0, solved = ctx.task(d), {}, {}
     for split in ("train", "validation", "test"):
       exs = exs_of(ctx, d, split)
       got = budgets.measure(ctx.engine, params, task, exs,
                             ctx.teacher_effort(ctx.grid.top_effort), ctx.config.budget.samples,
                             jax.random.PRNGKey(ctx.config.seed * 100 + 60 + i))
       b0.update({ex.uid: v for ex, v in zip(exs, got)})
+      solved[split] = sum(v is not None for v in got)
     counts = budgets.summary(b0)
     print(f"[rl] {d}: b0 from {ctx.config.budget.samples} samples of pi_SFT: {counts}")
-    if not any(b0.get(ex.uid) is not None for ex in exs_of(ctx, d, "train")):
+    if not solved["train"]:
       raise RuntimeError(
           f"budget.source=samples: pi_SFT solved none of domain {d!r}'s training prompts in "
           f"{ctx.config.budget.samples} samples, so no prompt has a b0; raise budget.samples "
