@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import logprobs, models, sampling, sharding, teachers, train
+from mopd_jax import continuous, logprobs, models, sampling, sharding, teachers, train
 
 
 def _time(fn, *args, repeats=5, warmup=1):
@@ -134,6 +134,53 @@ def long_cache_decode(cfg, params, batch=8, prompt_len=64, new_tokens=128, long=
           "long_cache_decode_ratio_dense": rate[(long, True)] / rate[(short, True)],
           "long_cache_decode_tokens_per_s": rate[(long, False)],
           "long_cache_decode_tokens_per_s_dense": rate[(long, True)]}
+
+
+def continuous_batching_caps(rows=64, cap=512) -> np.ndarray:
+  """Per-row caps clip(round(exp(N(log 32, 1))), 1, cap) drawn with RandomState(0): lengths
+  spread over two orders of magnitude, like low- and max-effort answers in one queue."""
+  draw = np.random.RandomState(0).normal(np.log(32), 1.0, rows)
+  return np.clip(np.round(np.exp(draw)), 1, cap).astype(np.int32)
+
+
+def continuous_batching(cfg, params, rows=64, slots=8, prompt_len=64, cap=512, repeats=3):
+  """Useful (generated) tokens/s of the continuous sampler (its default admission, longest
+  cap first, and FIFO) over the static one (batches of `slots` rows in queue order), same
+  slots, same prompts and per-row caps, no stop token; the three measured alternately in one
+  run. Also the static sampler's slot-steps per useful token (the speedup's limit)."""
+  cfg = cfg.replace(max_seq_len=max(cfg.max_seq_len, prompt_len + cap))
+  prompts = np.random.RandomState(1).randint(3, cfg.vocab_size, (rows, prompt_len))
+  caps = continuous_batching_caps(rows, cap)
+  rng = jax.random.PRNGKey(1)
+  keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(rows))
+  scfg = sampling.SamplingConfig(max_new_tokens=cap, buckets=(prompt_len,))
+  static = sampling.Sampler(cfg, scfg)
+  cont = continuous.ContinuousSampler(cfg, scfg, slots=slots)
+  fifo = continuous.ContinuousSampler(cfg, scfg, slots=slots, admission="fifo")
+
+  def run_static():
+    out = [static(params, prompts[i:i + slots], rng, row_keys=keys[i:i + slots],
+                  max_new=caps[i:i + slots]) for i in range(0, rows, slots)]
+    return jax.block_until_ready([o.tokens for o in out])
+
+  runs = {"static": run_static,
+          "continuous": lambda: cont(params, prompts, rng, row_keys=keys, max_new=caps).tokens,
+          "fifo": lambda: fifo(params, prompts, rng, row_keys=keys, max_new=caps).tokens}
+  for fn in runs.values():
+    fn()  # compile
+  times = {k: [] for k in runs}
+  for _ in range(repeats):
+    for name, fn in runs.items():
+      t0 = time.perf_counter()
+      fn()
+      times[name].append(time.perf_counter() - t0)
+  useful = int(caps.sum())
+  slot_steps = sum(int(caps[i:i + slots].max()) * slots for i in range(0, rows, slots))
+  rate = {k: useful / min(v) for k, v in times.items()}
+  return {"continuous_batching_speedup": rate["continuous"] / rate["static"],
+          "continuous_batching_speedup_fifo": rate["fifo"] / rate["static"],
+          "continuous_tokens_per_s": rate["continuous"], "static_tokens_per_s": rate["static"],
+          "static_slot_steps_per_useful_token": slot_steps / useful}
 
 
 def bf16_decode(cfg, params, batch=8, prompt_len=64, new_tokens=128, repeats=5):
@@ -265,6 +312,7 @@ def run(tunix_python=None) -> dict:
          "jax": jax.__version__, "matmul_peak_flops": peak}
   out.update(decode_against_tunix(cfg, params, tunix_python))
   out.update(long_cache_decode(cfg, params))
+  out.update(continuous_batching(cfg, params))
   out.update(bf16_decode(cfg, params))
   out.update(logprob_memory(cfg))
   out.update(prefill_benchmark(cfg, params, peak))

@@ -185,7 +185,7 @@ def row_uniforms(row_keys, positions):
       jax.random.fold_in(k, p), (), jnp.float32, minval=1e-7, maxval=1.0))(row_keys, positions)
 
 
-def _uniform_table(row_keys, first_positions, n: int):
+def uniform_table(row_keys, first_positions, n: int):
   """[B, n]: column j holds `row_uniforms(row_keys, first_positions + j)`. Drawn for the whole
   decode before it starts, in one vectorised pass, instead of a small threefry loop in every
   decode step."""
@@ -207,6 +207,24 @@ def sample_token(logits, u, scfg: SamplingConfig):
   return tok, picked - m[:, 0] - jnp.log(total)
 
 
+def prefill(model_cfg: ModelConfig, params, tokens, mask, cache: KVCache):
+  """Run left-aligned prompts [B, P] into the first P slots of `cache`; (hidden, cache).
+
+  The prompt runs against a P-slot cache of its own, so its attention costs P x P whatever
+  the cache's size (a prompt of at most `DECODE_BLOCK` tokens takes the dense path), and
+  is then copied into the large cache; decoding continues at slot P."""
+  b, p = tokens.shape
+  own = models.init_cache(model_cfg, b, p, cache.layers[0]["k"].dtype)
+  hidden, own = models.forward_with_cache(model_cfg, params, tokens,
+                                          models.default_positions(mask), mask, own)
+  put = lambda big, small: jax.lax.dynamic_update_slice_in_dim(big, small, 0, axis=2)
+  layers = tuple({k: put(big[k], small[k]) for k in big}
+                 for big, small in zip(cache.layers, own.layers))
+  valid = jax.lax.dynamic_update_slice_in_dim(jnp.zeros_like(cache.valid), own.valid, 0,
+                                              axis=1)
+  return hidden, cache.replace(layers=layers, valid=valid, index=jnp.asarray(p, jnp.int32))
+
+
 def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCache,
               prompt_tokens, prompt_mask, row_keys, row_limits):
   """Returns (final cache, rollout); the cache comes back so its donated buffer is reused.
@@ -223,13 +241,12 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
                           if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
   tokens, mask = prompt_tokens, prompt_mask  # left-aligned by Sampler.prepare
   prompt_lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
-  positions = models.default_positions(mask)
-  hidden, cache = models.forward_with_cache(model_cfg, params, tokens, positions, mask, cache)
+  hidden, cache = prefill(model_cfg, params, tokens, mask, cache)
   logits = models.decode_logits(model_cfg, params, hidden[:, -1])
   # The draw for the token at sequence position p of a row is fold_in(row key, p): it depends
   # on neither the padding, the batch, nor how the trajectory was split into segments
   # (partial rollouts re-prefill the same prefix and continue with identical draws).
-  uniforms = _uniform_table(row_keys, prompt_lengths, n + 1)
+  uniforms = uniform_table(row_keys, prompt_lengths, n + 1)
   tok, lp = sample_token(logits, uniforms[:, 0], scfg)
   stop_ids = jnp.asarray(scfg.stop_tokens or (-1,), jnp.int32)
 
@@ -393,14 +410,9 @@ class Sampler:
     mask = np.arange(width)[None, :] >= (width - lengths)[:, None]
     return jnp.asarray(tokens, jnp.int32), jnp.asarray(mask)
 
-  def __call__(self, params, prompts, rng, prompt_mask=None, row_keys=None,
-               max_new=None) -> Rollout:
-    """`rng`: one key, split per row as fold_in(rng, row); or pass `row_keys` [B, 2] to pin
-    each row's random stream (partial rollouts, batch-independent sampling).
-    `max_new`: per-row caps [B] on generated tokens (<= max_new_tokens; a length budget):
-    a row stops there, and decoding ends once every row has stopped or reached its cap."""
-    tokens, mask = self.prepare(prompts, prompt_mask)
-    b, p = tokens.shape
+  def row_args(self, b: int, rng, row_keys=None, max_new=None):
+    """Each row's cap (`max_new`: checked, clipped to max_new_tokens) and PRNG key (given,
+    or fold_in(rng, row)) for a batch of b prompts."""
     n = self.scfg.max_new_tokens
     if max_new is None:
       limits = np.full((b,), n, np.int32)
@@ -417,6 +429,18 @@ class Sampler:
     row_keys = jnp.asarray(row_keys)
     if row_keys.shape[0] != b:
       raise ValueError(f"{row_keys.shape[0]} row keys for a batch of {b} prompts")
+    return limits, row_keys
+
+  def __call__(self, params, prompts, rng, prompt_mask=None, row_keys=None,
+               max_new=None) -> Rollout:
+    """`rng`: one key, split per row as fold_in(rng, row); or pass `row_keys` [B, 2] to pin
+    each row's random stream (partial rollouts, batch-independent sampling).
+    `max_new`: per-row caps [B] on generated tokens (<= max_new_tokens; a length budget):
+    a row stops there, and decoding ends once every row has stopped or reached its cap."""
+    tokens, mask = self.prepare(prompts, prompt_mask)
+    b, p = tokens.shape
+    n = self.scfg.max_new_tokens
+    limits, row_keys = self.row_args(b, rng, row_keys, max_new)
     if jax.process_count() == 1:
       cache = models.init_cache(self.model_cfg, b, p + n)
       _, rollout = self._fn(params, cache, tokens, mask, row_keys, jnp.asarray(limits))

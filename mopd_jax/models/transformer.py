@@ -34,17 +34,19 @@ DECODE_BLOCK = 256
 def decode_attention(qg, k, v, kv_mask, q_slots, block: int):
   """Queries against the cache in blocks up to the last query's slot (online softmax).
 
-  qg [B, KV, G, T, hd]; k, v [B, KV, S, hd]; kv_mask [B, S]; q_slots [T] (increasing): each
-  query's slot, attending causally to slots <= its own. Returns [B, KV, G, T, hd] in v's
-  dtype: the dense path's result up to float reassociation. Blocks past the last query's
-  slot are never read (a prefill into a large cache reads only the blocks it fills); a last
-  block that would run past the cache is shifted back and its already-counted slots
-  masked."""
+  qg [B, KV, G, T, hd]; k, v [B, KV, S, hd]; kv_mask [B, S]; q_slots [T] (increasing), or
+  [B, T] when each row writes at its own slots (continuous batching): each query's slot,
+  attending causally to slots <= its own. Returns [B, KV, G, T, hd] in v's dtype: the dense
+  path's result up to float reassociation. Blocks past the last query's slot (the batch's
+  furthest row) are never read (a prefill into a large cache reads only the blocks it
+  fills); for a row that ends earlier they are fully masked, which leaves its running
+  softmax bit for bit unchanged. A last block that would run past the cache is shifted
+  back and its already-counted slots masked."""
   b, kvh, g, t, hd = qg.shape
   s = k.shape[2]
   f32 = jnp.float32
   scale = 1.0 / math.sqrt(hd)
-  q_slots = jnp.asarray(q_slots).reshape(-1)
+  q2 = _query_slots(q_slots)  # [1 or B, T]
 
   def body(i, carry):
     m, l, acc = carry
@@ -53,7 +55,7 @@ def decode_attention(qg, k, v, kv_mask, q_slots, block: int):
     vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2)
     slots = start + jnp.arange(block)
     ok = (jax.lax.dynamic_slice_in_dim(kv_mask, start, block, axis=1)[:, None, :] &
-          ((slots >= i * block)[None, :] & (slots[None, :] <= q_slots[:, None]))[None])
+          (slots >= i * block)[None, None, :] & (slots[None, None, :] <= q2[:, :, None]))
     sc = jnp.einsum("bkgth,bksh->bkgts", qg, kb).astype(f32) * scale
     sc = jnp.where(ok[:, None, None], sc, -jnp.inf)  # [B, KV, G, T, block]
     m_new = jnp.maximum(m, sc.max(axis=-1))
@@ -67,8 +69,24 @@ def decode_attention(qg, k, v, kv_mask, q_slots, block: int):
 
   init = (jnp.full((b, kvh, g, t), -jnp.inf, f32), jnp.zeros((b, kvh, g, t), f32),
           jnp.zeros((b, kvh, g, t, hd), f32))
-  _, l, acc = jax.lax.fori_loop(0, q_slots[-1] // block + 1, body, init)
+  _, l, acc = jax.lax.fori_loop(0, jnp.max(q2[:, -1]) // block + 1, body, init)
   return (acc / jnp.maximum(l, 1e-30)[..., None]).astype(v.dtype)
+
+
+def _query_slots(q_slots):
+  """Query slots as [1, T] (shared by the batch) or [B, T] (one row's own slots)."""
+  q_slots = jnp.asarray(q_slots)
+  return q_slots[None] if q_slots.ndim == 1 else q_slots
+
+
+def _write_slots(cache_kv, new_kv, q_slots):
+  """Write a chunk's k or v [B, KV, T, hd] into the cache [B, KV, S, hd] at its slots: one
+  `dynamic_update_slice` for shared slots [T], one per row for per-row slots [B, T]."""
+  new_kv = new_kv.astype(cache_kv.dtype)
+  if q_slots.ndim == 1:
+    return jax.lax.dynamic_update_slice_in_dim(cache_kv, new_kv, q_slots[0], axis=2)
+  return jax.vmap(lambda c, n, st: jax.lax.dynamic_update_slice_in_dim(c, n, st, axis=1))(
+      cache_kv, new_kv, q_slots[:, 0])
 
 
 def _dense(x, w, in_dims: int = 1, **dot_kw):
@@ -141,7 +159,8 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, kv_mask, q_slots, layer_cache):
-    """x [B,T,D]; kv_mask [B,S] (valid keys); q_slots [T] slot of each query.
+    """x [B,T,D]; kv_mask [B,S] (valid keys); q_slots [T] slot of each query, or [B, T]
+    (with a cache: each row's own slots).
 
     Without a cache the keys are this chunk's own tokens (S == T, slots 0..T-1). With a cache
     the chunk's k/v are written at slots q_slots and the keys are the whole cache.
@@ -177,11 +196,8 @@ class Attention(nn.Module):
     k = jnp.swapaxes(k, 1, 2)
     v = jnp.swapaxes(v, 1, 2)
     if layer_cache is not None:
-      start = q_slots[0]
-      ck = jax.lax.dynamic_update_slice_in_dim(layer_cache["k"], k.astype(layer_cache["k"].dtype),
-                                               start, axis=2)
-      cv = jax.lax.dynamic_update_slice_in_dim(layer_cache["v"], v.astype(layer_cache["v"].dtype),
-                                               start, axis=2)
+      ck = _write_slots(layer_cache["k"], k, q_slots)
+      cv = _write_slots(layer_cache["v"], v, q_slots)
       layer_cache = {"k": ck, "v": cv}
       k, v = ck.astype(dt), cv.astype(dt)
     num_slots = k.shape[2]
@@ -192,8 +208,8 @@ class Attention(nn.Module):
       out = decode_attention(qg, k, v, kv_mask, q_slots, DECODE_BLOCK)
     else:
       scores = jnp.einsum("bkgth,bksh->bkgts", qg, k).astype(jnp.float32) / math.sqrt(hd)
-      causal = q_slots[:, None] >= jnp.arange(num_slots)[None, :]  # [T, S]
-      mask = causal[None] & kv_mask[:, None, :]  # [B, T, S]
+      causal = _query_slots(q_slots)[:, :, None] >= jnp.arange(num_slots)  # [1|B, T, S]
+      mask = causal & kv_mask[:, None, :]  # [B, T, S]
       scores = jnp.where(mask[:, None, None], scores, _NEG_INF)
       probs = jax.nn.softmax(scores, axis=-1).astype(dt)
       out = jnp.einsum("bkgts,bksh->bkgth", probs, v)
@@ -431,3 +447,18 @@ def forward_with_cache(cfg: ModelConfig, params, tokens, positions, input_mask,
   h, layers = _module(cfg).apply({"params": params}, tokens, positions, valid, q_slots,
                                  cache.layers)
   return h, cache.replace(layers=layers, valid=valid, index=cache.index + t)
+
+
+def forward_at_slots(cfg: ModelConfig, params, tokens, positions, input_mask, cache: KVCache,
+                     row_slots):
+  """Like `forward_with_cache`, but row b's chunk [T] is written at its own slots
+  row_slots[b] .. row_slots[b] + T - 1 (continuous batching: each decode slot holds a
+  sequence of its own length). `cache.index` is not used or moved."""
+  cfg, params = materialize(cfg, params)
+  t = tokens.shape[1]
+  q_slots = row_slots[:, None].astype(jnp.int32) + jnp.arange(t, dtype=jnp.int32)  # [B, T]
+  valid = jax.vmap(lambda vr, m, st: jax.lax.dynamic_update_slice_in_dim(vr, m, st, axis=0))(
+      cache.valid, input_mask.astype(bool), q_slots[:, 0])
+  h, layers = _module(cfg).apply({"params": params}, tokens, positions, valid, q_slots,
+                                 cache.layers)
+  return h, cache.replace(layers=layers, valid=valid)

@@ -1,0 +1,294 @@
+"""Continuous batching: a fixed number of decode slots fed from a queue of prompts.
+
+    out = ContinuousSampler(model_cfg, SamplingConfig(...), slots=8)(
+        params, prompts, rng, max_new=caps)   # the same `sampling.Rollout` as `Sampler`
+
+A static batch decodes until its longest row stops, so rows whose lengths differ by one or
+two orders of magnitude (a low-effort answer beside a max-effort trace) leave most of the
+batch idle. Here each of `slots` rows decodes its own sequence; when one finishes (a stop
+token or its cap), the host prefills the next waiting prompt into that slot and decoding
+goes on, so the batch stays full until the queue is empty.
+
+Exactness: a slot holds its row exactly as the static sampler lays it out (the prompt
+left-aligned to the queue's bucket P at cache slots [0, P), generated token j at P + j,
+RoPE positions from the prompt's own length), the draws are `fold_in(row key, position)`
+(`sampling.row_uniforms`), and attention masks every slot a row does not own. A row's
+tokens are therefore those of `sampling.Sampler` for the same row key, and its log-probs
+equal them up to float reassociation, whatever the order in which rows finish.
+
+Programs, each jitted once per (prompt bucket, slots); the queue length is not a static
+shape: fill (one batched prefill of the first S rows into the empty slots), insert (the
+prefill of one prompt into one free slot) and decode (a `while_loop` that runs until some
+slot is free while prompts wait, or every slot is done). With params on a
+mesh the slots are split over its batch axes (`data`, `fsdp`) when they divide; across
+processes every process drives the same loop on replicated inputs, like `Sampler`.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from mopd_jax import distributed, models, sampling
+from mopd_jax.models import KVCache, ModelConfig
+
+
+@flax.struct.dataclass
+class SlotState:
+  """Every decode slot's sequence; all arrays lead with the slot axis [S, ...]."""
+  cache: KVCache  # [S, KV, P + N, hd] per layer; `index` unused (each slot has its own)
+  token: jax.Array  # [S] int32: the next token to write
+  logprob: jax.Array  # [S] float32: its log-prob
+  count: jax.Array  # [S] int32: tokens written (the next one goes to cache slot P + count)
+  limit: jax.Array  # [S] int32: the row's cap on generated tokens
+  done: jax.Array  # [S] bool: finished, or holds no row
+  positions: jax.Array  # [S] int32: RoPE position of `token`
+  uniforms: jax.Array  # [S, N + 1] float32: the row's draws for generated tokens 0..N
+  tokens: jax.Array  # [S, N] int32: generated tokens
+  logprobs: jax.Array  # [S, N] float32
+
+
+def _empty_state(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, slots: int,
+                 width: int) -> SlotState:
+  n = scfg.max_new_tokens
+  zi = jnp.zeros((slots,), jnp.int32)
+  return SlotState(cache=models.init_cache(model_cfg, slots, width), token=zi,
+                   logprob=jnp.zeros((slots,), jnp.float32), count=zi, limit=zi,
+                   done=jnp.ones((slots,), bool), positions=zi,
+                   uniforms=jnp.zeros((slots, n + 1), jnp.float32),
+                   tokens=jnp.full((slots, n), scfg.pad_id, jnp.int32),
+                   logprobs=jnp.zeros((slots, n), jnp.float32))
+
+
+def _insert(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: SlotState,
+            slot, prompt, mask, key, limit) -> SlotState:
+  """Prefill one left-aligned prompt [1, P] into `slot` and draw its first token.
+
+  `sampling.prefill` (what the static sampler runs) fills a one-row cache; its first P
+  slots and its validity (none past P) then replace the slot's row, so the previous row's
+  k/v left beyond P are masked."""
+  n = scfg.max_new_tokens
+  b, p = prompt.shape
+  own = models.init_cache(model_cfg, 1, p, state.cache.layers[0]["k"].dtype)
+  prompt_len = jnp.sum(mask, axis=-1).astype(jnp.int32)  # [1]
+  hidden, one = sampling.prefill(model_cfg, params, prompt, mask, own)
+  one = one.replace(valid=jnp.pad(one.valid, ((0, 0), (0, state.cache.num_slots - p))))
+  logits = models.decode_logits(model_cfg, params, hidden[:, -1])
+  uniforms = sampling.uniform_table(key[None], prompt_len, n + 1)  # [1, N + 1]
+  tok, lp = sampling.sample_token(logits, uniforms[:, 0], scfg)
+  put = lambda big, small: jax.lax.dynamic_update_slice(
+      big, small.astype(big.dtype), (slot,) + (0,) * (big.ndim - 1))
+  layers = tuple({k: put(big[k], small[k]) for k in big}
+                 for big, small in zip(state.cache.layers, one.layers))
+  return SlotState(
+      cache=state.cache.replace(layers=layers, valid=put(state.cache.valid, one.valid)),
+      token=put(state.token, tok), logprob=put(state.logprob, lp),
+      count=put(state.count, jnp.zeros((1,), jnp.int32)),
+      limit=put(state.limit, limit[None]), done=put(state.done, jnp.zeros((1,), bool)),
+      positions=put(state.positions, prompt_len), uniforms=put(state.uniforms, uniforms),
+      tokens=put(state.tokens, jnp.full((1, n), scfg.pad_id, jnp.int32)),
+      logprobs=put(state.logprobs, jnp.zeros((1, n), jnp.float32)))
+
+
+def _fill(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: SlotState,
+          prompts, mask, keys, limits) -> SlotState:
+  """Prefill S prompts [S, P] into the S (empty) slots at once: the start of a queue of at
+  least S rows, one batched prefill like the static sampler's instead of S inserts."""
+  n = scfg.max_new_tokens
+  s = prompts.shape[0]
+  hidden, cache = sampling.prefill(model_cfg, params, prompts, mask, state.cache)
+  logits = models.decode_logits(model_cfg, params, hidden[:, -1])
+  prompt_len = jnp.sum(mask, axis=-1).astype(jnp.int32)
+  uniforms = sampling.uniform_table(keys, prompt_len, n + 1)
+  tok, lp = sampling.sample_token(logits, uniforms[:, 0], scfg)
+  return SlotState(cache=cache, token=tok, logprob=lp, count=jnp.zeros((s,), jnp.int32),
+                   limit=limits, done=jnp.zeros((s,), bool), positions=prompt_len,
+                   uniforms=uniforms, tokens=jnp.full((s, n), scfg.pad_id, jnp.int32),
+                   logprobs=jnp.zeros((s, n), jnp.float32))
+
+
+def _decode(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: SlotState,
+            prompt_width, refill) -> SlotState:
+  """Decode every live slot until one is done while `refill` (prompts wait), or all are.
+
+  Step for step what `sampling._generate`'s loop body does for a row, with the row's own
+  count in place of the batch's step."""
+  n = scfg.max_new_tokens
+  s_idx = jnp.arange(state.done.shape[0])
+  stop_ids = jnp.asarray(scfg.stop_tokens or (-1,), jnp.int32)
+  last_slot = state.cache.num_slots - 1
+
+  def cond(s: SlotState):
+    return ~jnp.all(s.done) & ~(refill & jnp.any(s.done))
+
+  def body(s: SlotState):
+    live = ~s.done
+    tok = jnp.where(live, s.token, scfg.pad_id)
+    col = jnp.minimum(s.count, n - 1)  # a done row's count may be n; it writes nothing
+    tokens = s.tokens.at[s_idx, col].set(jnp.where(live, tok, s.tokens[s_idx, col]))
+    logprobs = s.logprobs.at[s_idx, col].set(jnp.where(live, s.logprob, s.logprobs[s_idx, col]))
+    done = (s.done | jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
+            | (s.count + 1 >= s.limit))
+    # A finished row still runs (its slot is refilled, or ignored); it writes its k/v one
+    # past its last token, marked invalid, and never past the cache.
+    write_at = jnp.minimum(prompt_width + s.count, last_slot)
+    hidden, cache = models.forward_at_slots(model_cfg, params, tok[:, None],
+                                            s.positions[:, None], live[:, None], s.cache,
+                                            write_at)
+    logits = models.decode_logits(model_cfg, params, hidden[:, 0])
+    u = jnp.take_along_axis(s.uniforms, jnp.minimum(s.count + 1, n)[:, None], axis=1)[:, 0]
+    nxt, nlp = sampling.sample_token(logits, u, scfg)
+    return s.replace(cache=cache, token=nxt, logprob=nlp, count=s.count + live, done=done,
+                     positions=s.positions + live, tokens=tokens, logprobs=logprobs)
+
+  return jax.lax.while_loop(cond, body, state)
+
+
+# The order in which waiting prompts take free slots. Rows are independent (exactness above),
+# so the order changes only the time: "longest_cap_first" admits rows by their cap, largest
+# first (ties in queue order), the longest-processing-time rule, which keeps a long row from
+# starting last and decoding alone while the queue is empty; "fifo" admits in queue order.
+ADMISSION = ("longest_cap_first", "fifo")
+
+
+class ContinuousSampler:
+  """`slots` decode slots fed from the queue of a call's prompts; params are call arguments.
+
+  Takes and returns what `sampling.Sampler` does (same validation and errors, a `Rollout`
+  [Q, P + N] for Q prompts); `max_traces` (tests) wraps the insert and the decode programs in
+  `chex.assert_max_traces`."""
+
+  def __init__(self, model_cfg: ModelConfig, scfg: sampling.SamplingConfig, slots: int,
+               admission: str = "longest_cap_first", max_traces: Optional[int] = None):
+    if not isinstance(slots, (int, np.integer)) or isinstance(slots, bool) or slots < 1:
+      raise ValueError(f"slots must be an int >= 1, got {slots!r}")
+    if admission not in ADMISSION:
+      raise ValueError(f"admission must be one of {ADMISSION}, got {admission!r}")
+    self.admission = admission
+    self.static = sampling.Sampler(model_cfg, scfg)  # validation, buckets, the decode model
+    self.model_cfg, self.scfg, self.slots = self.static.model_cfg, scfg, int(slots)
+    # The programs see params already fake-quantised (`decode_params`), so a QAT config
+    # decodes as its quant-free twin.
+    mcfg = self.model_cfg.replace(quant="none")
+    programs = {name: functools.partial(fn, mcfg, scfg)
+                for name, fn in (("fill", _fill), ("insert", _insert), ("decode", _decode))}
+    if max_traces is not None:
+      programs = {k: chex.assert_max_traces(f, n=max_traces) for k, f in programs.items()}
+    self._fill, self._insert, self._decode = (
+        jax.jit(programs[k], donate_argnames=("state",)) for k in ("fill", "insert", "decode"))
+    self.last_stats = {}
+
+  def decode_params(self, params):
+    """The params the programs decode with: fake-quantised (QAT) and cast (bf16) once per
+    call, not in every insert and decode."""
+    return _decode_params(self.static.model_cfg, self.scfg.dtype)(params)
+
+  def _state(self, params, width: int) -> SlotState:
+    try:
+      mesh = distributed.mesh_of(params)
+    except ValueError:
+      mesh = None
+    if mesh is None:
+      return _state_init(self.model_cfg, self.scfg, self.slots, width, None)()
+    from mopd_jax import sharding  # pylint: disable=g-import-not-at-top
+    n = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES if a in mesh.shape]))
+    spec = P(tuple(a for a in sharding.BATCH_AXES if a in mesh.shape)) \
+        if self.slots % n == 0 else P()
+    return _state_init(self.model_cfg, self.scfg, self.slots, width, NamedSharding(mesh, spec))()
+
+  def __call__(self, params, prompts, rng, prompt_mask=None, row_keys=None,
+               max_new=None) -> sampling.Rollout:
+    tokens, mask = self.static.prepare(prompts, prompt_mask)
+    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    q, p = tokens.shape
+    n = self.scfg.max_new_tokens
+    limits, row_keys = self.static.row_args(q, rng, row_keys, max_new)
+    row_keys = np.asarray(row_keys)
+    multi = jax.process_count() > 1
+    if multi:
+      rep = NamedSharding(distributed.mesh_of(params), P())
+      put = lambda *xs: distributed.to_global(xs, rep)
+    else:
+      put = lambda *xs: xs
+    dparams = self.decode_params(params)
+    state = self._state(dparams, p + n)
+    out_tok = np.full((q, n), self.scfg.pad_id, np.int32)
+    out_lp = np.zeros((q, n), np.float32)
+    out_len = np.zeros((q,), np.int32)
+    slot_row = [-1] * self.slots
+    queue = (np.argsort(-limits, kind="stable") if self.admission == "longest_cap_first"
+             else np.arange(q))
+    nxt, decodes = 0, 0
+    (width,) = put(np.int32(p))
+    if q >= self.slots:  # every slot starts empty: one batched prefill
+      first = queue[:self.slots]
+      state = self._fill(dparams, state, *put(tokens[first], mask[first], row_keys[first],
+                                              limits[first].astype(np.int32)))
+      slot_row, nxt = [int(r) for r in first], self.slots
+    while True:
+      for sl in range(self.slots):
+        if slot_row[sl] < 0 and nxt < q:
+          r = int(queue[nxt])
+          state = self._insert(dparams, state, *put(
+              np.int32(sl), tokens[r:r + 1], mask[r:r + 1], row_keys[r], np.int32(limits[r])))
+          slot_row[sl], nxt = r, nxt + 1
+      if all(r < 0 for r in slot_row):
+        break
+      state = self._decode(dparams, state, width, *put(np.bool_(nxt < q)))
+      decodes += 1
+      done, count = distributed.gather((state.done, state.count))
+      for sl in np.flatnonzero(done):
+        r = slot_row[sl]
+        if r < 0:
+          continue
+        toks, lps = distributed.gather((state.tokens[sl], state.logprobs[sl]))
+        c = int(count[sl])
+        out_tok[r, :c], out_lp[r, :c], out_len[r] = toks[:c], lps[:c], c
+        slot_row[sl] = -1
+    self.last_stats = {"decode_calls": decodes, "rows": q}
+    return _assemble(tokens, mask, out_tok, out_lp, out_len, self.scfg)
+
+
+def _assemble(tokens, mask, out_tok, out_lp, out_len, scfg) -> sampling.Rollout:
+  """The static sampler's layout [Q, P + N] from the prompts and each row's tokens."""
+  q, n = out_tok.shape
+  written = np.arange(n)[None, :] < out_len[:, None]
+  stop = np.isin(out_tok, np.asarray(scfg.stop_tokens or (-1,))) & written
+  return sampling.Rollout(
+      tokens=np.concatenate([tokens, np.where(written, out_tok, scfg.pad_id)], 1).astype(np.int32),
+      input_mask=np.concatenate([mask, written], 1),
+      loss_mask=np.concatenate([np.zeros_like(mask), written], 1),
+      logprobs=np.concatenate([np.zeros(mask.shape, np.float32),
+                               np.where(written, out_lp, 0.0)], 1).astype(np.float32),
+      prompt_lengths=mask.sum(1).astype(np.int32), lengths=out_len.copy(),
+      stopped=stop.any(1))
+
+
+@functools.lru_cache(maxsize=16)
+def _decode_params(model_cfg: ModelConfig, dtype: str):
+  def prep(params):
+    _, params = models.materialize(model_cfg, params)
+    if dtype == "bfloat16":
+      params = jax.tree.map(lambda x: x.astype(jnp.bfloat16)
+                            if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+    return params
+  return jax.jit(prep)
+
+
+@functools.lru_cache(maxsize=64)
+def _state_init(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, slots: int, width: int,
+                shard):
+  """A compiled allocator of the empty slot state (every slot done), laid out `shard`."""
+  fn = lambda: _empty_state(model_cfg, scfg, slots, width)
+  if shard is None:
+    return jax.jit(fn)
+  rep = NamedSharding(shard.mesh, P())
+  return jax.jit(fn, out_shardings=jax.tree.map(lambda x: shard if x.ndim else rep,
+                                                jax.eval_shape(fn)))
