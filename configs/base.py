@@ -222,6 +222,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # weights use, carry bf16 rounding: ~2e-2 at most on the benchmark shape; the losses
   # recompute the policy's own log-probs in fp32). docs/performance.md.
   c.rollout.sampling_dtype = "float32"
+  # Continuous batching (mopd_jax/continuous.py): this many decode slots, refilled from the
+  # call's queue of rows as rows finish, so rows of very different lengths keep the batch
+  # full; every row's tokens are those of the static sampler. 0 = the static sampler (each
+  # call's rows decode as one batch until its longest row stops). `admission`: the order
+  # waiting rows take free slots, "longest_cap_first" (rows with the largest remaining
+  # budget first) | "fifo". docs/performance.md.
+  c.rollout.decode_slots = 32
+  c.rollout.admission = "longest_cap_first"
 
   # The code sandbox of code verifiers (mopd_jax/tasks/sandbox.py). backend: "auto"
   # (bubblewrap where it works, else the in-process barrier with a loud warning) | "bwrap" |

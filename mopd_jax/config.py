@@ -347,6 +347,8 @@ class RolloutConfig:
   max_turns: int = _f(Int(0))
   width: int = _f(Int())
   sampling_dtype: str = _f(OneOf(("float32", "bfloat16")))
+  decode_slots: int = _f(Int(0))
+  admission: str = _f(OneOf(("longest_cap_first", "fifo")))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -177,12 +177,22 @@ class ContinuousSampler:
     # The programs see params already fake-quantised (`decode_params`), so a QAT config
     # decodes as its quant-free twin.
     mcfg = self.model_cfg.replace(quant="none")
-    programs = {name: functools.partial(fn, mcfg, scfg)
-                for name, fn in (("fill", _fill), ("insert", _insert), ("decode", _decode))}
+    # Three plain functions (chex.assert_max_traces counts per function code and does not
+    # take partials).
+    def fill(*args):
+      return _fill(mcfg, scfg, *args)
+
+    def insert(*args):
+      return _insert(mcfg, scfg, *args)
+
+    def decode(*args):
+      return _decode(mcfg, scfg, *args)
+
+    programs = {"fill": fill, "insert": insert, "decode": decode}
     if max_traces is not None:
       programs = {k: chex.assert_max_traces(f, n=max_traces) for k, f in programs.items()}
     self._fill, self._insert, self._decode = (
-        jax.jit(programs[k], donate_argnames=("state",)) for k in ("fill", "insert", "decode"))
+        jax.jit(programs[k], donate_argnums=1) for k in ("fill", "insert", "decode"))
     self.last_stats = {}
 
   def decode_params(self, params):
@@ -190,18 +200,17 @@ class ContinuousSampler:
     call, not in every insert and decode."""
     return _decode_params(self.static.model_cfg, self.scfg.dtype)(params)
 
-  def _state(self, params, width: int) -> SlotState:
+  def _state(self, params, width: int, slots: int) -> SlotState:
     try:
       mesh = distributed.mesh_of(params)
     except ValueError:
       mesh = None
     if mesh is None:
-      return _state_init(self.model_cfg, self.scfg, self.slots, width, None)()
+      return _state_init(self.model_cfg, self.scfg, slots, width, None)()
     from mopd_jax import sharding  # pylint: disable=g-import-not-at-top
     n = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES if a in mesh.shape]))
-    spec = P(tuple(a for a in sharding.BATCH_AXES if a in mesh.shape)) \
-        if self.slots % n == 0 else P()
-    return _state_init(self.model_cfg, self.scfg, self.slots, width, NamedSharding(mesh, spec))()
+    spec = P(tuple(a for a in sharding.BATCH_AXES if a in mesh.shape)) if slots % n == 0 else P()
+    return _state_init(self.model_cfg, self.scfg, slots, width, NamedSharding(mesh, spec))()
 
   def __call__(self, params, prompts, rng, prompt_mask=None, row_keys=None,
                max_new=None) -> sampling.Rollout:
@@ -218,22 +227,25 @@ class ContinuousSampler:
     else:
       put = lambda *xs: xs
     dparams = self.decode_params(params)
-    state = self._state(dparams, p + n)
+    # A queue shorter than the slots decodes in the power of two of slots that holds it (a
+    # few shapes, like the static sampler's batch buckets), not in mostly empty slots.
+    slots = min(self.slots, 1 << (q - 1).bit_length())
+    state = self._state(dparams, p + n, slots)
     out_tok = np.full((q, n), self.scfg.pad_id, np.int32)
     out_lp = np.zeros((q, n), np.float32)
     out_len = np.zeros((q,), np.int32)
-    slot_row = [-1] * self.slots
+    slot_row = [-1] * slots
     queue = (np.argsort(-limits, kind="stable") if self.admission == "longest_cap_first"
              else np.arange(q))
     nxt, decodes = 0, 0
     (width,) = put(np.int32(p))
-    if q >= self.slots:  # every slot starts empty: one batched prefill
-      first = queue[:self.slots]
+    if q >= slots:  # every slot starts empty: one batched prefill
+      first = queue[:slots]
       state = self._fill(dparams, state, *put(tokens[first], mask[first], row_keys[first],
                                               limits[first].astype(np.int32)))
-      slot_row, nxt = [int(r) for r in first], self.slots
+      slot_row, nxt = [int(r) for r in first], slots
     while True:
-      for sl in range(self.slots):
+      for sl in range(slots):
         if slot_row[sl] < 0 and nxt < q:
           r = int(queue[nxt])
           state = self._insert(dparams, state, *put(

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import models, sampling
+from mopd_jax import continuous, models, sampling
 from mopd_jax.tasks import base as task_base
 
 
@@ -62,7 +62,10 @@ class RolloutEngine:
 
   def __init__(self, model_cfg: models.ModelConfig, tok, *, max_response_tokens: int,
                temperature: float = 1.0, max_turns: int = 4, top_p: float = 1.0,
-               dtype: str = "float32"):
+               dtype: str = "float32", decode_slots: int = 0,
+               admission: str = "longest_cap_first"):
+    """`decode_slots` > 0: continuous batching with that many slots (`continuous.py`); 0:
+    the static sampler, each turn's rows as one batch."""
     self.model_cfg, self.tok = model_cfg, tok
     self.max_response_tokens = max_response_tokens
     self.max_turns = max_turns
@@ -71,6 +74,9 @@ class RolloutEngine:
                                         temperature=temperature, top_p=top_p,
                                         stop_tokens=stops, pad_id=tok.pad_id, dtype=dtype)
     self.sampler = sampling.Sampler(model_cfg, self.scfg)
+    self.continuous = (continuous.ContinuousSampler(model_cfg, self.scfg, decode_slots,
+                                                    admission=admission)
+                       if decode_slots else None)
 
   def run(self, params, examples: Sequence[task_base.Example], efforts: Sequence[str],
           budgets: Sequence[int], rng, environment=None,
@@ -96,20 +102,22 @@ class RolloutEngine:
                 and (step_budget is None or spent[i] < step_budget)]
       if not active:
         break
-      # The sampler compiles once per (prompt bucket, batch size): pad the batch of active
-      # rows up to a power of two, at least a quarter of the batch (repeating a row, whose
-      # copies are discarded), so that turns with 61, 57, 50 ... live rows share a handful
-      # of compilations.
-      rows = active + [active[0]] * (batch_bucket(len(active), len(trajs)) - len(active))
+      # The static sampler compiles once per (prompt bucket, batch size): pad the batch of
+      # active rows up to a power of two, at least a quarter of the batch (repeating a row,
+      # whose copies are discarded), so that turns with 61, 57, 50 ... live rows share a
+      # handful of compilations. The continuous sampler's programs do not depend on the
+      # number of rows.
+      rows = active if self.continuous is not None else (
+          active + [active[0]] * (batch_bucket(len(active), len(trajs)) - len(active)))
       prompts = [trajs[i].prompt_ids + trajs[i].ids for i in rows]
       room = [budgets[i] - trajs[i].num_tokens if step_budget is None else
               min(budgets[i] - trajs[i].num_tokens, step_budget - spent[i]) for i in rows]
       # Each trajectory keeps its own key, and a token's draw depends on (key, position)
       # only: a trajectory continued in segments equals one sampled in one go. Rows stop at
       # their remaining budget, so a short-budget batch does not decode max_response_tokens.
-      out = self.sampler(params, prompts, rng,
-                         row_keys=np.stack([trajs[i].key for i in rows]),
-                         max_new=np.asarray(room, np.int32))
+      out = (self.continuous or self.sampler)(
+          params, prompts, rng, row_keys=np.stack([trajs[i].key for i in rows]),
+          max_new=np.asarray(room, np.int32))
       out = jax.device_get(out)
       p = out.tokens.shape[1] - self.scfg.max_new_tokens
       for row, i in enumerate(active):

@@ -128,7 +128,8 @@ class Run:
     c = self.config.rollout
     return rollout.RolloutEngine(model_cfg, self.tok, max_response_tokens=c.max_response_tokens,
                                  temperature=temperature, max_turns=c.max_turns,
-                                 dtype=c.sampling_dtype)
+                                 dtype=c.sampling_dtype, decode_slots=c.decode_slots,
+                                 admission=c.admission)
 
   @property
   def engine(self) -> rollout.RolloutEngine:
