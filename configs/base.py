@@ -169,6 +169,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Lanes side by side, each in a process of its own (mopd_jax/lanes.py), or 1: one after
   # another in this process. Same teachers either way; on one accelerator use 1.
   c.rl.lane_processes = 1
+  # Partial rollouts in the RL lanes (mopd_jax/partial.py; as mopd.partial_rollout_tokens):
+  # a step decodes at most this many more tokens of every in-flight sample and trains on the
+  # prompts whose samples are all complete; 0 = off. `partial_mode`: "recompute" (earlier
+  # segments' sampler log-probs recomputed under the policy being updated, PMD's "sampler"
+  # old policy included) | "importance" (kept: PMD's and the clipped ratio's old policy).
+  c.rl.partial_rollout_tokens = 0
+  c.rl.partial_mode = "recompute"
 
   c.mopd = ml_collections.ConfigDict()
   c.mopd.steps = 100  # student updates
@@ -200,6 +207,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # clip(pi_theta / pi_sampler, *is_bounds) on every token.
   c.mopd.staleness = 0
   c.mopd.is_bounds = (0.5, 2.0)
+  # Partial rollouts (mopd_jax/partial.py): a step decodes at most this many more tokens of
+  # every in-flight trajectory; unfinished ones carry over to the next step, and only
+  # complete trajectories enter the loss. 0 = off (each step decodes its rollouts to the
+  # end). `partial_mode`: how the earlier segments, drawn by older students, are treated:
+  # "recompute" (their log-probs recomputed under the current student: on-policy) |
+  # "importance" (the loss weighs tokens by clip(pi_now / pi_drawn, *is_bounds)).
+  c.mopd.partial_rollout_tokens = 0
+  c.mopd.partial_mode = "recompute"
   # Student initialisation: sft (pi_SFT, as the MOPD paper assumes) | teacher_sft (pi_SFT
   # further fine-tuned on trajectories of every teacher, each with its effort token).
   c.mopd.init = "sft"

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional
 import ml_collections
 
 from mopd_jax import grid as grid_mod
-from mopd_jax import lanes, mopd, placement, profiling, rl, sft, sharding, storage
+from mopd_jax import lanes, mopd, partial, placement, profiling, rl, sft, sharding, storage
 from mopd_jax.tasks import base as task_base
 
 # Top-level blocks that tools other than the pipeline read (benchmarks/memory_plan.py).
@@ -313,6 +313,8 @@ class RlConfig:
   token_clip: float = _f(Num())
   temperature: float = _f(Num())
   lane_processes: int = _f(Int())
+  partial_rollout_tokens: int = _f(Int(0))
+  partial_mode: str = _f(OneOf(partial.MODES))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +337,8 @@ class MopdConfig:
   init_samples_per_cell: int = _f(Int())
   init_sft_steps: int = _f(Int())
   exact_kl_every: int = _f(Int(0))
+  partial_rollout_tokens: int = _f(Int(0))
+  partial_mode: str = _f(OneOf(partial.MODES))
 
   @property
   def shared(self) -> bool:
@@ -544,12 +548,17 @@ def _cross_checks(c: RunConfig, num_devices: int) -> None:
   lanes.process_count(c.rl, 1)  # raises on a bad rl.lane_processes
   profiling.spec_from_config(c.profile, "")  # raises on a loop name it cannot trace
   m = c.mopd
-  if m.staleness and not m.is_bounds[0] <= 1 <= m.is_bounds[1]:
+  weighted = m.staleness or (m.partial_rollout_tokens and m.partial_mode == "importance")
+  if weighted and not m.is_bounds[0] <= 1 <= m.is_bounds[1]:
     raise ValueError(f"mopd.is_bounds must be (low, high) with 0 <= low <= 1 <= high, got "
                      f"{m.is_bounds}")
-  if m.staleness and m.loss != "mopd":
-    raise ValueError(f"mopd.staleness=1 weights the eq. 15 loss by truncated importance "
-                     f"weights; it needs mopd.loss='mopd', got {m.loss!r}")
+  if weighted and m.loss != "mopd":
+    raise ValueError(f"mopd.staleness=1 and mopd.partial_mode='importance' weight the eq. 15 "
+                     f"loss by truncated importance weights; they need mopd.loss='mopd', got "
+                     f"{m.loss!r}")
+  if m.staleness and m.partial_rollout_tokens:
+    raise ValueError("mopd.partial_rollout_tokens needs mopd.staleness=0: a step's in-flight "
+                     "rows are decoded by the student that takes its update")
   mopd.prompt_mode(m.prompts_across_efforts, m.effort_mix, grid.effort_names)
   # Every batch splits over the data x fsdp axes.
   data_par = c.mesh.get("data", 1) * c.mesh.get("fsdp", 1)

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import distributed, logprobs, models, rollout, teachers, train
+from mopd_jax import distributed, logprobs, models, partial, rollout, teachers, train
 from mopd_jax.tasks import base as task_base
 
 
@@ -141,7 +141,7 @@ def exact_kl_rows(student_cfg, student_params, bank: teachers.TeacherBank,
   [B, T, V] logits never exist. `bank` scores as in the step (its temperature applied)."""
   index = sampled.index
   if sampled.spans is None:
-    shift_rows = np.zeros(len(sampled.lengths), np.int32)
+    shift_rows = np.zeros(sampled.arr["tokens"].shape[0], np.int32)
   else:
     shift_rows = np.asarray([ps - pt for ps, pt, _ in sampled.spans], np.int32)
   shift = np.where(index >= 0, shift_rows[np.maximum(index, 0)], 0).astype(np.int32)
@@ -156,7 +156,7 @@ def exact_kl_rows(student_cfg, student_params, bank: teachers.TeacherBank,
   kl = _exact_kl_stratified(student_cfg, student_params, bank.model_cfg, bank.params, tokens,
                             mask, t_tokens, t_mask, shift, chunk_size, rows)
   rows = teachers.scatter_stratified(np.asarray(distributed.gather(kl)), index,
-                                     len(sampled.lengths))
+                                     sampled.arr["tokens"].shape[0])
   return sampled.student_layout(rows) * np.asarray(sampled.arr["loss_mask"], np.float32)
 
 
@@ -256,23 +256,39 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
                  tasks: dict, cells: Sequence[tuple], examples_per_cell: Sequence[list],
                  taus: dict, rng, *, width_multiple: int = 32,
                  rows_per_teacher: Optional[int] = None,
-                 teacher_effort_in_prompt: bool = True) -> SampledBatch:
+                 teacher_effort_in_prompt: bool = True,
+                 pool: Optional[partial.RolloutPool] = None, step: int = 0) -> SampledBatch:
   """Steps 1-2 of a MOPD step: the student (`params`) samples one rollout per prompt, b
   prompts per (domain, effort) cell; rollouts are verified and laid out for the teachers.
 
   `rows_per_teacher`: the b of the teachers' [K, b, T] batch, each cell's rows padded to it
   (fixed, so that cells of varying size compile once); None = the first cell's size.
   `teacher_effort_in_prompt`: False = each teacher scores the response after the prompt
-  rendered without the effort (`rollout.encode_prompt(..., None)`)."""
-  tok = engine.tok
-  rows, efforts, domains, teacher_ids = [], [], [], []
+  rendered without the effort (`rollout.encode_prompt(..., None)`).
+  `pool`: partial rollouts (`partial.py`): the step's prompts join the pool's in-flight
+  rows, every incomplete row decodes one more segment, and the batch is the complete rows
+  (at most b per cell, oldest first), padded with empty rows to K x b so that the update
+  keeps one shape."""
+  rows, efforts = [], []
   for (d, e), exs in zip(cells, examples_per_cell):
-    for ex in exs:
-      rows.append(ex)
-      efforts.append(e)
-      domains.append(d)
-      teacher_ids.append(bank.router.index(d, e))
+    rows += list(exs)
+    efforts += [e] * len(exs)
   b = len(examples_per_cell[0]) if rows_per_teacher is None else rows_per_teacher
+  domains = [ex.domain for ex in rows]
+  if pool is not None:
+    for j, d in enumerate(dict.fromkeys(domains)):  # the keys a one-go rollout would use
+      idx = [i for i, dd in enumerate(domains) if dd == d]
+      pool.add(engine, [rows[i] for i in idx], [efforts[i] for i in idx],
+               jax.random.fold_in(rng, j), step)
+    taken = []
+    while not taken:  # the first steps may have nothing complete yet: decode on
+      pool.advance(engine, params, rng, lambda d: tasks[d].environment)
+      taken = pool.take(engine, lambda r: (r.example.domain, r.effort), b)
+    rows, efforts = [r.example for r in taken], [r.effort for r in taken]
+    trajs = [r.traj for r in taken]
+    texts = [engine.tok.decode(t.ids) for t in trajs]
+    return _assemble(bank, engine.tok, tasks, cells, rows, efforts, trajs, texts, taus, b,
+                     width_multiple, teacher_effort_in_prompt, pad_to=bank.num_teachers * b)
   # Student rollouts: one per prompt, capped by the rollout length only (the teacher's
   # log-probs, not a budget penalty, teach the student how long each effort should be).
   res_by_domain = {}
@@ -287,6 +303,17 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
   for d, (idx, res) in res_by_domain.items():
     for j, i in enumerate(idx):
       trajs[i], texts[i] = res.trajectories[j], res.texts[j]
+  return _assemble(bank, engine.tok, tasks, cells, rows, efforts, trajs, texts, taus, b,
+                   width_multiple, teacher_effort_in_prompt)
+
+
+def _assemble(bank, tok, tasks, cells, rows, efforts, trajs, texts, taus, b, width_multiple,
+              teacher_effort_in_prompt, pad_to: int = 0) -> SampledBatch:
+  """The SampledBatch of rollouts: verified, padded, stratified by teacher. `pad_to`: the
+  student's batch gets empty rows (no loss tokens; weight 0 in every row-normalised loss)
+  up to this many rows; the per-row diagnostics keep only the real rows."""
+  domains = [ex.domain for ex in rows]
+  teacher_ids = [bank.router.index(d, e) for d, e in zip(domains, efforts)]
   budgets = np.asarray([task_base.budget(ex, taus[e]) for ex, e in zip(rows, efforts)])
   lengths = np.asarray([t.num_tokens for t in trajs])
   over = np.asarray([(not t.finished) or n > bud for t, n, bud in zip(trajs, lengths, budgets)])
@@ -295,12 +322,15 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
     idx = [i for i, dd in enumerate(domains) if dd == d]
     acc[idx] = tasks[d].verify_unless([rows[i] for i in idx], [texts[i] for i in idx],
                                       over[idx], 0.0)
-
+  empty = [dataclasses.replace(trajs[0], ids=[], gen_mask=[], logprobs=[])] * max(
+      0, pad_to - len(trajs))
   longest = max(len(t.prompt_ids) + t.num_tokens for t in trajs)
-  arr = rollout.pad_batch(trajs, tok.pad_id, rollout.padded_width(longest, width_multiple))
+  arr = rollout.pad_batch(list(trajs) + empty, tok.pad_id,
+                          rollout.padded_width(longest, width_multiple))
   teacher_arr, spans = arr, None
   if not teacher_effort_in_prompt:  # the same responses after the effort-free prompts
     teacher_arr, spans = teacher_view(tok, trajs, rows, width_multiple)
+    spans += [(0, 0, 0)] * len(empty)
   index = teachers.stratify(np.asarray(teacher_ids), bank.num_teachers, b)
   strat = lambda x, fill=0: jnp.asarray(teachers.gather_stratified(x, index, fill))
   return SampledBatch(
@@ -317,7 +347,8 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
   the step's record. `scored` as `mopd_step`'s `score_fn` returns it. `exact_kl(params,
   sampled)`: the [B, T] exact per-token KL (`exact_kl_rows`) of the student that sampled,
   recorded as `kl_exact` overall and per cell; None = not this step."""
-  arr, index, n = sampled.arr, sampled.index, len(sampled.lengths)
+  arr, index = sampled.arr, sampled.index
+  n = arr["tokens"].shape[0]  # the real rows (len(sampled.lengths)), then any empty ones
   kl_rows = None if exact_kl is None else exact_kl(state.params, sampled)
   scored = distributed.gather(scored)  # every host needs every row's scores
   topk = None
@@ -333,9 +364,11 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
   lp_t = teachers.gather_stratified(teacher_lp, index)  # [K, b, T] on the student's positions
   # Outcome reward of a rollout: the verifier's score, 0 when unfinished or past its cell's
   # budget (the `accuracy` diagnostic), so the term also rewards keeping to the effort.
-  batch = train_batch(arr, teacher_lp, topk=topk, alpha=alpha,
-                      advantages_B=outcome_advantages(sampled.accuracy, sampled.cell_ids)
-                      if alpha else None)
+  adv = None
+  if alpha:
+    adv = np.zeros(n, np.float32)
+    adv[:len(sampled.lengths)] = outcome_advantages(sampled.accuracy, sampled.cell_ids)
+  batch = train_batch(arr, teacher_lp, topk=topk, alpha=alpha, advantages_B=adv)
   state, m = trainer.step(state, batch)
   m = {k: float(v) for k, v in jax.device_get(m).items()}
   cells_diag = cell_diagnostics(

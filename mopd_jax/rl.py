@@ -20,13 +20,14 @@ can run one after another in one process or side by side as separate processes.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import rollout, train
+from mopd_jax import partial, rollout, train
 from mopd_jax.tasks import base as task_base
 
 REFERENCES = ("sampler", "sft", "parent")
@@ -63,9 +64,13 @@ def phase_settings(c, effort: str, phases) -> dict:
           "steps": (anneal and c.anneal_steps) or c.steps_per_effort}
 
 
-def rl_batch(tok, trajs, rewards, width: int) -> train.TrainBatch:
-  return train.TrainBatch.from_padded(rollout.pad_batch(trajs, tok.pad_id, width),
-                                      sampler_logprobs=True,
+def rl_batch(tok, trajs, rewards, width: int, relogprob=None, params=None) -> train.TrainBatch:
+  """The update's batch; `relogprob(arr, params)`: the padded arrays with their sampler
+  log-probs replaced by those of `params` (partial rollouts, mode "recompute")."""
+  arr = rollout.pad_batch(trajs, tok.pad_id, width)
+  if relogprob is not None:
+    arr = relogprob(arr, params)
+  return train.TrainBatch.from_padded(arr, sampler_logprobs=True,
                                       rewards=jnp.asarray(rewards, jnp.float32))
 
 
@@ -89,7 +94,8 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
                task, next_examples: Callable[[int], list], *, effort: str, tau: float,
                phase: int, steps: int, group_size: int, width: int, seed: int,
                log: Optional[Callable] = None, start_step: int = 0, loop=None,
-               reference=None, plateau: tuple = (0, 0.0), effort_in_prompt: bool = True):
+               reference=None, plateau: tuple = (0, 0.0), effort_in_prompt: bool = True,
+               pool: Optional[partial.RolloutPool] = None, relogprob=None):
   """At most `steps` RL iterations at one effort level, fewer when the reward plateaus
   (`plateau` = (window, delta), see `plateaued`); returns the new state and per-step
   metrics (their count is the number of steps run). `phase`: the effort's place in its
@@ -103,6 +109,11 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
 
   `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
   run then starts at `loop.start_step` and the returned history includes restored steps.
+
+  `pool`: partial rollouts (`partial.py`): each step's samples join the pool, every
+  incomplete row decodes one more segment, and the update trains on the complete groups
+  (every sample of a prompt complete; at most a step's worth, oldest first), padded with
+  empty rows to one shape. `relogprob`: see `rl_batch`.
   """
   history = []
   if loop is not None:
@@ -116,16 +127,35 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
     budgets = [task_base.budget(ex, tau) for ex in rows]
     # A pure function of (seed, phase, step): a resumed lane draws the same samples.
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), phase), step)
-    res = engine.run(state.params, rows, [effort if effort_in_prompt else None] * len(rows),
-                     budgets, rng, environment=task.environment)
+    shown = [effort if effort_in_prompt else None] * len(rows)
+    if pool is None:
+      res = engine.run(state.params, rows, shown, budgets, rng, environment=task.environment)
+      trajs = res.trajectories
+    else:
+      pool.add(engine, rows, shown, rng, step, budgets=budgets,
+               groups=[step * len(exs) + i // group_size for i in range(len(rows))])
+      taken = []
+      while not taken:  # the first steps may have nothing complete yet: decode on
+        pool.advance(engine, state.params, rng, lambda d: task.environment)
+        taken = pool.take_groups(engine, len(exs))
+      rows, trajs = [r.example for r in taken], [r.traj for r in taken]
+      res = rollout.RolloutResult(trajectories=trajs,
+                                  texts=[engine.tok.decode(t.ids) for t in trajs],
+                                  over_budget=np.asarray([not t.finished for t in trajs]))
     rewards = rewards_of(task, rows, res)
-    longest = max(len(t.prompt_ids) + t.num_tokens for t in res.trajectories)
+    longest = max(len(t.prompt_ids) + t.num_tokens for t in trajs)
     w = rollout.padded_width(longest, pow2=True, floor=width)
-    state, m = trainer.step(state, rl_batch(engine.tok, res.trajectories, rewards, w),
+    n_empty = len(exs) * group_size - len(trajs)  # whole empty groups: no loss, one shape
+    empty = [dataclasses.replace(trajs[0], ids=[], gen_mask=[], logprobs=[])] * n_empty
+    state, m = trainer.step(state, rl_batch(engine.tok, trajs + empty,
+                                            np.concatenate([rewards, np.zeros(n_empty)]), w,
+                                            relogprob, state.params),
                             reference=reference)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     m.update(reward=float(rewards.mean()), accuracy=float((rewards > 0).mean()),
              over_budget=float(res.over_budget.mean()), length=float(res.lengths.mean()))
+    if pool is not None:
+      m.update(in_flight=float(len(pool.rows)), rows=float(len(trajs)))
     if loop is not None:
       loop.end_step(step, state, m, [step, m])  # appends to `history`
     elif not m["finite"]:

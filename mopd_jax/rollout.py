@@ -98,7 +98,7 @@ class RolloutEngine:
     budgets = [min(int(b), self.max_response_tokens) for b in budgets]
     spent = [0] * len(trajs)
     for turn in range(self.max_turns + 1):
-      active = [i for i, t in enumerate(trajs) if not t.finished and t.num_tokens < budgets[i]
+      active = [i for i, t in enumerate(trajs) if self.can_continue(t, budgets[i])
                 and (step_budget is None or spent[i] < step_budget)]
       if not active:
         break
@@ -144,6 +144,14 @@ class RolloutEngine:
     texts = [tok.decode(t.ids) for t in trajs]
     over = np.asarray([not t.finished for t in trajs])
     return RolloutResult(trajectories=trajs, texts=texts, over_budget=over)
+
+
+  def can_continue(self, traj: Trajectory, budget: int) -> bool:
+    """Whether `run` would decode more of `traj` at `budget`: not finished, under its budget,
+    and not past `max_turns` tool calls (counted over the whole trajectory, so a trajectory
+    continued in segments stops where one sampled in one go does)."""
+    return (not traj.finished and traj.num_tokens < min(int(budget), self.max_response_tokens)
+            and traj.turns <= self.max_turns)
 
 
 def batch_bucket(n: int, full: int) -> int:

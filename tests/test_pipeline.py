@@ -6,6 +6,9 @@ import shutil
 import subprocess
 import sys
 
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,6 +21,13 @@ def _run_cli(workdir, *extra):
                          "configs/toy.py:tiny", "--workdir", workdir,
                          "--config.mopd.steps=3", *extra],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _params(path) -> dict:
+  """{leaf path: numpy array} of a saved orbax params tree (read as saved)."""
+  tree = ocp.StandardCheckpointer().restore(os.path.abspath(path))
+  return {jax.tree_util.keystr(p): np.asarray(x)
+          for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +112,36 @@ def test_mopd_stage_with_asynchronous_teacher_scoring(workdir, tmp_path):
   assert stale[0]["loss"] == pytest.approx(sync[0]["loss"], rel=1e-3, abs=1e-5)
   done = json.load(open(os.path.join(wd, "mopd", "DONE.json")))
   assert done["staleness"] == 1 and done["phase_seconds_per_step"]["step"] > 0
+
+
+def test_mopd_stage_with_partial_rollouts_resumes_exactly(workdir, tmp_path):
+  """mopd.partial_rollout_tokens through the real stage: rows decode 6 tokens a step and
+  carry over; only complete rows are trained on (fewer than the step's prompts while rows
+  are in flight). Resumed from the checkpoint of step 2 (its in-flight rows with it), step 3
+  and the final params are those of the uninterrupted run."""
+  wd = str(tmp_path / "partial")
+  shutil.copytree(workdir, wd)
+  shutil.rmtree(os.path.join(wd, "mopd"))
+  args = ("--config.stages=mopd", "--config.mopd.partial_rollout_tokens=6",
+          "--config.checkpoint.every=1")
+  proc = _run_cli(wd, *args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  hist = json.load(open(os.path.join(wd, "mopd", "history.json")))
+  assert len(hist) == 3 and all("in_flight" in h for h in hist)
+  assert any(h["in_flight"] > 0 for h in hist) and all(h["rows"] >= 1 for h in hist)
+  assert json.load(open(os.path.join(wd, "mopd", "DONE.json")))["partial_rollout_tokens"] == 6
+  final = _params(os.path.join(wd, "mopd", "params"))
+  for name in ("DONE.json", "history.json"):
+    os.remove(os.path.join(wd, "mopd", name))
+  shutil.rmtree(os.path.join(wd, "mopd", "params"))
+  shutil.rmtree(os.path.join(wd, "mopd", "ckpt", "3"))
+  proc = _run_cli(wd, *args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "resuming from checkpoint step 2" in proc.stdout + proc.stderr
+  assert json.load(open(os.path.join(wd, "mopd", "history.json"))) == hist
+  again = _params(os.path.join(wd, "mopd", "params"))
+  assert again.keys() == final.keys() and final
+  assert all(np.array_equal(again[k], final[k]) for k in final)
 
 
 def test_unknown_stage_is_an_error(workdir):

@@ -15,17 +15,22 @@ import time
 import jax
 import numpy as np
 
-from mopd_jax import (async_scoring, checkpoint, models, mopd, placement, rollout, teachers,
-                      train)
+from mopd_jax import (async_scoring, checkpoint, models, mopd, partial, placement, rollout,
+                      teachers, train)
 from mopd_jax.stages.context import Run
+
+IN_FLIGHT = "_in_flight"  # the data state's entry of the partial-rollout pool (not a domain)
 
 
 def run(ctx: Run) -> None:
   c, grid = ctx.config.mopd, ctx.grid
   bank = ctx.load_bank()
   staleness = c.staleness
+  # Partial rollouts: the in-flight trajectories, carried across steps and checkpoints.
+  pool = partial.RolloutPool(c.partial_rollout_tokens) if c.partial_rollout_tokens else None
+  weighted = staleness or (pool is not None and c.partial_mode == "importance")
   loss_cfg = train.LossConfig(kind=c.loss, r_max=c.r_max,
-                              is_bounds=tuple(c.is_bounds) if staleness else None)
+                              is_bounds=tuple(c.is_bounds) if weighted else None)
   trainer = train.Trainer(ctx.model_cfg, loss_cfg,
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps, microbatches=c.microbatches),
@@ -50,11 +55,15 @@ def run(ctx: Run) -> None:
   drawn_at, last_step = {}, [-1]
 
   def data_state():
-    return drawn_at.get(last_step[0] + 1) or {d: it.state() for d, it in iters.items()}
+    data = drawn_at.get(last_step[0] + 1) or {d: it.state() for d, it in iters.items()}
+    return data if pool is None else {**data, IN_FLIGHT: pool.state()}
 
   def restore_data(data):
     for d, pos in data.items():
-      iters[d].restore(pos)
+      if d == IN_FLIGHT:
+        pool.restore(pos)
+      else:
+        iters[d].restore(pos)
 
   def sample(params, step):
     drawn_at[step] = {d: it.state() for d, it in iters.items()}
@@ -62,9 +71,13 @@ def run(ctx: Run) -> None:
     per_cell = mopd.cell_prompts(iters, grid, c.prompts_per_cell, shared, mix,
                                  np.random.RandomState([ctx.config.seed, step]))
     rng = jax.random.fold_in(jax.random.PRNGKey(ctx.config.seed + 3), step)
-    return mopd.sample_batch(params, bank, ctx.engine, tasks, grid.cells, per_cell, ctx.taus,
-                             rng, rows_per_teacher=c.prompts_per_cell * (n_eff if mix else 1),
-                             teacher_effort_in_prompt=ctx.config.teacher.effort_in_prompt)
+    sampled = mopd.sample_batch(
+        params, bank, ctx.engine, tasks, grid.cells, per_cell, ctx.taus, rng,
+        rows_per_teacher=c.prompts_per_cell * (n_eff if mix else 1),
+        teacher_effort_in_prompt=ctx.config.teacher.effort_in_prompt, pool=pool, step=step)
+    if pool is not None and c.partial_mode == "recompute":
+      sampled.arr = partial.recompute_logprobs(ctx.model_cfg, params, sampled.arr)
+    return sampled
 
   def submit(sampled):  # dispatched without blocking: JAX's async dispatch
     return scorer.submit(sampled.tokens, sampled.input_mask)
@@ -80,9 +93,12 @@ def run(ctx: Run) -> None:
 
   def train_fn(state, sampled, scored):
     step = int(state.step)
-    return mopd.train_on(trainer, state, bank, sampled, scorer.fetch(scored), r_max=c.r_max,
-                         alpha=c.alpha,
-                         exact_kl=exact_kl if every and step % every == 0 else None)
+    state, rec = mopd.train_on(trainer, state, bank, sampled, scorer.fetch(scored),
+                               r_max=c.r_max, alpha=c.alpha,
+                               exact_kl=exact_kl if every and step % every == 0 else None)
+    if pool is not None:  # rows still decoding, and the trained rows' count
+      rec.metrics.update(in_flight=float(len(pool.rows)), rows=float(len(sampled.lengths)))
+    return state, rec
 
   def init():
     student = checkpoint.load_params(ctx.path("sft", "params"), ctx.params_like())
@@ -112,6 +128,7 @@ def run(ctx: Run) -> None:
   checkpoint.save_params(ctx.path("mopd", "params"), state.params)
   checkpoint.write_json(ctx.path("mopd", "history.json"), history)
   ctx.mark_done("mopd", {"steps": c.steps, "seconds": time.time() - t0, "staleness": staleness,
+                         "partial_rollout_tokens": c.partial_rollout_tokens,
                          "phase_seconds_per_step": times.per_step(),
                          "kl_initial": history[0]["kl"], "kl_final": history[-1]["kl"]})
 

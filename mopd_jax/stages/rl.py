@@ -19,7 +19,7 @@ from typing import Iterator, Optional
 
 import jax
 
-from mopd_jax import checkpoint, lanes as lanes_mod, rl, sft, storage, teachers, train
+from mopd_jax import checkpoint, lanes as lanes_mod, partial, rl, sft, storage, teachers, train
 from mopd_jax.stages.context import Run
 
 MANIFEST = "teachers.json"
@@ -198,12 +198,22 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
     t0 = time.time()
     ph = rl.phase_settings(c, effort, order)
     trainer = trainer_for(ph)
+    # Partial rollouts: a pool per phase (its rows are sampled at the phase's budget), so
+    # rows still in flight when the phase ends are dropped.
+    pool = partial.RolloutPool(c.partial_rollout_tokens) if c.partial_rollout_tokens else None
+
+    def data_state(pool=pool):
+      return {"train": it.state(), **({} if pool is None else {"in_flight": pool.state()})}
+
+    def restore_data(data, pool=pool):
+      it.restore(data["train"])
+      if pool is not None:
+        pool.restore(data.get("in_flight"))
+
     # One checkpoint directory per (domain, effort) run: lanes never share state.
     with ctx.training(f"rl {tag}{name}", storage.join(lane.directory, f"ckpt_{effort}"),
                       trainer, ph["steps"], init=lambda p=params: trainer.init(p),
-                      data_state=lambda: {"train": it.state()},
-                      restore_data=lambda data: it.restore(data["train"])) as (loop, state,
-                                                                               bar):
+                      data_state=data_state, restore_data=restore_data) as (loop, state, bar):
 
       def log_step(step, m, bar=bar, effort=effort, log=log):
         bar.update(m)
@@ -218,7 +228,9 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
           log=log_step, loop=loop,
           reference={"sampler": None, "sft": root, "parent": params}[ph["reference"]],
           plateau=(c.plateau_window, c.plateau_delta),
-          effort_in_prompt=ctx.config.teacher.effort_in_prompt)
+          effort_in_prompt=ctx.config.teacher.effort_in_prompt, pool=pool,
+          relogprob=(lambda arr, params: partial.recompute_logprobs(ctx.model_cfg, params, arr))
+          if pool is not None and c.partial_mode == "recompute" else None)
     log.close()
     metrics = sft.evaluate(ctx.eval_engine, state.params, task, val, effort,
                            ctx.budgets(val, effort), jax.random.PRNGKey(7),
