@@ -17,7 +17,7 @@ tokens are therefore those of `sampling.Sampler` for the same row key, and its l
 equal them up to float reassociation, whatever the order in which rows finish.
 
 Programs, each jitted once per (prompt bucket, slots); the queue length is not a static
-shape: fill (one batched prefill of the first S rows into the empty slots), insert (the
+shape: fill (one batched prefill of the queue's first S rows into the empty slots), insert (the
 prefill of one prompt into one free slot) and decode (a `while_loop` that runs until some
 slot is free while prompts wait, or every slot is done). With params on a
 mesh the slots are split over its batch axes (`data`, `fsdp`) when they divide; across
@@ -98,9 +98,10 @@ def _insert(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state
 
 
 def _fill(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: SlotState,
-          prompts, mask, keys, limits) -> SlotState:
-  """Prefill S prompts [S, P] into the S (empty) slots at once: the start of a queue of at
-  least S rows, one batched prefill like the static sampler's instead of S inserts."""
+          prompts, mask, keys, limits, live) -> SlotState:
+  """Prefill S prompts [S, P] into the S (empty) slots at once: the start of every queue,
+  one batched prefill like the static sampler's instead of S inserts. Slots where `live`
+  [S] is False (a queue shorter than the slots; their rows are copies) start done."""
   n = scfg.max_new_tokens
   s = prompts.shape[0]
   hidden, cache = sampling.prefill(model_cfg, params, prompts, mask, state.cache)
@@ -109,7 +110,7 @@ def _fill(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: 
   uniforms = sampling.uniform_table(keys, prompt_len, n + 1)
   tok, lp = sampling.sample_token(logits, uniforms[:, 0], scfg)
   return SlotState(cache=cache, token=tok, logprob=lp, count=jnp.zeros((s,), jnp.int32),
-                   limit=limits, done=jnp.zeros((s,), bool), positions=prompt_len,
+                   limit=limits, done=~live, positions=prompt_len,
                    uniforms=uniforms, tokens=jnp.full((s, n), scfg.pad_id, jnp.int32),
                    logprobs=jnp.zeros((s, n), jnp.float32))
 
@@ -234,16 +235,18 @@ class ContinuousSampler:
     out_tok = np.full((q, n), self.scfg.pad_id, np.int32)
     out_lp = np.zeros((q, n), np.float32)
     out_len = np.zeros((q,), np.int32)
-    slot_row = [-1] * slots
     queue = (np.argsort(-limits, kind="stable") if self.admission == "longest_cap_first"
              else np.arange(q))
     nxt, decodes = 0, 0
     (width,) = put(np.int32(p))
-    if q >= slots:  # every slot starts empty: one batched prefill
-      first = queue[:slots]
-      state = self._fill(dparams, state, *put(tokens[first], mask[first], row_keys[first],
-                                              limits[first].astype(np.int32)))
-      slot_row, nxt = [int(r) for r in first], slots
+    # Every slot starts empty: one batched prefill of the first rows (copies of the first
+    # row, left done, in slots a short queue does not fill).
+    k = min(q, slots)
+    first = np.concatenate([queue[:k], np.repeat(queue[:1], slots - k)])
+    state = self._fill(dparams, state, *put(tokens[first], mask[first], row_keys[first],
+                                            limits[first].astype(np.int32),
+                                            np.arange(slots) < k))
+    slot_row, nxt = [int(r) for r in queue[:k]] + [-1] * (slots - k), k
     while True:
       for sl in range(slots):
         if slot_row[sl] < 0 and nxt < q:

@@ -53,13 +53,17 @@ def test_rows_equal_the_static_sampler(params, monkeypatch, kw, slots, admission
 
 def test_one_program_per_bucket_and_slots(params):
   """Queues of 4, 13 and 40 rows in one bucket trace each program once (the queue length
-  is not a shape); a second bucket traces once more; a third would be one too many. (A
-  queue shorter than the slots uses the power of two of slots that holds it.)"""
+  is not a shape), and so do 3 rows (one slot left empty); a second bucket traces once
+  more; a third would be one too many. (A queue shorter than the slots uses the power of
+  two of slots that holds it.)"""
   scfg = sampling.SamplingConfig(max_new_tokens=6, buckets=(16, 32))
   cs = continuous.ContinuousSampler(CFG, scfg, 4, max_traces=2)
   rng = jax.random.PRNGKey(0)
   for n in (4, 13, 40):
     cs(params, (PROMPTS * 4)[:n], rng)
+  # 3 rows in 4 slots: one slot starts empty (done), still the same programs.
+  _assert_same(sampling.Sampler(CFG, scfg)(params, PROMPTS[:3], rng),
+               cs(params, PROMPTS[:3], rng))
   cs(params, [[5] * 20] * 6, rng)
   with pytest.raises(AssertionError):
     cs(params, [[5] * 40] * 6, rng)
