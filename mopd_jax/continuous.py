@@ -228,9 +228,11 @@ class ContinuousSampler:
     else:
       put = lambda *xs: xs
     dparams = self.decode_params(params)
-    # A queue shorter than the slots decodes in the power of two of slots that holds it (a
-    # few shapes, like the static sampler's batch buckets), not in mostly empty slots.
-    slots = min(self.slots, 1 << (q - 1).bit_length())
+    # A queue shorter than the slots decodes in the power of two of slots that holds it, but
+    # never fewer than a quarter of the slots: at most three shapes per bucket (the static
+    # engine's batch buckets follow the same rule), so the last turns of a multi-turn batch,
+    # with few live rows, do not compile programs of 1, 2, 4 ... slots.
+    slots = rollout_slots(q, self.slots)
     state = self._state(dparams, p + n, slots)
     out_tok = np.full((q, n), self.scfg.pad_id, np.int32)
     out_lp = np.zeros((q, n), np.float32)
@@ -269,6 +271,12 @@ class ContinuousSampler:
         slot_row[sl] = -1
     self.last_stats = {"decode_calls": decodes, "rows": q}
     return _assemble(tokens, mask, out_tok, out_lp, out_len, self.scfg)
+
+
+def rollout_slots(rows: int, slots: int) -> int:
+  """The slots a queue of `rows` decodes in: `slots`, or for a shorter queue the power of two
+  that holds it, at least slots / 4."""
+  return min(slots, max(1 << max(rows - 1, 0).bit_length(), -(-slots // 4)))
 
 
 def _assemble(tokens, mask, out_tok, out_lp, out_len, scfg) -> sampling.Rollout:

@@ -54,8 +54,7 @@ def test_rows_equal_the_static_sampler(params, monkeypatch, kw, slots, admission
 def test_one_program_per_bucket_and_slots(params):
   """Queues of 4, 13 and 40 rows in one bucket trace each program once (the queue length
   is not a shape), and so do 3 rows (one slot left empty); a second bucket traces once
-  more; a third would be one too many. (A queue shorter than the slots uses the power of
-  two of slots that holds it.)"""
+  more; a third would be one too many."""
   scfg = sampling.SamplingConfig(max_new_tokens=6, buckets=(16, 32))
   cs = continuous.ContinuousSampler(CFG, scfg, 4, max_traces=2)
   rng = jax.random.PRNGKey(0)
@@ -67,6 +66,13 @@ def test_one_program_per_bucket_and_slots(params):
   cs(params, [[5] * 20] * 6, rng)
   with pytest.raises(AssertionError):
     cs(params, [[5] * 40] * 6, rng)
+
+
+def test_slots_of_a_short_queue():
+  """Short queues use a power of two of slots, never under a quarter of them: three shapes."""
+  assert [continuous.rollout_slots(q, 32) for q in (1, 3, 8, 9, 16, 17, 40)] == \
+      [8, 8, 8, 16, 16, 32, 32]
+  assert {continuous.rollout_slots(q, 5) for q in range(1, 9)} == {2, 4, 5}
 
 
 def test_bad_arguments(params):
