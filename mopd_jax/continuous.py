@@ -36,7 +36,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mopd_jax import distributed, models, sampling
+from mopd_jax import distributed, models, sampling, sharding
 from mopd_jax.models import KVCache, ModelConfig
 
 
@@ -163,8 +163,8 @@ class ContinuousSampler:
   """`slots` decode slots fed from the queue of a call's prompts; params are call arguments.
 
   Takes and returns what `sampling.Sampler` does (same validation and errors, a `Rollout`
-  [Q, P + N] for Q prompts); `max_traces` (tests) wraps the insert and the decode programs in
-  `chex.assert_max_traces`."""
+  [Q, P + N] for Q prompts); `max_traces` (tests) wraps the fill, insert and decode programs
+  in `chex.assert_max_traces`. `last_stats`: the last call's decode calls and rows."""
 
   def __init__(self, model_cfg: ModelConfig, scfg: sampling.SamplingConfig, slots: int,
                admission: str = "longest_cap_first", max_traces: Optional[int] = None):
@@ -208,7 +208,6 @@ class ContinuousSampler:
       mesh = None
     if mesh is None:
       return _state_init(self.model_cfg, self.scfg, slots, width, None)()
-    from mopd_jax import sharding  # pylint: disable=g-import-not-at-top
     n = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES if a in mesh.shape]))
     spec = P(tuple(a for a in sharding.BATCH_AXES if a in mesh.shape)) if slots % n == 0 else P()
     return _state_init(self.model_cfg, self.scfg, slots, width, NamedSharding(mesh, spec))()
@@ -221,8 +220,7 @@ class ContinuousSampler:
     n = self.scfg.max_new_tokens
     limits, row_keys = self.static.row_args(q, rng, row_keys, max_new)
     row_keys = np.asarray(row_keys)
-    multi = jax.process_count() > 1
-    if multi:
+    if jax.process_count() > 1:
       rep = NamedSharding(distributed.mesh_of(params), P())
       put = lambda *xs: distributed.to_global(xs, rep)
     else:
@@ -239,7 +237,7 @@ class ContinuousSampler:
     out_len = np.zeros((q,), np.int32)
     queue = (np.argsort(-limits, kind="stable") if self.admission == "longest_cap_first"
              else np.arange(q))
-    nxt, decodes = 0, 0
+    decodes = 0
     (width,) = put(np.int32(p))
     # Every slot starts empty: one batched prefill of the first rows (copies of the first
     # row, left done, in slots a short queue does not fill).
