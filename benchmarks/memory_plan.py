@@ -6,8 +6,9 @@ next to the accelerator's memory:
 
   * sampler prefill      the student prefills B_dec prompts of P tokens into a KV cache of
                          P + N slots (cache donated);
-  * sampler decode step  one token for all B_dec rows against the full cache (the body of the
-                         sampler's `while_loop`, which dominates sampling memory);
+  * sampler decode step  one token for all B_dec rows against the full cache, each row at its
+                         own cache slot (the body of the continuous sampler's `while_loop`,
+                         which dominates sampling memory);
   * teacher prefill      the nine stacked teachers score a stratified [K, b, T] batch
                          (`teachers.score_stratified`), co-located on the student's mesh or on
                          their own sub-mesh (`placement.teachers`);
@@ -134,11 +135,13 @@ def sampler_programs(cfg, mesh, batch: int, prompt_len: int, new_tokens: int) ->
                                               models.default_positions(mask), mask, cache)
     return cache, models.logits_from_hidden(qcfg, qparams, hidden[:, -1])
 
-  def decode(params, cache, token, positions, live, u):
-    # The sampler quantises once outside its loop; the decode body sees float weights.
+  def decode(params, cache, token, positions, live, u, write_at):
+    # The sampler quantises once outside its loop; the decode body sees float weights. The
+    # step of continuous batching (the rollouts' default): each row writes its k/v at its
+    # own cache slot.
     qcfg, qparams = models.materialize(cfg, params)
-    hidden, cache = models.forward_with_cache(qcfg, qparams, token[:, None], positions[:, None],
-                                              live[:, None], cache)
+    hidden, cache = models.forward_at_slots(qcfg, qparams, token[:, None], positions[:, None],
+                                            live[:, None], cache, write_at)
     logits = models.logits_from_hidden(qcfg, qparams, hidden[:, 0])
     return cache, sampling.sample_token(logits, u, scfg)
 
@@ -152,8 +155,9 @@ def sampler_programs(cfg, mesh, batch: int, prompt_len: int, new_tokens: int) ->
              what=f"B={batch}, P={prompt_len}"),
       _lower("sampler decode step", decode,
              (params, cache, sds((batch,), jnp.int32, row1), sds((batch,), jnp.int32, row1),
-              sds((batch,), jnp.bool_, row1), sds((batch,), jnp.float32, row1)),
-             (p_sh, c_sh, row1, row1, row1, row1), (c_sh, (row1, row1)), donate=(1,),
+              sds((batch,), jnp.bool_, row1), sds((batch,), jnp.float32, row1),
+              sds((batch,), jnp.int32, row1)),
+             (p_sh, c_sh, row1, row1, row1, row1, row1), (c_sh, (row1, row1)), donate=(1,),
              what=dec),
   ]
 
