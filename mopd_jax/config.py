@@ -553,9 +553,9 @@ def _cross_checks(c: RunConfig, num_devices: int) -> None:
     raise ValueError(f"mopd.is_bounds must be (low, high) with 0 <= low <= 1 <= high, got "
                      f"{m.is_bounds}")
   if weighted and m.loss != "mopd":
-    raise ValueError(f"mopd.staleness=1 and mopd.partial_mode='importance' weight the eq. 15 "
-                     f"loss by truncated importance weights; they need mopd.loss='mopd', got "
-                     f"{m.loss!r}")
+    what = "mopd.staleness=1" if m.staleness else "mopd.partial_mode='importance'"
+    raise ValueError(f"{what} weights the eq. 15 loss by truncated importance weights; it "
+                     f"needs mopd.loss='mopd', got {m.loss!r}")
   if m.staleness and m.partial_rollout_tokens:
     raise ValueError("mopd.partial_rollout_tokens needs mopd.staleness=0: a step's in-flight "
                      "rows are decoded by the student that takes its update")

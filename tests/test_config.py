@@ -56,6 +56,13 @@ CASES = [
     ("c.budget.samples = 0", "budget.samples must be an int >= 1"),
     ("c.mopd.exact_kl_every = -1", "mopd.exact_kl_every must be an int >= 0"),
     ("c.rollout.sampling_dtype = 'float16'", "rollout.sampling_dtype='float16'"),
+    ("c.rollout.decode_slots = -1", "rollout.decode_slots must be an int >= 0"),
+    ("c.rollout.admission = 'random'", "rollout.admission='random'"),
+    ("c.mopd.partial_rollout_tokens = -4", "mopd.partial_rollout_tokens must be an int >= 0"),
+    ("c.rl.partial_mode = 'reuse'", "rl.partial_mode='reuse'"),
+    ("c.mopd.partial_rollout_tokens = 8; c.mopd.staleness = 1", "needs mopd.staleness=0"),
+    ("c.mopd.partial_rollout_tokens = 8; c.mopd.partial_mode = 'importance'; "
+     "c.mopd.loss = 'pg'", "mopd.partial_mode='importance' weights"),
     ("c.mopd.steps = -3", "mopd.steps must be an int >= 1, got -3"),
     ("c.rl.group_size = 0", "rl.group_size must be an int >= 1"),
     ("c.rl.temperature = float('nan')", "rl.temperature must be a finite number >= 0"),

@@ -9,6 +9,7 @@ from mopd_jax.tokenizer import CharTokenizer
 
 CFG = models.ModelConfig(vocab_size=61, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
                          head_dim=8, mlp_dim=64, max_seq_len=96, qk_norm=True)
+ONE_LAYER = CFG.replace(num_layers=1)  # the cheaper compile, where layers do not matter
 RS = np.random.RandomState(0)
 PROMPTS = [list(RS.randint(5, 60, size=RS.randint(1, 12))) for _ in range(13)]
 CAPS = RS.randint(1, 30, size=13).astype(np.int32)
@@ -20,6 +21,12 @@ def params():
   return jax.tree.map(lambda x: x * 3.0 if x.ndim == 2 else x, p)  # peaked: stops happen
 
 
+@pytest.fixture(scope="module")
+def params1():
+  p = models.init_params(ONE_LAYER, jax.random.PRNGKey(0))
+  return jax.tree.map(lambda x: x * 3.0 if x.ndim == 2 else x, p)
+
+
 def _assert_same(static, cont):
   static = jax.device_get(static)
   for f in ("tokens", "input_mask", "loss_mask", "prompt_lengths", "lengths", "stopped"):
@@ -28,8 +35,8 @@ def _assert_same(static, cont):
 
 
 @pytest.mark.parametrize("kw, slots, admission, block", [
-    (dict(greedy=True), 4, "longest_cap_first", 8),
-    (dict(temperature=0.7, top_p=0.9), 5, "fifo", None),
+    (dict(temperature=0.7, top_p=0.9), 5, "fifo", 8),
+    pytest.param(dict(greedy=True), 4, "longest_cap_first", None, marks=pytest.mark.slow),
 ])
 def test_rows_equal_the_static_sampler(params, monkeypatch, kw, slots, admission, block):
   """Tokens, masks, lengths and stop flags equal, log-probs to float reassociation, with
@@ -51,21 +58,21 @@ def test_rows_equal_the_static_sampler(params, monkeypatch, kw, slots, admission
   assert cs.last_stats["decode_calls"] > 1  # slots were refilled
 
 
-def test_one_program_per_bucket_and_slots(params):
+def test_one_program_per_bucket_and_slots(params1):
   """Queues of 4, 13 and 40 rows in one bucket trace each program once (the queue length
   is not a shape), and so do 3 rows (one slot left empty); a second bucket traces once
   more; a third would be one too many."""
   scfg = sampling.SamplingConfig(max_new_tokens=6, buckets=(16, 32))
-  cs = continuous.ContinuousSampler(CFG, scfg, 4, max_traces=2)
+  cs = continuous.ContinuousSampler(ONE_LAYER, scfg, 4, max_traces=2)
   rng = jax.random.PRNGKey(0)
   for n in (4, 13, 40):
-    cs(params, (PROMPTS * 4)[:n], rng)
+    cs(params1, (PROMPTS * 4)[:n], rng)
   # 3 rows in 4 slots: one slot starts empty (done), still the same programs.
-  _assert_same(sampling.Sampler(CFG, scfg)(params, PROMPTS[:3], rng),
-               cs(params, PROMPTS[:3], rng))
-  cs(params, [[5] * 20] * 6, rng)
+  _assert_same(sampling.Sampler(ONE_LAYER, scfg)(params1, PROMPTS[:3], rng),
+               cs(params1, PROMPTS[:3], rng))
+  cs(params1, [[5] * 20] * 6, rng)
   with pytest.raises(AssertionError):
-    cs(params, [[5] * 40] * 6, rng)
+    cs(params1, [[5] * 40] * 6, rng)
 
 
 def test_slots_of_a_short_queue():
@@ -89,19 +96,21 @@ def test_bad_arguments(params):
     cs(params, PROMPTS[:2], jax.random.PRNGKey(0), max_new=np.array([0, 2]))
 
 
-def test_slots_sharded_over_the_mesh_equal_single_device(params):
+@pytest.mark.slow  # guarded by the 2-process pipeline of test_multihost, which samples
+def test_slots_sharded_over_the_mesh_equal_single_device(params1):
   """Params on a 4 x 2 (data x tensor) mesh: the slots split over `data`, the rows equal the
   single-device run's."""
   mesh = sharding.make_mesh({"data": 4, "tensor": 2})
-  sharded = jax.device_put(params, sharding.param_shardings(CFG, mesh))
+  sharded = jax.device_put(params1, sharding.param_shardings(ONE_LAYER, mesh))
   scfg = sampling.SamplingConfig(max_new_tokens=20, stop_tokens=(3, 4))
   rng = jax.random.PRNGKey(4)
-  cs = continuous.ContinuousSampler(CFG, scfg, 4)
+  cs = continuous.ContinuousSampler(ONE_LAYER, scfg, 4)
   assert cs._state(sharded, 36, 4).token.sharding.spec == jax.sharding.PartitionSpec(
       ("data", "fsdp"))
-  _assert_same(cs(params, PROMPTS, rng, max_new=CAPS), cs(sharded, PROMPTS, rng, max_new=CAPS))
+  _assert_same(cs(params1, PROMPTS, rng, max_new=CAPS), cs(sharded, PROMPTS, rng, max_new=CAPS))
 
 
+@pytest.mark.slow  # guarded by every default-tier pipeline run (agt's multi-turn rollouts)
 def test_engine_with_decode_slots_equals_static():
   """The rollout engine with continuous batching (multi-turn agt with tool observations
   included) gives the trajectories of the static engine."""

@@ -31,6 +31,7 @@ def _same(a, b):
   np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
 
 
+@pytest.mark.slow  # test_rollout.py::test_partial_rollout_equals_one_go is the guard
 def test_segments_equal_one_go_rollouts(params):
   """Rows decoded 6 tokens per step (agt with tool observations, and gen) are the one-go
   rollouts of the same keys, tool-turn limit included."""
@@ -84,6 +85,7 @@ def test_take_limits_each_cell_and_the_state_round_trips(params):
     partial.RolloutPool(0)
 
 
+@pytest.mark.slow  # the pool: test_take_limits_each_cell_and_the_state_round_trips
 def test_rl_effort_phase_with_partial_rollouts(params):
   """`rl.run_effort` with a pool: segments of 1000 tokens (every row completes in its
   step) give the history of the loop without one; segments of 5 tokens train only on
@@ -96,9 +98,10 @@ def test_rl_effort_phase_with_partial_rollouts(params):
             for k in range(4)]
   mesh = sharding.make_mesh({}, jax.devices()[:1])
 
-  def run(pool, relogprob=None):
-    trainer = train.Trainer(CFG, train.LossConfig(kind="pmd", group_size=2, tau_kl=0.5),
-                            train.OptimConfig(lr=1e-3, warmup_steps=0, total_steps=3), mesh)
+  trainer = train.Trainer(CFG, train.LossConfig(kind="pmd", group_size=2, tau_kl=0.5),
+                          train.OptimConfig(lr=1e-3, warmup_steps=0, total_steps=3), mesh)
+
+  def run(pool, relogprob=None):  # one Trainer (its compiled step) for the three runs
     _, hist = rl.run_effort(trainer, trainer.init(params), _engine(), task,
                             lambda step: stream[step], effort="max", tau=1.5, phase=0, steps=3,
                             group_size=2, width=64, seed=0, pool=pool, relogprob=relogprob)

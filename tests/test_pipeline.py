@@ -53,6 +53,7 @@ def test_every_stage_leaves_its_outputs(workdir):
   assert refs["agt/max"] == ("sampler", 3e-4, 0.5) and refs["cod/low"] == ("sft", 3e-4, 0.2)
 
 
+@pytest.mark.slow
 def test_mopd_stage_with_an_effort_mix(workdir, tmp_path):
   """mopd.effort_mix through the real stage: cells of varying size, every effort drawn."""
   wd = str(tmp_path / "mix")
@@ -94,6 +95,7 @@ def test_rerun_skips_finished_stages(workdir):
   assert proc.stdout.count("already done") == 6
 
 
+@pytest.mark.slow
 def test_mopd_stage_with_asynchronous_teacher_scoring(workdir, tmp_path):
   """mopd.staleness=1 (and 3 microbatches) through the real stage: the same steps,
   importance-weighted, with the first (not yet stale) step equal to the synchronous run's."""
@@ -114,6 +116,7 @@ def test_mopd_stage_with_asynchronous_teacher_scoring(workdir, tmp_path):
   assert done["staleness"] == 1 and done["phase_seconds_per_step"]["step"] > 0
 
 
+@pytest.mark.slow
 def test_mopd_stage_with_partial_rollouts_resumes_exactly(workdir, tmp_path):
   """mopd.partial_rollout_tokens through the real stage: rows decode 6 tokens a step and
   carry over; only complete rows are trained on (fewer than the step's prompts while rows
