@@ -96,7 +96,6 @@ def test_bad_arguments(params):
     cs(params, PROMPTS[:2], jax.random.PRNGKey(0), max_new=np.array([0, 2]))
 
 
-@pytest.mark.slow  # guarded by the 2-process pipeline of test_multihost, which samples
 def test_slots_sharded_over_the_mesh_equal_single_device(params1):
   """Params on a 4 x 2 (data x tensor) mesh: the slots split over `data`, the rows equal the
   single-device run's."""
