@@ -199,7 +199,7 @@ class ContinuousSampler:
   def decode_params(self, params):
     """The params the programs decode with: fake-quantised (QAT) and cast (bf16) once per
     call, not in every insert and decode."""
-    return _decode_params(self.static.model_cfg, self.scfg.dtype)(params)
+    return _decode_params(self.static.model_cfg, self.scfg)(params)
 
   def _state(self, params, width: int, slots: int) -> SlotState:
     try:
@@ -293,14 +293,8 @@ def _assemble(tokens, mask, out_tok, out_lp, out_len, scfg) -> sampling.Rollout:
 
 
 @functools.lru_cache(maxsize=16)
-def _decode_params(model_cfg: ModelConfig, dtype: str):
-  def prep(params):
-    _, params = models.materialize(model_cfg, params)
-    if dtype == "bfloat16":
-      params = jax.tree.map(lambda x: x.astype(jnp.bfloat16)
-                            if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
-    return params
-  return jax.jit(prep)
+def _decode_params(model_cfg: ModelConfig, scfg: sampling.SamplingConfig):
+  return jax.jit(lambda params: sampling.decode_weights(model_cfg, scfg, params)[1])
 
 
 @functools.lru_cache(maxsize=64)

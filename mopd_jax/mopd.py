@@ -322,8 +322,7 @@ def _assemble(bank, tok, tasks, cells, rows, efforts, trajs, texts, taus, b, wid
     idx = [i for i, dd in enumerate(domains) if dd == d]
     acc[idx] = tasks[d].verify_unless([rows[i] for i in idx], [texts[i] for i in idx],
                                       over[idx], 0.0)
-  empty = [dataclasses.replace(trajs[0], ids=[], gen_mask=[], logprobs=[])] * max(
-      0, pad_to - len(trajs))
+  empty = rollout.empty_rows(trajs[0], pad_to - len(trajs))
   longest = max(len(t.prompt_ids) + t.num_tokens for t in trajs)
   arr = rollout.pad_batch(list(trajs) + empty, tok.pad_id,
                           rollout.padded_width(longest, width_multiple))

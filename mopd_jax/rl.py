@@ -20,7 +20,6 @@ can run one after another in one process or side by side as separate processes.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Optional
 
 import jax
@@ -146,7 +145,7 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
     longest = max(len(t.prompt_ids) + t.num_tokens for t in trajs)
     w = rollout.padded_width(longest, pow2=True, floor=width)
     n_empty = len(exs) * group_size - len(trajs)  # whole empty groups: no loss, one shape
-    empty = [dataclasses.replace(trajs[0], ids=[], gen_mask=[], logprobs=[])] * n_empty
+    empty = rollout.empty_rows(trajs[0], n_empty)
     state, m = trainer.step(state, rl_batch(engine.tok, trajs + empty,
                                             np.concatenate([rewards, np.zeros(n_empty)]), w,
                                             relogprob, state.params),

@@ -188,6 +188,12 @@ def padded_width(longest: int, multiple: int = 16, *, pow2: bool = False,
   return max(w, floor)
 
 
+def empty_rows(template: Trajectory, n: int) -> list:
+  """n trajectories of `template`'s prompt and no response: rows that pad a train batch to a
+  fixed size and weigh 0 in every row-normalised loss (no loss tokens)."""
+  return [dataclasses.replace(template, ids=[], gen_mask=[], logprobs=[])] * max(0, n)
+
+
 def pad_batch(trajs: Sequence[Trajectory], pad_id: int, width: Optional[int] = None) -> dict:
   """Right-padded numpy arrays [B, T] for the train step; `width` None = `padded_width` of
   the longest trajectory."""

@@ -207,6 +207,16 @@ def sample_token(logits, u, scfg: SamplingConfig):
   return tok, picked - m[:, 0] - jnp.log(total)
 
 
+def decode_weights(model_cfg: ModelConfig, scfg: SamplingConfig, params):
+  """(config, params) a decode runs with: fake-quantised once (QAT), not in every step, and
+  cast to bf16 with `scfg.dtype="bfloat16"`."""
+  model_cfg, params = models.materialize(model_cfg, params)
+  if scfg.dtype == "bfloat16":
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16)
+                          if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+  return model_cfg, params
+
+
 def prefill(model_cfg: ModelConfig, params, tokens, mask, cache: KVCache):
   """Run left-aligned prompts [B, P] into the first P slots of `cache`; (hidden, cache).
 
@@ -235,10 +245,7 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
   on the limits."""
   b, p = prompt_tokens.shape
   n = scfg.max_new_tokens
-  model_cfg, params = models.materialize(model_cfg, params)  # QAT: quantise once, not per step
-  if scfg.dtype == "bfloat16":  # the decode weights in bf16 (cast once per call)
-    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16)
-                          if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+  model_cfg, params = decode_weights(model_cfg, scfg, params)
   tokens, mask = prompt_tokens, prompt_mask  # left-aligned by Sampler.prepare
   prompt_lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
   hidden, cache = prefill(model_cfg, params, tokens, mask, cache)
