@@ -121,9 +121,9 @@ class RolloutPool:
       groups.setdefault(r.group, []).append(r)
     chosen = [g for g, rows in groups.items()
               if all(self.complete(engine, r) for r in rows)][:limit]
-    out = [r for g in chosen for r in groups[g]]
-    self.rows = [r for r in self.rows if r.group not in set(chosen)]
-    return out
+    taken = set(chosen)
+    self.rows = [r for r in self.rows if r.group not in taken]
+    return [r for g in chosen for r in groups[g]]
 
   def state(self) -> list:
     """JSON of every in-flight row (examples, trajectories, keys)."""
