@@ -92,6 +92,10 @@ def checks(rep: dict) -> list:
       sl, tl = get("student", d, e, "mean_length"), get("teacher", d, e, "mean_length")
       add(f"student {d}/{e} mean length / teacher's", None if sl is None else [sl, tl],
           "within +-25%", None if sl is None or tl is None else abs(sl - tl) <= 0.25 * tl)
+  for name, c in rep["kl"].get("outside_vs_same", {}).items():
+    gap = abs(c["outside_accuracy"] - c["same_accuracy"])
+    add(f"outside teacher {name} validation accuracy - same-origin teacher's", gap,
+        "<= 0.10", gap <= 0.10 + 1e-9)
   drop = kl_drop(rep["kl"])
   add("per-token KL, first / last MOPD step", drop, ">= 5", None if drop is None else drop >= 5)
   w = rep["wall_seconds"]
@@ -123,7 +127,22 @@ def initial_kl_by_cell(workdir: str, history: list) -> dict:
   for c in by_cell.values():
     by_origin.setdefault(c["origin"], []).append(c["kl"])
   return {"initial_by_cell": by_cell,
-          "initial_by_origin": {o: float(np.mean(v)) for o, v in by_origin.items()}}
+          "initial_by_origin": {o: float(np.mean(v)) for o, v in by_origin.items()},
+          "outside_vs_same": outside_vs_same(
+              checkpoint.read_json(path) if storage.exists(path) else {})}
+
+
+def outside_vs_same(manifest: dict) -> dict:
+  """Per outside cell: the validation accuracy of the outside teacher and of the same-origin
+  teacher it replaces (both measured by the rl stage on the same prompts), so the ablation
+  compares origins at similar quality."""
+  out = {}
+  for name, same in manifest.get("same_origin", {}).items():
+    t = manifest["teachers"].get(name, {})
+    if t.get("origin") == "outside" and t.get("eval_validation") and same.get("eval_validation"):
+      out[name] = {"outside_accuracy": t["eval_validation"]["accuracy"],
+                   "same_accuracy": same["eval_validation"]["accuracy"]}
+  return out
 
 
 def _cell(cells, policy, domain, effort):
@@ -186,6 +205,10 @@ def markdown(rep: dict) -> str:
       t = _cell(rep["cells"], "teacher", *name.split("/"))
       lines.append(f"| {name} | {c['origin']} | {c['kl']:.4f} | "
                    f"{'-' if t is None else format(t['accuracy'], '.3f')} |")
+    for name, c in kl.get("outside_vs_same", {}).items():
+      lines += ["", f"The outside `{name}` teacher answers {c['outside_accuracy']:.3f} of the "
+                f"validation prompts, the same-origin teacher it replaces "
+                f"{c['same_accuracy']:.3f} (rl stage, greedy)."]
   if rep.get("checks"):
     passed = sum(c["ok"] is True for c in rep["checks"])
     known = sum(c["ok"] is not None for c in rep["checks"])

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import suite_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,7 +111,7 @@ def test_bad_config_raises_under_python_O():
           "print(json.dumps(out))\n")
   res = subprocess.run([sys.executable, "-O", "-c", code], cwd=ROOT, capture_output=True,
                        text=True, timeout=300, input=json.dumps([c for c, _ in CASES]),
-                       env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+                       env=suite_cli.env())
   assert res.returncode == 0, res.stderr
   got = json.loads(res.stdout.strip().splitlines()[-1])
   wrong = [(change, match, msg) for (change, match), msg in zip(CASES, got)
@@ -170,7 +171,7 @@ def test_command_line_errors_are_one_line_and_exit_2(args, match):
     argv, args = ["--config", "configs/toy.py:fast"], [a for a in args if a != "--workdir="]
   res = subprocess.run([sys.executable, "-m", "experiments.run", *argv, *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=120,
-                       env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+                       env=suite_cli.env())
   lines = [line for line in res.stderr.splitlines() if line.startswith("config error:")]
   assert res.returncode == 2 and len(lines) == 1 and match in lines[0], res.stderr[-2000:]
   assert "Traceback" not in res.stderr

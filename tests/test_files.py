@@ -11,6 +11,7 @@ import sys
 
 import jax
 import pytest
+import suite_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -57,7 +58,7 @@ def chat_ckpt(tmp_path_factory):
 def test_every_stage_on_the_example_records(tmp_path, chat_ckpt):
   ckpt = chat_ckpt
   wd = tmp_path / "wd"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = suite_cli.env()
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.run", "--config",
        os.path.join("configs", "files.py") + ":" + os.path.join(EXAMPLES, "spec.json"),

@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
 from mopd_jax import hf, models, sampling, sharding
+import suite_cli
 
 ATOL = 1e-4
 NEW_TOKENS = 32
@@ -499,7 +500,7 @@ def test_student_from_hugging_face_checkpoint(tmp_path):
   ckpt = tmp_path / "student"
   hf.save_checkpoint(cfg, jax.device_get(__import__("mopd_jax").models.init_params(
       cfg, jax.random.PRNGKey(3))), str(ckpt))
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = suite_cli.env()
   proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
                          "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
                          "--config.stages=smoke", f"--config.model.hf_path={ckpt}"],
@@ -528,8 +529,7 @@ def test_teachers_from_hugging_face_checkpoints(tmp_path):
     paths[cell] = str(p)
   # Two devices, teachers disaggregated: the student on device 0, the bank on device 1
   # (placement.TeacherScorer moves trajectories and log-probs between them).
-  env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  env = suite_cli.env(devices=2)
   proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
                          "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
                          "--config.stages=data,sft,rl,mopd",

@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import suite_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,7 +18,7 @@ def test_failed_rl_lane_processes_are_named_with_their_logs(tmp_path):
           "try:\n  lanes.run_side_by_side(run.workdir, run.config.to_json(), lanes_, 3, "
           "[sum(rl.lane_steps(run, lane)) for lane in lanes_])\n"
           "except RuntimeError as e:\n  print('RuntimeError:', e)\n")
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = suite_cli.env()
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=300)
   out = proc.stdout

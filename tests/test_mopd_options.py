@@ -13,6 +13,7 @@ import pytest
 from mopd_jax import logprobs, models, mopd, placement, rollout, sharding, teachers, train
 from mopd_jax.tasks import TOY_DOMAINS as DOMAINS, get_task
 from mopd_jax.tokenizer import DEFAULT_EFFORTS as EFFORTS, CharTokenizer
+import suite_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOK = CharTokenizer()
@@ -112,26 +113,30 @@ def test_topk_mopd_step_is_zero_when_the_student_is_every_teacher():
 def test_outside_teacher_config_reports_initial_kl_per_cell(tmp_path):
   """One pipeline run of the ablation on the tiny variant, with the top-k loss and alpha on
   (so both options also run through the pipeline)."""
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = suite_cli.env()
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.run", "--config", "configs/toy_outside_teacher.py:tiny",
        "--workdir", str(tmp_path), "--config.mopd.loss=topk", "--config.mopd.alpha=0.5"],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   manifest = json.load(open(tmp_path / "teachers.json"))
-  routed = manifest["teachers"]["gen/max"]
+  routed = manifest["teachers"]["cod/max"]
   assert routed["origin"] == "outside" and "rl_outside" in routed["path"]
   assert routed["parent"].endswith(os.path.join("sft", "outside", "params"))
-  # The rest of the gen lane still anneals from the same-origin gen/max, kept on record.
-  assert manifest["teachers"]["gen/high"]["parent"] == manifest["same_origin"]["gen/max"]["path"]
+  # The rest of the cod lane still anneals from the same-origin cod/max, kept on record.
+  assert manifest["teachers"]["cod/high"]["parent"] == manifest["same_origin"]["cod/max"]["path"]
   rep = json.load(open(tmp_path / "report.json"))
   by_cell = rep["kl"]["initial_by_cell"]
   assert set(by_cell) == set(teachers.DEFAULT_NAMES)
-  assert {n for n, c in by_cell.items() if c["origin"] == "outside"} == {"gen/max"}
+  assert {n for n, c in by_cell.items() if c["origin"] == "outside"} == {"cod/max"}
   assert set(rep["kl"]["initial_by_origin"]) == {"same", "outside"}
-  assert by_cell["gen/max"]["kl"] == pytest.approx(rep["kl"]["initial_by_origin"]["outside"])
+  assert by_cell["cod/max"]["kl"] == pytest.approx(rep["kl"]["initial_by_origin"]["outside"])
+  pair = rep["kl"]["outside_vs_same"]["cod/max"]
+  assert pair["same_accuracy"] == manifest["same_origin"]["cod/max"]["eval_validation"]["accuracy"]
+  assert [c["name"] for c in rep["checks"] if c["name"].startswith("outside teacher")] == [
+      "outside teacher cod/max validation accuracy - same-origin teacher's"]
   md = open(tmp_path / "report.md").read()
-  assert "| gen/max | outside |" in md
+  assert "| cod/max | outside |" in md and "The outside `cod/max` teacher answers" in md
   history = json.load(open(tmp_path / "mopd" / "history.json"))
   assert "topk_kl" in history[0]  # the top-k loss was the one optimised
 

@@ -13,6 +13,7 @@ import pytest
 
 import multihost_worker
 from mopd_jax import distributed, sharding
+import suite_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,7 +42,7 @@ def _run_processes(commands, envs, timeout):
 
 def test_two_processes_equal_one_process(tmp_path):  # ~100 s on 2 cores: 2 workers + reference
   coordinator = f"localhost:{_free_port()}"
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  env = {k: v for k, v in suite_cli.env().items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   _run_processes([[sys.executable, os.path.join(ROOT, "tests", "multihost_worker.py"),
                    "--process_id", str(i), "--num_processes", "2", "--coordinator", coordinator,
                    "--workdir", str(tmp_path / "multi")] for i in range(2)], [env, env], 240)
@@ -80,8 +81,7 @@ def test_pipeline_on_two_processes(tmp_path):
   global 4-device mesh (data 2 x tensor 2) and matches the 1-process 4-device run: SFT
   params within 1e-5, the first RL iteration of each domain, MOPD's first rollouts."""
   coordinator = f"localhost:{_free_port()}"
-  base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  base.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  base = suite_cli.env(devices=2)
   multi = str(tmp_path / "multi")
   _run_processes(
       [[sys.executable, "-m", "experiments.run", *PIPELINE_FLAGS, "--workdir", multi]] * 2,
@@ -90,7 +90,7 @@ def test_pipeline_on_two_processes(tmp_path):
   single = str(tmp_path / "single")
   ref = subprocess.run([sys.executable, "-m", "experiments.run", *PIPELINE_FLAGS, "--workdir",
                         single], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                       env={**base, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+                       env=suite_cli.env(devices=4))
   assert ref.returncode == 0, ref.stderr[-3000:]
 
   from mopd_jax import checkpoint

@@ -4,23 +4,23 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import suite_cli
+
+# The module reads the suite's shared tiny run (conftest.py `tiny_run`), on its worker.
+pytestmark = pytest.mark.xdist_group("tiny_run")
 
 
 def _run_cli(workdir, *extra):
-  """The real entry point in a fresh process with one CPU device (the config's mesh)."""
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  return subprocess.run([sys.executable, "-m", "experiments.run", "--config",
-                         "configs/toy.py:tiny", "--workdir", workdir,
-                         "--config.mopd.steps=3", *extra],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  """The real entry point (the tiny run's command) in a fresh process with one CPU device."""
+  return subprocess.run([*suite_cli.TINY_CLI, "--workdir", workdir, *extra],
+                        cwd=suite_cli.ROOT, env=suite_cli.env(), capture_output=True, text=True,
+                        timeout=600)
 
 
 def _params(path) -> dict:
@@ -31,11 +31,10 @@ def _params(path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-  wd = str(tmp_path_factory.mktemp("pipeline"))
-  proc = _run_cli(wd)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return wd
+def workdir(tiny_run):
+  proc, wd = tiny_run
+  assert proc.wait(timeout=900) == 0, open(str(wd) + ".log").read()[-3000:]
+  return str(wd)
 
 
 def test_every_stage_leaves_its_outputs(workdir):

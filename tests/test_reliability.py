@@ -3,10 +3,10 @@ the non-finite-step policy; a restore onto a different device count.
 
 The pipeline test drives the real CLI in subprocesses and interrupts it with real signals
 (SIGKILL during SFT right after a save, SIGTERM inside an RL lane, SIGTERM inside MOPD), then
-compares everything with an uninterrupted run of the same config (`configs/toy.py:tiny`),
-which runs alongside it, one stage ahead. Both share a fresh XLA compilation cache: compiling,
-not computing, is most of a run this small, and the interrupted run reuses what the
-reference compiled.
+compares everything with an uninterrupted run of the same config: the suite's shared tiny
+run (`tiny_run` of conftest.py, `suite_cli.TINY_CLI`). Both use the suite's XLA compilation
+cache: compiling, not computing, is most of a run this small, and the interrupted run reuses
+what the reference compiled.
 """
 import functools
 import json
@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 import warnings
 
 import jax
@@ -27,9 +26,9 @@ import pytest
 
 from mopd_jax import checkpoint, grid as grid_mod, models, sharding, teachers, train
 from mopd_jax.tasks import TOY_DOMAINS
+import suite_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLI = [sys.executable, "-m", "experiments.run", "--config", "configs/toy.py:tiny"]
+ROOT = suite_cli.ROOT
 TIMEOUT = 420  # seconds any one process may take before the test gives up on it
 
 
@@ -37,18 +36,14 @@ TIMEOUT = 420  # seconds any one process may take before the test gives up on it
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-  """One CPU device (the config's mesh) and a compilation cache shared by the module."""
-  e = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  e.update(JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("xla")),
-           JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-           JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-  return e
+def env():
+  return suite_cli.env()
 
 
 def _start(workdir, env, *extra):
   log = open(os.path.join(str(workdir) + ".log"), "a")
-  return subprocess.Popen(CLI + ["--workdir", str(workdir), *extra], cwd=ROOT, env=env,
+  return subprocess.Popen([*suite_cli.TINY_CLI, "--workdir", str(workdir), *extra], cwd=ROOT,
+                          env=env,
                           stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -307,10 +302,9 @@ def test_restore_onto_a_different_device_count_reshards(tmp_path):
     loop.end_step(0, state, {"finite": 1.0}, [0])
   checkpoint.save_params(directory + "_params", state.params)
   np.savez(directory + ".npz", **_named(state))  # plain arrays; read back without pickle
-  e = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  e.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
   out = subprocess.run([sys.executable, "-c", _RESTORE_ON_ONE_DEVICE, directory], cwd=ROOT,
-                       env=e, capture_output=True, text=True, timeout=300)
+                       env=suite_cli.env(devices=1), capture_output=True, text=True,
+                       timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "RESTORED on 1 device(s)" in out.stdout
 
@@ -318,30 +312,16 @@ def test_restore_onto_a_different_device_count_reshards(tmp_path):
 # ----------------------------------------------------------------------------- pipeline
 
 
-PIPELINE_TEST = "test_interrupted_pipeline_equals_uninterrupted"
-LANES_TEST = "test_rl_lanes_side_by_side_equal_one_after_another"
-GOLDEN_TEST = "test_first_losses_of_the_tiny_toy_run_are_golden"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def reference(request, tmp_path_factory, env):
-  """The uninterrupted run, started with the module's first test so that it overlaps the
-  in-process tests (it only runs when the pipeline or the lanes test is selected)."""
-  if not any(item.name in (PIPELINE_TEST, LANES_TEST, GOLDEN_TEST)
-             for item in request.session.items):
-    yield None
-    return
-  ref = tmp_path_factory.mktemp("pipeline") / "reference"
-  proc = _start(ref, env)
-  yield proc, ref
-  if proc.poll() is None:
-    proc.kill()
+@pytest.fixture
+def reference(tiny_run):
+  """The uninterrupted run: the suite's shared tiny run, (process, workdir)."""
+  return tiny_run
 
 
 # The first losses of `configs/toy.py:tiny` (seed 0), per loop: {metrics dir: [(step, loss)]}.
 # A change that alters the toy's behaviour (data order, rng streams, batch layout, losses)
 # moves them; a pure refactor does not. If a change is meant to alter behaviour, re-measure:
-# run `python -m experiments.run --config configs/toy.py:tiny --workdir DIR` and copy the
+# run `suite_cli.TINY_CLI` with `--workdir DIR` and copy the
 # `loss` of these steps from DIR/tb/<loop>/metrics.jsonl, and say why in the commit.
 GOLDEN_LOSSES = {
     "sft": [(0, 5.540523529052734), (3, 3.6728854179382324)],
@@ -352,6 +332,7 @@ GOLDEN_LOSSES = {
 }
 
 
+@pytest.mark.xdist_group("tiny_run")
 def test_first_losses_of_the_tiny_toy_run_are_golden(reference):
   """Golden regression: the reference run's first SFT, RL and MOPD losses. Tolerances
   allow float rounding of another CPU, not a behavioural change."""
@@ -365,9 +346,10 @@ def test_first_losses_of_the_tiny_toy_run_are_golden(reference):
       assert got[step] == pytest.approx(loss, rel=2e-3, abs=2e-4), (loop, step, got[step])
 
 
+@pytest.mark.xdist_group("tiny_run")
 def test_interrupted_pipeline_equals_uninterrupted(tmp_path, env, reference):
   (reference, ref), wd = reference, tmp_path / "interrupted"
-  # Started a stage behind the reference: what the reference compiled, this run reuses.
+  # Started once the reference is a stage ahead: what the reference compiled, this run reuses.
   _wait_for(reference, ref / "sft" / "DONE.json", ref)
 
   # 1. SIGKILL during SFT right after step 2 is committed (step 3's async save may be in
@@ -404,7 +386,7 @@ def test_interrupted_pipeline_equals_uninterrupted(tmp_path, env, reference):
       _assert_bitwise(ref / "rl" / d / f"ckpt_{e}" / "2" / "state",
                       wd / "rl" / d / f"ckpt_{e}" / "2" / "state")
   _assert_bitwise(ref / "mopd" / "params", wd / "mopd" / "params")
-  _assert_bitwise(ref / "mopd" / "ckpt" / "2" / "state", wd / "mopd" / "ckpt" / "2" / "state")
+  _assert_bitwise(ref / "mopd" / "ckpt" / "3" / "state", wd / "mopd" / "ckpt" / "3" / "state")
   strip = lambda m: {k: _without_times({kk: vv for kk, vv in v.items()
                                         if kk not in ("path", "parent")})
                      for k, v in m["teachers"].items()}
@@ -417,13 +399,14 @@ def test_interrupted_pipeline_equals_uninterrupted(tmp_path, env, reference):
   assert rep_ref == rep
 
   # The student checkpoint holds the student's train state only, never a teacher.
-  saved = _arrays(wd / "mopd" / "ckpt" / "2" / "state")
+  saved = _arrays(wd / "mopd" / "ckpt" / "3" / "state")
   params = _arrays(wd / "sft" / "params")
   assert {k.split("/")[0] for k in saved} == {"params", "opt_state", "step"}
   assert {k[len("params/"):] for k in saved if k.startswith("params/")} == set(params)
 
 
 @pytest.mark.slow  # ~100 s of lane processes; tests/test_lanes.py guards their spawning
+@pytest.mark.xdist_group("tiny_run")
 def test_rl_lanes_side_by_side_equal_one_after_another(tmp_path, env, reference):
   """`rl.lane_processes=3` on the reference's pi_SFT: a SIGTERM to the stage reaches every
   lane process, each saves its step, and the resumed lanes end with exactly the teachers of

@@ -43,6 +43,33 @@ def test_report_checks_evaluate_the_bars():
   assert "no ratio" in md and "first / last 1 steps 0.2000 / -0.0250" in md, md
 
 
+def test_outside_teacher_accuracy_is_compared_with_the_teacher_it_replaces():
+  """`teacher.outside_cell`: the manifest keeps the replaced same-origin teacher under
+  `same_origin`; the report puts both validation accuracies side by side and checks that
+  they are within 10 points."""
+  from mopd_jax import report
+
+  def manifest(outside_acc):
+    acc = lambda a: {"eval_validation": {"accuracy": a, "mean_length": 9.0}}
+    return {"teachers": {"cod/max": {"origin": "outside", **acc(outside_acc)},
+                         "gen/max": acc(0.9)},
+            "same_origin": {"cod/max": acc(0.95)}}
+
+  assert report.outside_vs_same(manifest(0.9)) == {
+      "cod/max": {"outside_accuracy": 0.9, "same_accuracy": 0.95}}
+  assert report.outside_vs_same({"teachers": {"cod/max": {}}}) == {}  # no ablation
+  grid = {"domains": ["cod"], "efforts": [["max", 1.5]]}
+  for acc, ok in ((0.9, True), (0.85, True), (0.8, False)):
+    rep = {"grid": grid, "cells": [], "wall_seconds": {},
+           "kl": {"curve": [], "initial_by_cell": {"cod/max": {"kl": 0.3, "origin": "outside"}},
+                  "initial_by_origin": {"outside": 0.3},
+                  "outside_vs_same": report.outside_vs_same(manifest(acc))}}
+    got = {c["name"]: c["ok"] for c in report.checks(rep)}
+    assert got["outside teacher cod/max validation accuracy - same-origin teacher's"] is ok, acc
+  assert "The outside `cod/max` teacher answers 0.800 of the validation prompts, the " \
+      "same-origin teacher it replaces 0.950" in " ".join(report.markdown(rep).split())
+
+
 def _seed_report(acc: float, ok: bool):
   from mopd_jax.tasks import TOY_DOMAINS
   grid = {"domains": list(TOY_DOMAINS[:1]), "efforts": [["low", 0.3], ["max", 1.5]]}

@@ -2,12 +2,13 @@
 import os
 import subprocess
 import sys
+import suite_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_qwen3_tiny_config_smoke_runs(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = suite_cli.env()
   proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
                          "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path),
                          "--config.stages=smoke"], cwd=ROOT, env=env, capture_output=True,
