@@ -5,9 +5,13 @@ The persistent compilation cache is keyed by the compiled program, so it never c
 result; it lets the many subprocesses of the suite (pipeline CLI runs, notebooks, multi-host
 workers) reuse each other's compilations instead of repeating them.
 """
+import fcntl
 import os
+import shlex
+import signal
 import subprocess
 import tempfile
+import time
 
 import suite_cli
 
@@ -26,14 +30,6 @@ jax.config.update("jax_default_matmul_precision", "highest")
 SLOW = bool(os.environ.get("MOPD_SLOW_TESTS"))
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_cmdline_main(config):
-  """Under `-n N` (pytest-xdist) without an explicit `--dist`: `loadgroup`, so tests marked
-  with the same `xdist_group` run on one worker (the users of the shared `tiny_run`)."""
-  if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
-    config.option.dist = "loadgroup"
-
-
 def pytest_configure(config):
   config.addinivalue_line(
       "markers", "slow: a long end-to-end check outside the 15-minute CI budget; runs with "
@@ -49,18 +45,59 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(skip)
 
 
+class SharedRun:
+  """A process started by one pytest-xdist worker and waited on by any: its exit status goes
+  to a file, so `poll`, `wait` and `returncode` work in every worker (as on a Popen)."""
+
+  def __init__(self, command, workdir, env):
+    self.workdir, self._rc = workdir, str(workdir) + ".rc"
+    if not os.path.exists(str(workdir) + ".log"):  # the first worker here starts it
+      quoted = " ".join(shlex.quote(str(a)) for a in command)
+      rc = shlex.quote(self._rc)
+      script = (f"{quoted} >> {shlex.quote(str(workdir) + '.log')} 2>&1; "
+                f"echo $? > {rc}.tmp && mv {rc}.tmp {rc}")
+      self._proc = subprocess.Popen(["sh", "-c", script], cwd=suite_cli.ROOT, env=env,
+                                    start_new_session=True)
+      open(str(workdir) + ".log", "a").close()
+    else:
+      self._proc = None
+
+  @property
+  def returncode(self):
+    return int(open(self._rc).read()) if os.path.exists(self._rc) else None
+
+  def poll(self):
+    return self.returncode
+
+  def wait(self, timeout=None):
+    deadline = time.time() + (timeout or 1e9)
+    while self.returncode is None:
+      if time.time() > deadline:
+        raise subprocess.TimeoutExpired("tiny run", timeout)
+      time.sleep(0.2)
+    return self.returncode
+
+  def kill(self):
+    if self._proc is not None and self._proc.poll() is None:
+      os.killpg(self._proc.pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
-  """One run of `suite_cli.TINY_CLI`, started in the background on first use: (process,
-  workdir); its output goes to `<workdir>.log`. Tests that read it or compare against it (the
-  pipeline and reliability tests) carry `pytest.mark.xdist_group("tiny_run")`, so under
-  `-n 2` (`--dist loadgroup`, `pytest_cmdline_main` above) they share one worker and the run
-  happens once."""
-  wd = tmp_path_factory.mktemp("tiny") / "run"
-  log = open(str(wd) + ".log", "a")
-  proc = subprocess.Popen([*suite_cli.TINY_CLI, "--workdir", str(wd)], cwd=suite_cli.ROOT,
-                          env=suite_cli.env(), stdout=log, stderr=subprocess.STDOUT)
-  yield proc, wd
-  if proc.poll() is None:
-    proc.kill()
-  log.close()
+  """One run of `suite_cli.TINY_CLI` for the whole test session, started in the background by
+  the first test that asks for it, in whichever pytest-xdist worker: (run, workdir), `run`
+  behaving as a Popen; its output goes to `<workdir>.log`. The pipeline and reliability tests
+  read it or compare against it, so it runs once rather than once per worker."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # the session's folder, shared by its workers
+  with open(root / "tiny_run.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    run = SharedRun([*suite_cli.TINY_CLI, "--workdir", str(root / "tiny_run")],
+                    root / "tiny_run", suite_cli.env())
+  yield run, root / "tiny_run"
+  if run._proc is not None:  # its starter lets it finish: another worker may be waiting
+    try:
+      run.wait(timeout=900)
+    finally:
+      run.kill()

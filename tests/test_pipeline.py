@@ -12,9 +12,6 @@ import pytest
 
 import suite_cli
 
-# The module reads the suite's shared tiny run (conftest.py `tiny_run`), on its worker.
-pytestmark = pytest.mark.xdist_group("tiny_run")
-
 
 def _run_cli(workdir, *extra):
   """The real entry point (the tiny run's command) in a fresh process with one CPU device."""

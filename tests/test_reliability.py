@@ -334,7 +334,6 @@ GOLDEN_LOSSES = {
 }
 
 
-@pytest.mark.xdist_group("tiny_run")
 def test_first_losses_of_the_tiny_toy_run_are_golden(reference):
   """Golden regression: the reference run's first SFT, RL and MOPD losses. Tolerances
   allow float rounding of another CPU, not a behavioural change."""
@@ -348,7 +347,6 @@ def test_first_losses_of_the_tiny_toy_run_are_golden(reference):
       assert got[step] == pytest.approx(loss, rel=2e-3, abs=2e-4), (loop, step, got[step])
 
 
-@pytest.mark.xdist_group("tiny_run")
 def test_interrupted_pipeline_equals_uninterrupted(tmp_path, env, reference):
   (reference, ref), wd = reference, tmp_path / "interrupted"
   # Started once the reference is a stage ahead: what the reference compiled, this run reuses.
@@ -408,7 +406,6 @@ def test_interrupted_pipeline_equals_uninterrupted(tmp_path, env, reference):
 
 
 @pytest.mark.slow  # ~100 s of lane processes; tests/test_lanes.py guards their spawning
-@pytest.mark.xdist_group("tiny_run")
 def test_rl_lanes_side_by_side_equal_one_after_another(tmp_path, env, reference):
   """`rl.lane_processes=3` on the reference's pi_SFT: a SIGTERM to the stage reaches every
   lane process, each saves its step, and the resumed lanes end with exactly the teachers of
