@@ -61,6 +61,7 @@ class SharedRun:
       open(str(workdir) + ".log", "a").close()
     else:
       self._proc = None
+    self.started_here = self._proc is not None
 
   @property
   def returncode(self):
@@ -96,7 +97,7 @@ def tiny_run(tmp_path_factory):
     run = SharedRun([*suite_cli.TINY_CLI, "--workdir", str(root / "tiny_run")],
                     root / "tiny_run", suite_cli.env())
   yield run, root / "tiny_run"
-  if run._proc is not None:  # its starter lets it finish: another worker may be waiting
+  if run.started_here:  # its starter lets it finish: another worker may be waiting
     try:
       run.wait(timeout=900)
     finally:

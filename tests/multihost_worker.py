@@ -151,9 +151,8 @@ def main() -> None:
   ap.add_argument("--local_devices", type=int, default=2)
   ap.add_argument("--workdir", required=True)
   args = ap.parse_args()
-  # LLVM at -O0: these tiny programs are compile-bound on a shared 2-core machine.
-  os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={args.local_devices} "
-                             "--xla_backend_optimization_level=0")
+  import suite_cli  # beside this file: the suite's XLA flags (LLVM at -O0)
+  os.environ["XLA_FLAGS"] = suite_cli.xla_flags(args.local_devices)
   os.environ["JAX_PLATFORMS"] = "cpu"
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax
