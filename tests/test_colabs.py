@@ -12,7 +12,7 @@ import nbformat
 import pytest
 import suite_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = suite_cli.ROOT
 COLABS = os.path.join(ROOT, "colabs")
 NAMES = ("01_quickstart.ipynb", "02_mopd_loss.ipynb", "03_sampling_and_teachers.ipynb",
          "04_sharding.ipynb")

@@ -7,7 +7,7 @@ import sys
 import pytest
 import suite_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = suite_cli.ROOT
 
 CASES = [
     ("c.mesh.data = 2", "mesh"),

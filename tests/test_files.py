@@ -13,7 +13,7 @@ import jax
 import pytest
 import suite_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = suite_cli.ROOT
 EXAMPLES = os.path.join(ROOT, "examples")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
             "<tool_response>", "</tool_response>"]

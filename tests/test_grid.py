@@ -14,7 +14,7 @@ from configs import toy
 from mopd_jax import config as config_mod, grid as grid_mod, report, teachers
 import suite_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = suite_cli.ROOT
 
 
 def _grid(domains, taus):

@@ -486,7 +486,7 @@ def test_embedding_grows_for_added_tokens(tmp_path, tie):
 
 
 # --- a run from Hugging Face checkpoints, through the command line --------------------------
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = suite_cli.ROOT
 
 
 def test_student_from_hugging_face_checkpoint(tmp_path):

@@ -4,7 +4,7 @@ import subprocess
 import sys
 import suite_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = suite_cli.ROOT
 
 
 def test_failed_rl_lane_processes_are_named_with_their_logs(tmp_path):

@@ -15,7 +15,7 @@ from mopd_jax.tasks import TOY_DOMAINS as DOMAINS, get_task
 from mopd_jax.tokenizer import DEFAULT_EFFORTS as EFFORTS, CharTokenizer
 import suite_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = suite_cli.ROOT
 TOK = CharTokenizer()
 CFG = models.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=1, num_heads=4,
                          num_kv_heads=2, head_dim=8, mlp_dim=64, max_seq_len=256)

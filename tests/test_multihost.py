@@ -15,7 +15,7 @@ import multihost_worker
 from mopd_jax import distributed, sharding
 import suite_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = suite_cli.ROOT
 
 
 def _free_port() -> int:

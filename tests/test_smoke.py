@@ -1,10 +1,9 @@
 """The smoke stage (mopd_jax/stages/smoke.py) from the command line."""
-import os
 import subprocess
 import sys
 import suite_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = suite_cli.ROOT
 
 
 def test_qwen3_tiny_config_smoke_runs(tmp_path):
