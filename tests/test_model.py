@@ -10,6 +10,10 @@ from mopd_jax import models
 
 TINY = dict(vocab_size=50, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
             mlp_dim=48, max_seq_len=64)
+# Jitted once per shape: op-by-op dispatch of the model compiles every primitive on its own,
+# several times slower on the suite's cold cache.
+_forward = jax.jit(models.forward, static_argnums=0)
+_forward_with_cache = jax.jit(models.forward_with_cache, static_argnums=0)
 
 
 @pytest.fixture(scope="module")
@@ -48,21 +52,21 @@ def test_causal(tiny):
   cfg, params = tiny
   t = jax.random.randint(jax.random.PRNGKey(2), (1, 10), 0, cfg.vocab_size)
   t2 = t.at[0, 6:].set(3)
-  a, b = models.forward(cfg, params, t), models.forward(cfg, params, t2)
+  a, b = _forward(cfg, params, t), _forward(cfg, params, t2)
   np.testing.assert_allclose(a[0, :6], b[0, :6], atol=1e-6)
 
 
 def test_padding_side_invariance(tiny):
   cfg, params = tiny
   row = jnp.array([5, 9, 11, 2, 7], jnp.int32)
-  ref = models.forward(cfg, params, row[None])[0]
+  ref = _forward(cfg, params, row[None])[0]
   pad = jnp.zeros((3,), jnp.int32)
   left = jnp.concatenate([pad, row])[None]
   right = jnp.concatenate([row, pad])[None]
   mask_l = jnp.arange(8)[None] >= 3
   mask_r = jnp.arange(8)[None] < 5
-  out_l = models.forward(cfg, params, left, input_mask=mask_l)[0, 3:]
-  out_r = models.forward(cfg, params, right, input_mask=mask_r)[0, :5]
+  out_l = _forward(cfg, params, left, input_mask=mask_l)[0, 3:]
+  out_r = _forward(cfg, params, right, input_mask=mask_r)[0, :5]
   np.testing.assert_allclose(out_l, ref, atol=1e-5)
   np.testing.assert_allclose(out_r, ref, atol=1e-5)
 
@@ -70,13 +74,13 @@ def test_padding_side_invariance(tiny):
 def test_cached_chunks_equal_full_forward(tiny):
   cfg, params = tiny
   tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 12), 0, cfg.vocab_size)
-  full = models.forward(cfg, params, tokens)
+  full = _forward(cfg, params, tokens)
   cache = models.init_cache(cfg, 2, 16)
   hs = []
   for lo, hi in [(0, 5), (5, 6), (6, 12)]:
     pos = jnp.broadcast_to(jnp.arange(lo, hi), (2, hi - lo))
-    h, cache = models.forward_with_cache(cfg, params, tokens[:, lo:hi], pos,
-                                         jnp.ones((2, hi - lo), bool), cache)
+    h, cache = _forward_with_cache(cfg, params, tokens[:, lo:hi], pos,
+                                   jnp.ones((2, hi - lo), bool), cache)
     hs.append(h)
   cached = models.logits_from_hidden(cfg, params, jnp.concatenate(hs, axis=1))
   np.testing.assert_allclose(cached, full, atol=1e-5)

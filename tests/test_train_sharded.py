@@ -213,7 +213,9 @@ def _uneven_batch():
 
 
 @pytest.mark.parametrize("kind, extra", [
-    ("mopd", {}), ("sft", {}), ("pg", {}), ("grpo", {"group_size": 2}),
+    # sft and pg weigh rows as mopd does (no groups): the slow tier's.
+    ("mopd", {}), pytest.param("sft", {}, marks=pytest.mark.slow),
+    pytest.param("pg", {}, marks=pytest.mark.slow), ("grpo", {"group_size": 2}),
     ("pmd", {"group_size": 2})])
 def test_microbatched_step_equals_full_batch(params, kind, extra):
   """Gradient accumulation over 2 and 4 microbatches: the loss, every metric and the gradient
@@ -278,10 +280,11 @@ def test_microbatch_bad_input(params):
     tr.step(tr.init(params), batch)
 
 
-def test_reference_params_stand_in_for_the_sampler_logprobs(params):
+@pytest.mark.parametrize("sharded", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_reference_params_stand_in_for_the_sampler_logprobs(params, sharded):
   """`Trainer.step(..., reference=p)` (rl.reference "sft" or "parent") trains exactly like a batch whose
-  `sampler_logprobs` are p's teacher-forced log-probs, on a sharded mesh too; with p the
-  current params the PMD log-ratio starts at 0."""
+  `sampler_logprobs` are p's teacher-forced log-probs, on a data x fsdp mesh (the default
+  tier) and on one device; with p the current params the PMD log-ratio starts at 0."""
   other = models.init_params(CFG, jax.random.PRNGKey(9))
   base = _uneven_batch()
   lcfg = train.LossConfig(kind="pmd", group_size=2, tau_kl=0.5)
@@ -290,7 +293,7 @@ def test_reference_params_stand_in_for_the_sampler_logprobs(params):
     return base.replace(sampler_logprobs=logprobs.token_stats(
         CFG, p, base.tokens, input_mask=base.input_mask).logprobs)
 
-  for mesh in (_mesh(), _mesh(data=2, fsdp=2)):
+  for mesh in ([_mesh(data=2, fsdp=2)] if sharded else [_mesh()]):
     tr = train.Trainer(CFG, lcfg, train.OptimConfig(lr=1e-3, warmup_steps=0), mesh)
     out = {}
     for name, ref, batch in (("ref_self", params, base), ("forced_self", None, forced(params)),
