@@ -175,9 +175,9 @@ class ContinuousSampler:
     self.admission = admission
     self.static = sampling.Sampler(model_cfg, scfg)  # validation, buckets, the decode model
     self.model_cfg, self.scfg, self.slots = self.static.model_cfg, scfg, int(slots)
-    # The programs see params already fake-quantised (`decode_params`), so a QAT config
-    # decodes as its quant-free twin.
-    mcfg = self.model_cfg.replace(quant="none")
+    # The programs see params already fake-quantised and transposed (`decode_params`), so a
+    # config decodes as its quant-free, out_in twin.
+    mcfg = sampling.decode_config(self.model_cfg)
     # Three plain functions (chex.assert_max_traces counts per function code and does not
     # take partials).
     def fill(*args):

@@ -207,10 +207,17 @@ def sample_token(logits, u, scfg: SamplingConfig):
   return tok, picked - m[:, 0] - jnp.log(total)
 
 
+def decode_config(model_cfg: ModelConfig) -> ModelConfig:
+  """The config of `decode_weights`' params."""
+  return model_cfg.replace(quant="none", weight_layout="out_in")
+
+
 def decode_weights(model_cfg: ModelConfig, scfg: SamplingConfig, params):
-  """(config, params) a decode runs with: fake-quantised once (QAT), not in every step, and
-  cast to bf16 with `scfg.dtype="bfloat16"`."""
-  model_cfg, params = models.materialize(model_cfg, params)
+  """(config, params) a decode runs with: fake-quantised once (QAT), not in every step, the
+  projections in the `out_in` layout (`ModelConfig.weight_layout`: a step has a few rows),
+  and cast to bf16 with `scfg.dtype="bfloat16"`. Transposed inside the caller's program,
+  once per call, outside its decode loop."""
+  model_cfg, params = models.to_out_in(*models.materialize(model_cfg, params))
   if scfg.dtype == "bfloat16":
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16)
                           if jnp.issubdtype(x.dtype, jnp.floating) else x, params)

@@ -89,14 +89,24 @@ def _write_slots(cache_kv, new_kv, q_slots):
       cache_kv, new_kv, q_slots[:, 0])
 
 
-def _dense(x, w, in_dims: int = 1, **dot_kw):
-  """x [..., *w.shape[:in_dims]] @ w -> [..., *w.shape[in_dims:]], as one 2-D matmul.
+def _dense(x, w, in_dims: int = 1, out_in: bool = False, **dot_kw):
+  """x [..., *in] @ w -> [..., *out], as one 2-D matmul; w is [*in, *out] (`in_dims` input
+  dims first) or, with `out_in`, [*out, *in].
 
   The leading (batch, time) axes are flattened first: contracting over two axes at once in
   the backward pass (the weight gradient) makes XLA:CPU transpose both operands and take a
   slow dot path, about twice the time of the same flops as a plain [rows, in] @ [in, out].
+  An `out_in` weight is the left operand, [out, in] @ [in, rows], and the barrier keeps XLA
+  from folding the result's transpose back into the slow [rows, in] @ [in, out] form (see
+  `ModelConfig.weight_layout`).
   """
   lead = x.shape[:x.ndim - in_dims]
+  if out_in:
+    out = w.shape[:w.ndim - in_dims]
+    k = math.prod(w.shape[w.ndim - in_dims:])
+    y = jax.lax.dot_general(w.reshape(-1, k), x.reshape(-1, k), (((1,), (1,)), ((), ())),
+                            **dot_kw)
+    return jax.lax.optimization_barrier(y).T.reshape(*lead, *out)
   k = math.prod(w.shape[:in_dims])
   y = jnp.dot(x.reshape(-1, k), w.reshape(k, -1), **dot_kw)
   return y.reshape(*lead, *w.shape[in_dims:])
@@ -104,6 +114,36 @@ def _dense(x, w, in_dims: int = 1, **dot_kw):
 
 def _param(module: nn.Module, name: str, init, shape, axes, dtype):
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+
+
+def _weight(module: nn.Module, name: str, init, n_in: int, shape, axes, dtype):
+  """A projection weight of logical shape `shape` ([*in, *out], `n_in` input dims), stored
+  [*out, *in] under `weight_layout="out_in"`."""
+  if module.cfg.weight_layout == "out_in":
+    shape, axes = (*shape[n_in:], *shape[:n_in]), (*axes[n_in:], *axes[:n_in])
+  return _param(module, name, init, shape, axes, dtype)
+
+
+# Input dims of each block projection (the rest are output dims), for `to_out_in`.
+_PROJ_IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1,
+                 "up_proj": 1, "down_proj": 1}
+
+
+def to_out_in(cfg: ModelConfig, params):
+  """(config, params) with every block projection stored [*out, *in] (`weight_layout`
+  "out_in"): the same model, for a decode loop that runs it many times on a few rows."""
+  if cfg.weight_layout == "out_in":
+    return cfg, params
+  if cfg.quant != "none":  # QAT groups run along the input dim of the stored layout
+    raise ValueError("to_out_in takes materialised params (models.materialize first)")
+
+  def conv(path, x):
+    n_in = _PROJ_IN_DIMS.get(getattr(path[-1], "key", None))
+    if n_in is None or not str(getattr(path[0], "key", "")).startswith("layers_"):
+      return x
+    return jnp.transpose(x, (*range(n_in, x.ndim), *range(n_in)))
+
+  return cfg.replace(weight_layout="out_in"), jax.tree_util.tree_map_with_path(conv, params)
 
 
 class RMSNorm(nn.Module):
@@ -169,15 +209,16 @@ class Attention(nn.Module):
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
     d, h, kv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     init = nn.initializers.normal(stddev=1.0 / math.sqrt(d))
-    wq = _param(self, "q_proj", init, (d, h, hd), ("embed", "heads", "head_dim"), pdt)
-    wk = _param(self, "k_proj", init, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pdt)
-    wv = _param(self, "v_proj", init, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pdt)
-    wo = _param(self, "o_proj", nn.initializers.normal(stddev=1.0 / math.sqrt(h * hd)),
-                (h, hd, d), ("heads", "head_dim", "embed"), pdt)
+    wq = _weight(self, "q_proj", init, 1, (d, h, hd), ("embed", "heads", "head_dim"), pdt)
+    wk = _weight(self, "k_proj", init, 1, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pdt)
+    wv = _weight(self, "v_proj", init, 1, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pdt)
+    wo = _weight(self, "o_proj", nn.initializers.normal(stddev=1.0 / math.sqrt(h * hd)), 2,
+                 (h, hd, d), ("heads", "head_dim", "embed"), pdt)
+    oi = cfg.weight_layout == "out_in"
     b, t = x.shape[:2]
-    q = _dense(x.astype(dt), wq.astype(dt))
-    k = _dense(x.astype(dt), wk.astype(dt))
-    v = _dense(x.astype(dt), wv.astype(dt))
+    q = _dense(x.astype(dt), wq.astype(dt), out_in=oi)
+    k = _dense(x.astype(dt), wk.astype(dt), out_in=oi)
+    v = _dense(x.astype(dt), wv.astype(dt), out_in=oi)
     if cfg.attention_bias:
       zeros = nn.initializers.zeros
       q = q + _param(self, "q_bias", zeros, (h, hd), ("heads", "head_dim"), pdt).astype(dt)
@@ -214,7 +255,7 @@ class Attention(nn.Module):
       probs = jax.nn.softmax(scores, axis=-1).astype(dt)
       out = jnp.einsum("bkgts,bksh->bkgth", probs, v)
     out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, hd)  # heads in (kv, g) order
-    return _dense(out, wo.astype(dt), in_dims=2), layer_cache
+    return _dense(out, wo.astype(dt), in_dims=2, out_in=oi), layer_cache
 
 
 class MLP(nn.Module):
@@ -225,13 +266,15 @@ class MLP(nn.Module):
     cfg = self.cfg
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
     init = nn.initializers.normal(stddev=1.0 / math.sqrt(cfg.d_model))
-    wg = _param(self, "gate_proj", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), pdt)
-    wu = _param(self, "up_proj", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), pdt)
-    wd = _param(self, "down_proj", nn.initializers.normal(stddev=1.0 / math.sqrt(cfg.mlp_dim)),
-                (cfg.mlp_dim, cfg.d_model), ("mlp", "embed"), pdt)
+    wg = _weight(self, "gate_proj", init, 1, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), pdt)
+    wu = _weight(self, "up_proj", init, 1, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), pdt)
+    wd = _weight(self, "down_proj", nn.initializers.normal(stddev=1.0 / math.sqrt(cfg.mlp_dim)),
+                 1, (cfg.mlp_dim, cfg.d_model), ("mlp", "embed"), pdt)
+    oi = cfg.weight_layout == "out_in"
     x = x.astype(dt)
-    hidden = jax.nn.silu(_dense(x, wg.astype(dt))) * _dense(x, wu.astype(dt))
-    return _dense(hidden, wd.astype(dt))
+    hidden = jax.nn.silu(_dense(x, wg.astype(dt), out_in=oi)) * _dense(x, wu.astype(dt),
+                                                                       out_in=oi)
+    return _dense(hidden, wd.astype(dt), out_in=oi)
 
 
 class Block(nn.Module):
