@@ -168,3 +168,31 @@ def test_with_temperature_divides_every_logit(tiny, tie):
   assert models.with_temperature(params, 1.0) is params
   with pytest.raises(ValueError, match="temperature"):
     models.with_temperature(params, 0.0)
+
+
+def test_out_in_layout_is_the_same_model(tiny):
+  """`to_out_in` (the sampler's decode layout) stores every block projection output dims
+  first; the forward, cached or not, is the same model up to float rounding, and the shapes
+  are those a model initialised in that layout declares."""
+  cfg, params = tiny
+  ocfg, oparams = models.to_out_in(cfg, params)
+  assert ocfg.weight_layout == "out_in" and models.to_out_in(ocfg, oparams)[1] is oparams
+  attn = oparams["layers_0"]["attn"]
+  assert attn["q_proj"].shape == (cfg.num_heads, cfg.head_dim, cfg.d_model)
+  assert attn["o_proj"].shape == (cfg.d_model, cfg.num_heads, cfg.head_dim)
+  assert oparams["layers_0"]["mlp"]["down_proj"].shape == (cfg.d_model, cfg.mlp_dim)
+  assert oparams["embed"] is params["embed"]
+  declared = jax.eval_shape(lambda: models.init_params(ocfg, jax.random.PRNGKey(0)))
+  assert jax.tree.map(lambda x: x.shape, declared) == jax.tree.map(lambda x: x.shape, oparams)
+  tokens = jax.random.randint(jax.random.PRNGKey(4), (2, 9), 0, cfg.vocab_size)
+  np.testing.assert_allclose(_forward(ocfg, oparams, tokens), _forward(cfg, params, tokens),
+                             atol=1e-5)
+  cache = models.init_cache(cfg, 2, 16)
+  pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
+  h_o, _ = _forward_with_cache(ocfg, oparams, tokens, pos, jnp.ones((2, 9), bool), cache)
+  h_i, _ = _forward_with_cache(cfg, params, tokens, pos, jnp.ones((2, 9), bool), cache)
+  np.testing.assert_allclose(h_o, h_i, atol=1e-5)
+  with pytest.raises(ValueError, match="materialise"):
+    models.to_out_in(cfg.replace(quant="int8"), params)
+  with pytest.raises(ValueError, match="weight_layout"):
+    cfg.replace(weight_layout="row_major")
