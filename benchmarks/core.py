@@ -8,6 +8,7 @@ B=8, T=512.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -62,6 +63,10 @@ def decode_benchmark(cfg, params, batch=8, prompt_len=64, new_tokens=128):
   sampler = sampling.Sampler(cfg, scfg)
   rng = jax.random.PRNGKey(1)
   t_decode = _time(lambda: sampler(params, prompts, rng).tokens, repeats=5)
+  # The same decode with the projections in their stored layout (`SamplingConfig.
+  # weight_layout`), the other side of `out_in_decode_speedup`.
+  plain = sampling.Sampler(cfg, dataclasses.replace(scfg, weight_layout="in_out"))
+  t_in_out = _time(lambda: plain(params, prompts, rng).tokens, repeats=5)
   one = sampling.Sampler(cfg, scfg.__class__(max_new_tokens=1, buckets=(prompt_len,)))
   t_prefill = _time(lambda: one(params, prompts, rng).tokens, repeats=5)
 
@@ -96,6 +101,8 @@ def decode_benchmark(cfg, params, batch=8, prompt_len=64, new_tokens=128):
       "recompute_tokens_per_s": batch / t_step,
       "kv_cache_speedup": (batch * new_tokens / t_decode) / (batch / t_step),
       "sampling_share_of_decode_step": t_draw / decode_step,
+      "decode_tokens_per_s_in_out": batch * new_tokens / t_in_out,
+      "out_in_decode_speedup": t_in_out / t_decode,
   }
 
 

@@ -177,7 +177,7 @@ class ContinuousSampler:
     self.model_cfg, self.scfg, self.slots = self.static.model_cfg, scfg, int(slots)
     # The programs see params already fake-quantised and transposed (`decode_params`), so a
     # config decodes as its quant-free, out_in twin.
-    mcfg = sampling.decode_config(self.model_cfg)
+    mcfg = sampling.decode_config(self.model_cfg, scfg)
     # Three plain functions (chex.assert_max_traces counts per function code and does not
     # take partials).
     def fill(*args):

@@ -53,6 +53,21 @@ def test_logprobs_equal_teacher_forcing(params):
   np.testing.assert_allclose(np.where(mask, tf, 0), np.asarray(r.logprobs), atol=1e-5)
 
 
+def test_decode_layouts_draw_the_same_tokens(params):
+  """The sampler's weight layouts (`SamplingConfig.weight_layout`; "auto" is "out_in" on this
+  CPU) decode the same model: same tokens, log-probs equal up to float rounding."""
+  assert sampling.decode_layout(sampling.SamplingConfig(max_new_tokens=1)) == "out_in"
+  out = {}
+  for layout in ("in_out", "out_in"):
+    s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=24, stop_tokens=(3,),
+                                                      weight_layout=layout))
+    out[layout] = s(params, PROMPTS, jax.random.PRNGKey(5))
+  np.testing.assert_array_equal(out["in_out"].tokens, out["out_in"].tokens)
+  np.testing.assert_allclose(out["in_out"].logprobs, out["out_in"].logprobs, atol=1e-5)
+  with pytest.raises(ValueError, match="weight_layout"):
+    sampling.SamplingConfig(max_new_tokens=1, weight_layout="rows")
+
+
 def test_sampler_with_blocked_decode_is_exact(params, monkeypatch):
   """With 8-slot cache-attention blocks (so every cache here takes the blocked path), the
   two exactness checks above hold: greedy decoding equals full recompute, and the
