@@ -227,16 +227,18 @@ def decode_config(model_cfg: ModelConfig, scfg: SamplingConfig) -> ModelConfig:
   return model_cfg.replace(quant="none", weight_layout=decode_layout(scfg))
 
 
-def decode_weights(model_cfg: ModelConfig, scfg: SamplingConfig, params):
+def decode_weights(model_cfg: ModelConfig, scfg: SamplingConfig, params,
+                   layout: Optional[str] = None):
   """(config, params) a decode runs with: fake-quantised once (QAT), not in every step, the
-  projections in `decode_layout(scfg)` (transposed inside the caller's program, once per
-  call, outside its decode loop), and cast to bf16 with `scfg.dtype="bfloat16"`."""
+  projections in `layout` (default `decode_layout(scfg)`; transposed inside the caller's
+  program, once per call, outside its decode loop), and cast to bf16 with
+  `scfg.dtype="bfloat16"`."""
   model_cfg, params = models.materialize(model_cfg, params)
-  if decode_layout(scfg) == "out_in":
-    model_cfg, params = models.to_out_in(model_cfg, params)
   if scfg.dtype == "bfloat16":
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16)
                           if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+  if (layout or decode_layout(scfg)) == "out_in":
+    model_cfg, params = models.to_out_in(model_cfg, params)
   return model_cfg, params
 
 
@@ -268,11 +270,15 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
   on the limits."""
   b, p = prompt_tokens.shape
   n = scfg.max_new_tokens
-  model_cfg, params = decode_weights(model_cfg, scfg, params)
+  # The prefill runs B x P rows at once, where the stored layout is the faster one; only
+  # the decode loop takes `decode_layout(scfg)`.
+  pre_cfg, pre_params = decode_weights(model_cfg, scfg, params, layout="in_out")
+  model_cfg, params = models.to_out_in(pre_cfg, pre_params) if decode_layout(
+      scfg) == "out_in" else (pre_cfg, pre_params)
   tokens, mask = prompt_tokens, prompt_mask  # left-aligned by Sampler.prepare
   prompt_lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
-  hidden, cache = prefill(model_cfg, params, tokens, mask, cache)
-  logits = models.decode_logits(model_cfg, params, hidden[:, -1])
+  hidden, cache = prefill(pre_cfg, pre_params, tokens, mask, cache)
+  logits = models.decode_logits(pre_cfg, pre_params, hidden[:, -1])
   # The draw for the token at sequence position p of a row is fold_in(row key, p): it depends
   # on neither the padding, the batch, nor how the trajectory was split into segments
   # (partial rollouts re-prefill the same prefix and continue with identical draws).
