@@ -93,7 +93,7 @@ def test_every_dtype_mix_trains(param_dtype, dtype, tie, fused):
     assert float(jnp.abs(head.astype(jnp.float32)).max()) > 0, name
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("fused", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_bf16_trainer_step_keeps_param_dtypes(fused):
   """The Trainer's jitted step with microbatches (the accumulator path) on bf16 params."""
   cfg = _cfg("bfloat16", "bfloat16", True, "int4")

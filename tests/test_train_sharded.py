@@ -38,7 +38,7 @@ def params():
   return models.init_params(CFG, jax.random.PRNGKey(0))
 
 
-@pytest.mark.parametrize("kind", ["mopd", "sft"])
+@pytest.mark.parametrize("kind", ["mopd", pytest.param("sft", marks=pytest.mark.slow)])
 def test_sharded_step_equals_single_device(params, kind):
   batch = _batch()
   results = []
@@ -168,8 +168,9 @@ def test_bad_loss_inputs():
 
 @pytest.mark.parametrize("kind,extra", [
     ("sft", {}), ("mopd", {}), ("mopd", {"is_bounds": (0.5, 2.0)}), ("mopd", {"outcome": True}),
-    ("pg", {}), ("grpo", {"group_size": 2}), ("mopd", {"untied": True}),
-    ("mopd", {"quant": "int8"}), ("sft", {"chunk_size": 5})])
+    # pg shares mopd's token-separable path: the slow tier's.
+    pytest.param("pg", {}, marks=pytest.mark.slow), ("grpo", {"group_size": 2}),
+    ("mopd", {"untied": True}), ("mopd", {"quant": "int8"}), ("sft", {"chunk_size": 5})])
 def test_fused_head_loss_equals_generic(kind, extra):
   """The head fused into the loss gives the rematerialised path's loss, metrics and gradient."""
   extra = dict(extra)
