@@ -52,10 +52,10 @@ def test_gradients_match_full(setup):
   def loss(fn, p):
     return jnp.sum(jnp.where(mask, fn(p) * w, 0.0))
 
-  g_chunk = jax.grad(lambda p: loss(lambda q: logprobs.token_logprobs(
-      CFG, q, tokens, input_mask=mask, chunk_size=8), p))(params)
-  g_full = jax.grad(lambda p: loss(lambda q: logprobs.full_token_logprobs(
-      CFG, q, tokens, input_mask=mask), p))(params)
+  g_chunk = jax.jit(jax.grad(lambda p: loss(lambda q: logprobs.token_logprobs(
+      CFG, q, tokens, input_mask=mask, chunk_size=8), p)))(params)
+  g_full = jax.jit(jax.grad(lambda p: loss(lambda q: logprobs.full_token_logprobs(
+      CFG, q, tokens, input_mask=mask), p)))(params)
   for a, b in zip(jax.tree.leaves(g_chunk), jax.tree.leaves(g_full)):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
 

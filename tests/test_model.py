@@ -129,10 +129,9 @@ def test_remat_same_loss_and_gradient(tiny, remat):
   for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
     np.testing.assert_allclose(b, a, atol=1e-6)
   cache = models.init_cache(rcfg, 2, 16)
-  h, _ = models.forward_with_cache(rcfg, params, tokens, models.default_positions(mask), mask,
-                                   cache)
+  h, _ = _forward_with_cache(rcfg, params, tokens, models.default_positions(mask), mask, cache)
   np.testing.assert_allclose(models.logits_from_hidden(rcfg, params, h)[0],
-                             models.forward(cfg, params, tokens)[0], atol=1e-5)
+                             _forward(cfg, params, tokens)[0], atol=1e-5)
 
 
 def test_bad_remat():
@@ -147,7 +146,7 @@ def test_decode_logits_equal_head(tiny, tie):
   cfg = tiny[0].replace(tie_embeddings=tie, quant="int4", quant_group=16)
   params = models.init_params(cfg, jax.random.PRNGKey(1))
   h = jax.random.normal(jax.random.PRNGKey(2), (5, cfg.d_model))
-  want = models.logits_from_hidden(cfg, params, h)
+  want = jax.jit(models.logits_from_hidden, static_argnums=0)(cfg, params, h)
   got = jax.jit(models.decode_logits, static_argnums=0)(cfg, params, h)
   assert got.shape == want.shape == (5, cfg.vocab_size) and got.dtype == jnp.float32
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -160,8 +159,8 @@ def test_with_temperature_divides_every_logit(tiny, tie):
   cfg = tiny[0].replace(tie_embeddings=tie, quant="int4", quant_group=16)
   params = models.init_params(cfg, jax.random.PRNGKey(1))
   tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, cfg.vocab_size)
-  want = models.forward(cfg, params, tokens) / 0.5
-  got = models.forward(cfg, models.with_temperature(params, 0.5), tokens)
+  want = _forward(cfg, params, tokens) / 0.5
+  got = _forward(cfg, models.with_temperature(params, 0.5), tokens)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
   stacked = jax.tree.map(lambda *x: jnp.stack(x), params, params)
   assert models.with_temperature(stacked, 0.5)["final_norm"]["scale"].shape[0] == 2

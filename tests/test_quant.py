@@ -9,6 +9,8 @@ from mopd_jax.models import quant
 
 CFG = models.ModelConfig(vocab_size=64, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2,
                          head_dim=16, mlp_dim=96, max_seq_len=64, qk_norm=True)
+# Jitted once per config (op by op, every primitive would compile on its own).
+_forward = jax.jit(models.forward, static_argnums=0)
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +36,11 @@ def test_qat_forward_equals_explicit_dequantised_forward(params, mode, qmax):
       lambda path, w: w if w.ndim < 2 else jnp.asarray(_explicit_qdq(
           w, qmax, 16, -1 if path[-1].key == "embed" else 0), jnp.float32), params)
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 10), 0, CFG.vocab_size)
-  np.testing.assert_allclose(models.forward(cfg, params, tokens),
-                             models.forward(CFG, explicit, tokens), atol=1e-5)
+  np.testing.assert_allclose(_forward(cfg, params, tokens),
+                             _forward(CFG, explicit, tokens), atol=1e-5)
   # ... and the quantisation is not a no-op.
-  assert np.abs(np.asarray(models.forward(CFG, params, tokens) -
-                           models.forward(cfg, params, tokens))).max() > 1e-3
+  assert np.abs(np.asarray(_forward(CFG, params, tokens) -
+                           _forward(cfg, params, tokens))).max() > 1e-3
 
 
 def test_straight_through_gradient(params):
@@ -57,8 +59,8 @@ def test_export_reloads_to_same_logits(params, mode):
     assert q.size == params["layers_0"]["mlp"]["up_proj"].size // 2
   reloaded = quant.load_exported(exported, params)
   tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 10), 0, CFG.vocab_size)
-  np.testing.assert_allclose(models.forward(CFG, reloaded, tokens),
-                             models.forward(cfg, params, tokens), atol=1e-5)
+  np.testing.assert_allclose(_forward(CFG, reloaded, tokens),
+                             _forward(cfg, params, tokens), atol=1e-5)
 
 
 def test_qat_sampler_and_logprobs_agree(params):
@@ -66,7 +68,8 @@ def test_qat_sampler_and_logprobs_agree(params):
   cfg = CFG.replace(quant="int4", quant_group=16)
   r = sampling.Sampler(cfg, sampling.SamplingConfig(max_new_tokens=10))(
       params, [[1, 2, 3], [4]], jax.random.PRNGKey(0))
-  tf = logprobs.token_logprobs(cfg, params, r.tokens, input_mask=r.input_mask)
+  tf = jax.jit(lambda p, t, m: logprobs.token_logprobs(cfg, p, t, input_mask=m))(
+      params, r.tokens, r.input_mask)
   np.testing.assert_allclose(np.where(r.loss_mask, tf, 0), r.logprobs, atol=1e-5)
 
 

@@ -18,6 +18,10 @@ def params():
   return jax.tree.map(lambda x: x * 3.0 if x.ndim == 2 else x, p)
 
 
+# Teacher forcing, jitted (op by op, every primitive would compile on its own).
+_teacher_forced = jax.jit(lambda p, t, m: logprobs.token_logprobs(CFG, p, t, input_mask=m))
+
+
 @jax.jit
 def _next_greedy(params, tokens, length):
   """Full recompute (no cache) over a right-padded row; argmax after its last real token."""
@@ -47,7 +51,7 @@ def test_greedy_cache_equals_recompute(params):
 def test_logprobs_equal_teacher_forcing(params):
   s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=40, stop_tokens=(3, 4)))
   r = s(params, PROMPTS, jax.random.PRNGKey(7))
-  tf = logprobs.token_logprobs(CFG, params, r.tokens, input_mask=r.input_mask)
+  tf = _teacher_forced(params, r.tokens, r.input_mask)
   mask = np.asarray(r.loss_mask)
   assert mask.sum() > 0
   np.testing.assert_allclose(np.where(mask, tf, 0), np.asarray(r.logprobs), atol=1e-5)
@@ -174,8 +178,10 @@ def _empirical(params, scfg, n_rows=2000):
   return np.asarray(r.tokens[:, p]), np.asarray(r.logprobs[:, p])
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=0.7), dict(top_k=5), dict(top_p=0.8),
-                                dict(temperature=1.5, top_k=10, top_p=0.9)])
+# The last case applies all three transforms; each alone but top-p is the slow tier's.
+@pytest.mark.parametrize("kw", [pytest.param(dict(temperature=0.7), marks=pytest.mark.slow),
+                                pytest.param(dict(top_k=5), marks=pytest.mark.slow),
+                                dict(top_p=0.8), dict(temperature=1.5, top_k=10, top_p=0.9)])
 def test_logprobs_are_of_the_sampled_distribution(params, kw):
   scfg = sampling.SamplingConfig(max_new_tokens=1, **kw)
   toks, lps = _empirical(params, scfg)
@@ -284,7 +290,7 @@ def test_bf16_decode_path(params):
   s = sampling.Sampler(CFG, sampling.SamplingConfig(max_new_tokens=20, dtype="bfloat16"))
   assert s.model_cfg.dtype == "bfloat16"
   r = s(params, PROMPTS, jax.random.PRNGKey(3))
-  tf = logprobs.token_logprobs(CFG, params, r.tokens, input_mask=r.input_mask)
+  tf = _teacher_forced(params, r.tokens, r.input_mask)
   mask = np.asarray(r.loss_mask)
   diff = np.abs(np.where(mask, np.asarray(tf) - np.asarray(r.logprobs), 0)).max()
   assert 0 < diff < 0.15

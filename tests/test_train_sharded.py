@@ -111,12 +111,15 @@ def test_pg_step_matches_mopd_step_on_policy(params):
   """With sampler log-probs equal to the current ones the PG loss gives the MOPD gradient."""
   from mopd_jax import logprobs
   batch = _batch()
-  lp = logprobs.token_logprobs(CFG, params, batch.tokens, input_mask=batch.input_mask)
+  lp = jax.jit(lambda p, b: logprobs.token_logprobs(CFG, p, b.tokens, input_mask=b.input_mask))(
+      params, batch)
   batch = batch.replace(sampler_logprobs=lp)
   grads = {}
   for kind in ("mopd", "pg"):
     lc = train.LossConfig(kind=kind, eps_low=0.2, eps_high=0.2)
-    grads[kind] = jax.grad(lambda p: train.compute_loss(CFG, lc, p, batch)[0])(params)
+    # Jitted: op-by-op, every primitive of the forward and backward compiles on its own.
+    grads[kind] = jax.jit(jax.grad(lambda p, b: train.compute_loss(CFG, lc, p, b)[0]))(
+        params, batch)
   for a, b in zip(jax.tree.leaves(grads["mopd"]), jax.tree.leaves(grads["pg"])):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
