@@ -175,8 +175,8 @@ class ContinuousSampler:
     self.admission = admission
     self.static = sampling.Sampler(model_cfg, scfg)  # validation, buckets, the decode model
     self.model_cfg, self.scfg, self.slots = self.static.model_cfg, scfg, int(slots)
-    # The programs see params already fake-quantised and transposed (`decode_params`), so a
-    # config decodes as its quant-free, out_in twin.
+    # The programs see the params `decode_params` returns (fake-quantised once, in the
+    # decode layout), so they run the config's decode twin (`sampling.decode_config`).
     mcfg = sampling.decode_config(self.model_cfg, scfg)
     # Three plain functions (chex.assert_max_traces counts per function code and does not
     # take partials).
