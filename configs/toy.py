@@ -75,12 +75,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # reaches 1.000).
   # The smoke variants keep uniform weights and no decay: they check that every stage runs,
   # not what is learned.
+  c.sft.style_weights = ml_collections.ConfigDict({"agt": (1.0, 2.0, 1.0)})
   if not fast:
-    c.sft.style_weights = ml_collections.ConfigDict({"agt": (1.0, 2.0, 1.0),
-                                                     "cod": (1.0, 2.0, 1.0)})
+    c.sft.style_weights.cod = (1.0, 2.0, 1.0)
     c.sft.weight_decay = 0.1
-  else:
-    c.sft.style_weights = ml_collections.ConfigDict({"agt": (1.0, 2.0, 1.0)})
   c.sft.batch_size = 16 if fast else 48  # sequences per update
   c.sft.warmup_steps = 2 if fast else 20  # linear warmup before the cosine decay
 
