@@ -96,8 +96,8 @@ def checks(rep: dict) -> list:
     gap = abs(c["outside_accuracy"] - c["same_accuracy"])
     add(f"outside teacher {name} validation accuracy - same-origin teacher's", gap,
         "<= 0.10", gap <= 0.10 + 1e-9)
-  drop = kl_drop(rep["kl"])
-  add("per-token KL, first / last MOPD step", drop, ">= 5", None if drop is None else drop >= 5)
+  drop, _ = kl_drop(rep)
+  add(KL_DROP_CHECK, drop, ">= 5", None if drop is None else drop >= 5)
   w = rep["wall_seconds"]
   factory = w["sft"] + w["rl"] if "sft" in w and "rl" in w else None
   add("teacher factory wall seconds (sft + rl)", factory, "<= 720",
@@ -107,10 +107,33 @@ def checks(rep: dict) -> list:
   return out
 
 
-def kl_drop(kl: dict):
-  """First over last step's per-token KL; None without a curve or when the last step's
-  estimate (sampled tokens) is at or below 0, where no ratio means anything."""
-  return kl["initial"] / kl["final"] if kl.get("curve") and kl["final"] > 0 else None
+KL_DROP_CHECK = "per-token KL, first / last tenth of the MOPD steps"
+
+
+def kl_window_means(curve) -> tuple:
+  """(first, last, n): the means of a [[step, value], ...] curve over its first and last
+  tenth (at least one point each, n points)."""
+  vals = [v for _, v in curve]
+  n = max(1, len(vals) // 10)
+  return float(np.mean(vals[:n])), float(np.mean(vals[-n:])), n
+
+
+def kl_drop(rep: dict) -> tuple:
+  """(ratio, source): how far the per-token KL of the student to its routed teachers falls
+  over the MOPD run, as the mean over the first tenth of the measured steps over the mean
+  over the last tenth. The exact full-vocabulary KL where the run measured it
+  (`mopd.exact_kl_every`, source "exact"), else the sampled-token estimate ("sampled").
+  One step's value is an estimate from that step's few dozen rollouts (the sampled one can
+  fall below 0), so a single first and last step say little about the trend; a tenth of the
+  run averages several steps at each end. (None, source) without a curve or when the last
+  tenth's mean is at or below 0, where no ratio means anything."""
+  exact = rep.get("kl_exact_curve") or []
+  curve, source = (exact, "exact") if len(exact) >= 2 else (rep["kl"].get("curve") or [],
+                                                             "sampled")
+  if len(curve) < 2:
+    return None, source
+  first, last, _ = kl_window_means(curve)
+  return (first / last if last > 0 else None), source
 
 
 def initial_kl_by_cell(workdir: str, history: list) -> dict:
@@ -167,26 +190,24 @@ def markdown(rep: dict) -> str:
     lines.append("| " + " | ".join(row) + " |")
   kl = rep["kl"]
   if kl["curve"]:
-    ratio = kl_drop(kl)
-    drop = (f"x{ratio:.1f} drop" if ratio is not None else
-            "a sampled-token estimate at or below 0, so no ratio")
-    # One step's value is a noisy estimate; the means over the first and last tenth of the
-    # steps show the trend.
-    vals = [v for _, v in kl["curve"]]
-    n = max(1, len(vals) // 10)
-    first, last = sum(vals[:n]) / n, sum(vals[-n:]) / n
-    lines += ["", f"Per-token KL student vs routed teacher: initial {kl['initial']:.4f}, "
-              f"final {kl['final']:.4f} ({drop}); mean over the first / last {n} steps "
-              f"{first:.4f} / {last:.4f}."]
+    first, last, n = kl_window_means(kl["curve"])
+    single = (f"x{kl['initial'] / kl['final']:.1f}" if kl["final"] > 0 else
+              "at or below 0 at the last step, so no ratio")
+    lines += ["", f"Per-token KL student vs routed teacher, sampled-token estimate: first step "
+              f"{kl['initial']:.4f}, last {kl['final']:.4f} ({single}); mean over the first / "
+              f"last {n} steps {first:.4f} / {last:.4f}" + (
+                  f" (x{first / last:.1f})." if last > 0 else ".")]
   exact = rep.get("kl_exact_curve") or []
   if exact:
-    m = max(1, len(exact) // 10)
-    first, last = (float(np.mean([v for _, v in exact[:m]])),
-                   float(np.mean([v for _, v in exact[-m:]])))
+    first, last, m = kl_window_means(exact)
     lines += ["", f"Exact per-token KL over the whole vocabulary (on the student's own "
               f"rollouts, {len(exact)} steps measured): first {exact[0][1]:.4f}, last "
               f"{exact[-1][1]:.4f}; mean over the first / last {m} measured steps "
-              f"{first:.4f} / {last:.4f} ({first / last if last > 0 else float('inf'):.1f}x)."]
+              f"{first:.4f} / {last:.4f}" + (f" (x{first / last:.1f})." if last > 0 else ".")]
+  ratio, source = kl_drop(rep)
+  if ratio is not None:
+    lines += ["", f"KL drop (the expected result's measure: the {source} KL, first over last "
+              f"tenth of the measured steps): x{ratio:.1f}."]
   clip = [v for _, v in rep.get("clip_frac_curve") or []]
   if clip:
     lines += ["", f"Reward clipped at +-r_max on {100 * sum(clip) / len(clip):.2f}% of the "
@@ -368,7 +389,10 @@ def sweep(reports: dict) -> dict:
                                             "undecided": []})
       entry["met" if c["ok"] is True else "missed" if c["ok"] is False else "undecided"].append(s)
   return {"seeds": seeds, "grid": grid, "cells": cells, "checks": checks,
-          "kl_curves": {str(s): reports[s]["kl"]["curve"] for s in seeds}}
+          "kl_curves": {str(s): reports[s]["kl"]["curve"] for s in seeds},
+          "kl_exact_curves": {str(s): reports[s].get("kl_exact_curve") or [] for s in seeds},
+          "kl_drop": {str(s): dict(zip(("ratio", "source"), kl_drop(reports[s])))
+                      for s in seeds}}
 
 
 def sweep_markdown(sw: dict) -> str:
@@ -394,4 +418,9 @@ def sweep_markdown(sw: dict) -> str:
     lines += [f"| {name} | {c['target']} | {', '.join(map(str, c['met'])) or '-'} | "
               f"{', '.join(map(str, c['missed'])) or '-'} |"
               for name, c in sw["checks"].items()]
+  drops = sw.get("kl_drop", {})
+  if any(d["ratio"] is not None for d in drops.values()):
+    lines += ["", "KL drop per seed (first over last tenth of the MOPD steps): " + ", ".join(
+        f"seed {s} " + ("-" if d["ratio"] is None else f"x{d['ratio']:.1f} ({d['source']})")
+        for s, d in drops.items()) + "."]
   return "\n".join(lines) + "\n"

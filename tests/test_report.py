@@ -1,4 +1,5 @@
 """The report's expected-result checks and markdown (mopd_jax/report.py)."""
+import pytest
 
 
 def test_report_checks_evaluate_the_bars():
@@ -25,10 +26,10 @@ def test_report_checks_evaluate_the_bars():
   assert got["teacher cod/low over-budget rate"] is False
   assert got["teacher agt/low over-budget rate"] is True
   assert got["student gen/max accuracy / teacher's"] is None  # no student cells
-  assert got["per-token KL, first / last MOPD step"] is False  # a 4x drop
+  assert got[report.KL_DROP_CHECK] is False  # a 4x drop
   assert got["teacher factory wall seconds (sft + rl)"] is True
   assert got["pipeline wall seconds"] is False
-  assert "x4.0 drop" in report.markdown(rep)
+  assert "tenth of the measured steps): x4.0" in " ".join(report.markdown(rep).split())
   rep["clip_frac_curve"] = [[0, 0.02], [1, 0.0]]
   assert "Reward clipped at +-r_max on 1.00% of the generated tokens (mean over the 2 MOPD " \
       "steps; largest step 2.00%)" in " ".join(report.markdown(rep).split())
@@ -37,10 +38,18 @@ def test_report_checks_evaluate_the_bars():
   # claimed, the bar stays undecided, and the first / last tenths' means are shown.
   curve = [[i, 0.2 - 0.025 * i] for i in range(10)]
   rep["kl"] = {"initial": 0.2, "final": curve[-1][1], "curve": curve}
-  assert {c["name"]: c["ok"] for c in report.checks(rep)}[
-      "per-token KL, first / last MOPD step"] is None
+  assert {c["name"]: c["ok"] for c in report.checks(rep)}[report.KL_DROP_CHECK] is None
   md = report.markdown(rep)
   assert "no ratio" in md and "first / last 1 steps 0.2000 / -0.0250" in md, md
+  # Where the exact KL was measured the bar reads it, averaged over a tenth of the measured
+  # steps at each end: a single noisy last step (0.09 here) does not decide it.
+  exact = [[5 * i, 0.5] for i in range(3)] + [[5 * i, 0.2] for i in range(3, 27)] + [
+      [5 * i, 0.05] for i in range(27, 29)] + [[145, 0.09]]
+  rep["kl_exact_curve"] = exact
+  assert report.kl_drop(rep) == (pytest.approx(0.5 / ((0.05 + 0.05 + 0.09) / 3)), "exact")
+  assert {c["name"]: c["ok"] for c in report.checks(rep)}[report.KL_DROP_CHECK] is True
+  assert "the exact KL, first over last tenth of the measured steps): x7.9" in " ".join(
+      report.markdown(rep).split())
 
 
 def test_outside_teacher_accuracy_is_compared_with_the_teacher_it_replaces():
@@ -94,6 +103,8 @@ def test_sweep_means_spreads_and_checks_per_seed():
   md = report.sweep_markdown(sw)
   assert "| gen | max | 0.700 ± 0.163 | 10.0 ± 0.0 | 0.700 ± 0.163 |" in md
   assert "Expected results met on every seed: 0 of 1." in md and "| a bar | >= 1 | 0, 2 | 1 |" in md
+  assert sw["kl_drop"]["1"] == {"ratio": pytest.approx(10.0), "source": "sampled"}
+  assert "seed 0 x10.0 (sampled), seed 1 x10.0 (sampled)" in md
   other = _seed_report(0.5, True)
   other["grid"]["efforts"] = [["max", 1.5]]
   with pytest.raises(ValueError, match="different grids"):
