@@ -8,9 +8,10 @@ One step:
      (multi-turn for agt); nothing is copied from a teacher;
   3. the router sends each trajectory to teacher (d, e), which prefills it in one forward
      pass (prompt and observation tokens masked) and returns one log-prob per token. The
-     teacher's prompt is the same prompt without the effort (K3 eq. 15 conditions only the
-     student on e; `teacher_effort_in_prompt=True` keeps the student's prompt, an ablation):
-     its log-probs are moved back onto the student's response positions (`realign`);
+     teacher's prompt is the same prompt with the effort `views.PromptView.teacher` gives:
+     none (K3 eq. 15 conditions only the student on e), or e in the ablation, where the
+     teacher scores the student's own layout; an effort-free teacher's log-probs are moved
+     back onto the student's response positions (`realign`);
   4. the student is updated with the MOPD loss (K3 eq. 15) on every generated token, and the
      next step samples from the updated student.
 
@@ -35,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import distributed, logprobs, models, partial, rollout, teachers, train
+from mopd_jax import (distributed, logprobs, models, partial, rollout, teachers, train,
+                      views)
 from mopd_jax.tasks import base as task_base
 
 
@@ -239,16 +241,19 @@ class SampledBatch:
 
 
 def teacher_view(tok, trajs: Sequence[rollout.Trajectory], examples: Sequence,
-                 width_multiple: int = 32) -> tuple:
-  """(padded arrays, spans) of the student's trajectories as an effort-free teacher scores
-  them: each response after its example's prompt rendered without the effort. `spans` as
-  `realign` takes them, to bring the teacher's per-token values back to the student's
-  positions."""
-  views = [dataclasses.replace(t, prompt_ids=rollout.encode_prompt(tok, ex, None))
-           for t, ex in zip(trajs, examples)]
-  spans = [(len(t.prompt_ids), len(v.prompt_ids), t.num_tokens) for t, v in zip(trajs, views)]
-  arr = rollout.pad_batch(views, tok.pad_id, rollout.padded_width(
-      max(len(v.prompt_ids) + v.num_tokens for v in views), width_multiple))
+                 width_multiple: int = 32, *,
+                 shown: Optional[Sequence[Optional[str]]] = None) -> tuple:
+  """(padded arrays, spans) of the student's trajectories as the teachers score them: each
+  response after its example's prompt rendered with the effort `shown` gives for its row
+  (`views.PromptView.teacher` of the row's effort); None = every prompt without the effort
+  (K3 eq. 15). `spans` as `realign` takes them, to bring the teacher's per-token values back
+  to the student's positions."""
+  shown = [None] * len(trajs) if shown is None else shown
+  rows = [dataclasses.replace(t, prompt_ids=rollout.encode_prompt(tok, ex, e))
+          for t, ex, e in zip(trajs, examples, shown)]
+  spans = [(len(t.prompt_ids), len(v.prompt_ids), t.num_tokens) for t, v in zip(trajs, rows)]
+  arr = rollout.pad_batch(rows, tok.pad_id, rollout.padded_width(
+      max(len(v.prompt_ids) + v.num_tokens for v in rows), width_multiple))
   return arr, spans
 
 
@@ -256,15 +261,15 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
                  tasks: dict, cells: Sequence[tuple], examples_per_cell: Sequence[list],
                  taus: dict, rng, *, width_multiple: int = 32,
                  rows_per_teacher: Optional[int] = None,
-                 teacher_effort_in_prompt: bool = True,
+                 view: views.PromptView = views.EFFORT_EVERYWHERE,
                  pool: Optional[partial.RolloutPool] = None, step: int = 0) -> SampledBatch:
   """Steps 1-2 of a MOPD step: the student (`params`) samples one rollout per prompt, b
   prompts per (domain, effort) cell; rollouts are verified and laid out for the teachers.
 
   `rows_per_teacher`: the b of the teachers' [K, b, T] batch, each cell's rows padded to it
   (fixed, so that cells of varying size compile once); None = the first cell's size.
-  `teacher_effort_in_prompt`: False = each teacher scores the response after the prompt
-  rendered without the effort (`rollout.encode_prompt(..., None)`).
+  `view`: the student samples after its prompt (`view.student(e)`), each teacher scores the
+  response after the prompt with `view.teacher(e)` (without the effort in K3 eq. 15).
   `pool`: partial rollouts (`partial.py`): the step's prompts join the pool's in-flight
   rows, every incomplete row decodes one more segment, and the batch is the complete rows
   (at most b per cell, oldest first), padded with empty rows to K x b so that the update
@@ -278,7 +283,7 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
   if pool is not None:
     for j, d in enumerate(dict.fromkeys(domains)):  # the keys a one-go rollout would use
       idx = [i for i, dd in enumerate(domains) if dd == d]
-      pool.add(engine, [rows[i] for i in idx], [efforts[i] for i in idx],
+      pool.add(engine, [rows[i] for i in idx], [view.student(efforts[i]) for i in idx],
                jax.random.fold_in(rng, j), step)
     taken = []
     while not taken:  # the first steps may have nothing complete yet: decode on
@@ -288,14 +293,14 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
     trajs = [r.traj for r in taken]
     texts = [engine.tok.decode(t.ids) for t in trajs]
     return _assemble(bank, engine.tok, tasks, cells, rows, efforts, trajs, texts, taus, b,
-                     width_multiple, teacher_effort_in_prompt, pad_to=bank.num_teachers * b)
+                     width_multiple, view, pad_to=bank.num_teachers * b)
   # Student rollouts: one per prompt, capped by the rollout length only (the teacher's
   # log-probs, not a budget penalty, teach the student how long each effort should be).
   res_by_domain = {}
   for d in dict.fromkeys(domains):
     idx = [i for i, dd in enumerate(domains) if dd == d]
     res_by_domain[d] = (idx, engine.run(
-        params, [rows[i] for i in idx], [efforts[i] for i in idx],
+        params, [rows[i] for i in idx], [view.student(efforts[i]) for i in idx],
         [engine.max_response_tokens] * len(idx), jax.random.fold_in(rng, len(res_by_domain)),
         environment=tasks[d].environment))
   trajs = [None] * len(rows)
@@ -304,11 +309,11 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
     for j, i in enumerate(idx):
       trajs[i], texts[i] = res.trajectories[j], res.texts[j]
   return _assemble(bank, engine.tok, tasks, cells, rows, efforts, trajs, texts, taus, b,
-                   width_multiple, teacher_effort_in_prompt)
+                   width_multiple, view)
 
 
 def _assemble(bank, tok, tasks, cells, rows, efforts, trajs, texts, taus, b, width_multiple,
-              teacher_effort_in_prompt, pad_to: int = 0) -> SampledBatch:
+              view: views.PromptView, pad_to: int = 0) -> SampledBatch:
   """The SampledBatch of rollouts: verified, padded, stratified by teacher. `pad_to`: the
   student's batch gets empty rows (no loss tokens; weight 0 in every row-normalised loss)
   up to this many rows; the per-row diagnostics keep only the real rows."""
@@ -327,8 +332,9 @@ def _assemble(bank, tok, tasks, cells, rows, efforts, trajs, texts, taus, b, wid
   arr = rollout.pad_batch(list(trajs) + empty, tok.pad_id,
                           rollout.padded_width(longest, width_multiple))
   teacher_arr, spans = arr, None
-  if not teacher_effort_in_prompt:  # the same responses after the effort-free prompts
-    teacher_arr, spans = teacher_view(tok, trajs, rows, width_multiple)
+  shown = [view.teacher(e) for e in efforts]
+  if shown != [view.student(e) for e in efforts]:  # the responses after the teachers' prompts
+    teacher_arr, spans = teacher_view(tok, trajs, rows, width_multiple, shown=shown)
     spans += [(0, 0, 0)] * len(empty)
   index = teachers.stratify(np.asarray(teacher_ids), bank.num_teachers, b)
   strat = lambda x, fill=0: jnp.asarray(teachers.gather_stratified(x, index, fill))
@@ -391,16 +397,16 @@ def mopd_step(trainer: train.Trainer, state: train.TrainState, bank: teachers.Te
               engine: rollout.RolloutEngine, tasks: dict, cells: Sequence[tuple],
               examples_per_cell: Sequence[list], taus: dict, rng, *, r_max: float,
               score_fn: Callable, width_multiple: int = 32, alpha: float = 0.0,
-              teacher_effort_in_prompt: bool = True):
+              view: views.PromptView = views.EFFORT_EVERYWHERE):
   """One synchronous MOPD update on b prompts per (domain, effort) cell: `sample_batch`,
   teacher scoring, `train_on`. Returns (state, record).
 
   `score_fn(bank, tokens, mask)` returns the teachers' [K, b, T] log-probs, or for the top-k
   loss (`trainer.loss_cfg.kind == "topk"`) a tuple (log-probs, top-k log-probs [K, b, T, k],
   top-k ids). `alpha` > 0 adds the outcome term alpha * `outcome_advantages` (REINFORCE).
+  `view`: which effort the student's and the teachers' prompts carry (`sample_batch`).
   """
   sampled = sample_batch(state.params, bank, engine, tasks, cells, examples_per_cell, taus, rng,
-                         width_multiple=width_multiple,
-                         teacher_effort_in_prompt=teacher_effort_in_prompt)
+                         width_multiple=width_multiple, view=view)
   scored = score_fn(bank, sampled.tokens, sampled.input_mask)
   return train_on(trainer, state, bank, sampled, scored, r_max=r_max, alpha=alpha)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import partial, rollout, train
+from mopd_jax import partial, rollout, train, views
 from mopd_jax.tasks import base as task_base
 
 REFERENCES = ("sampler", "sft", "parent")
@@ -93,7 +93,8 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
                task, next_examples: Callable[[int], list], *, effort: str, tau: float,
                phase: int, steps: int, group_size: int, width: int, seed: int,
                log: Optional[Callable] = None, start_step: int = 0, loop=None,
-               reference=None, plateau: tuple = (0, 0.0), effort_in_prompt: bool = True,
+               reference=None, plateau: tuple = (0, 0.0),
+               view: views.PromptView = views.EFFORT_EVERYWHERE,
                pool: Optional[partial.RolloutPool] = None, relogprob=None):
   """At most `steps` RL iterations at one effort level, fewer when the reward plateaus
   (`plateau` = (window, delta), see `plateaued`); returns the new state and per-step
@@ -103,8 +104,8 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
   `reference`: params held as PMD's old policy for the whole phase (`rl.reference` "sft"
   or "parent"), instead of the policy that sampled each batch.
 
-  `effort_in_prompt`: False = the prompts carry no effort (the teacher of K3 eq. 15 learns
-  the effort's length from the budget alone; `teacher.effort_in_prompt`).
+  `view`: the lane trains a teacher, so its prompts carry `view.teacher(effort)` (None in
+  K3 eq. 15: the teacher learns the effort's length from the budget alone).
 
   `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
   run then starts at `loop.start_step` and the returned history includes restored steps.
@@ -126,7 +127,7 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
     budgets = [task_base.budget(ex, tau) for ex in rows]
     # A pure function of (seed, phase, step): a resumed lane draws the same samples.
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), phase), step)
-    shown = [effort if effort_in_prompt else None] * len(rows)
+    shown = [view.teacher(effort)] * len(rows)
     if pool is None:
       res = engine.run(state.params, rows, shown, budgets, rng, environment=task.environment)
       trajs = res.trajectories

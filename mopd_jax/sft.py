@@ -6,9 +6,10 @@ Effort token of an SFT example (`effort_mode`):
     effort token means.
   * "style" (a measurement tool): full -> <max>, brief -> <high>, direct -> <low>, so one
     model can be asked for each style; used to measure accuracy by reasoning style.
-With `no_effort=True` (teachers that see no effort, `teacher.effort_in_prompt=False`) one
-example in |efforts| + 1 (on average) has no effort in its prompt, so pi_SFT, where every
-teacher starts, also answers the teachers' effort-free prompts with the mixture of styles.
+With a view whose teachers see no effort (`views.PromptView.sft_extra_none`,
+`teacher.effort_in_prompt=False`) one example in |efforts| + 1 (on average) has no effort in
+its prompt, so pi_SFT, where every teacher starts, also answers the teachers' effort-free
+prompts with the mixture of styles.
 
 Examples of record files have one reference response (style "full"); each example's style
 is drawn among the styles it has.
@@ -20,7 +21,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
-from mopd_jax import rollout, train
+from mopd_jax import rollout, train, views
 from mopd_jax.tasks import base as task_base
 from mopd_jax.tokenizer import DEFAULT_EFFORTS
 
@@ -71,12 +72,13 @@ def domain_style_weights(spec, domains: Sequence[str], known: Sequence[str],
 def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomState,
               effort_mode: str, width: int, styles: Sequence[str] = task_base.STYLES,
               style_weights: Optional[Mapping[str, Sequence[float]]] = None,
-              efforts: Sequence[str] = DEFAULT_EFFORTS,
-              no_effort: bool = False) -> train.TrainBatch:
+              efforts: Sequence[str] = DEFAULT_EFFORTS, *,
+              view: views.PromptView = views.EFFORT_EVERYWHERE) -> train.TrainBatch:
   """One padded batch: each example with one of its reference solutions, drawn uniformly
   or, for a domain named in `style_weights`, with that domain's weights over `styles`
   (among the styles the example has); its effort (effort_mode "random") drawn uniformly
-  from `efforts`, plus "none" when `no_effort`."""
+  from `view.sft_choices(efforts)` (`efforts`, plus none when the view's teachers see no
+  effort; the style mode then drops the style's effort with probability 1/(|efforts|+1))."""
   probs = {d: style_probs(w, styles) for d, w in (style_weights or {}).items()}
   trajs = []
   for ex in examples:
@@ -90,10 +92,10 @@ def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomS
       style = styles[rng.randint(len(styles)) if p is None else rng.choice(len(styles), p=p)]
     if effort_mode == "style":
       effort = STYLE_EFFORT[style]
-      if no_effort and rng.randint(len(efforts) + 1) == 0:
+      if view.sft_extra_none and rng.randint(len(efforts) + 1) == 0:
         effort = None
     elif effort_mode == "random":
-      choices = list(efforts) + ([None] if no_effort else [])
+      choices = view.sft_choices(efforts)
       effort = choices[rng.randint(len(choices))]
     else:
       raise ValueError(f"unknown effort_mode {effort_mode!r}; expected 'random' or 'style'")
@@ -106,14 +108,15 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
               width, seed: int, log: Optional[Callable] = None,
               start_step: int = 0, loop=None,
               style_weights: Optional[Mapping[str, Sequence[float]]] = None,
-              efforts: Sequence[str] = DEFAULT_EFFORTS, no_effort: bool = False):
+              efforts: Sequence[str] = DEFAULT_EFFORTS,
+              view: views.PromptView = views.EFFORT_EVERYWHERE):
   """Runs `steps` SFT updates; `next_examples(step)` returns the step's examples.
 
   The batch rng is a pure function of (seed, step), so a resumed run sees the same data.
   `width`: the padded length, or a function of the step's examples returning it.
   `style_weights`: per domain, the weights of (full, brief, direct) (see `sft_batch`).
   `efforts`: the run's effort names, whose tokens the random effort mode draws from;
-  `no_effort`: some examples have no effort (see the module docstring).
+  `view`: which prompts SFT trains on (`views.PromptView`; see the module docstring).
   `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
   run then starts at `loop.start_step` and the returned history includes restored steps.
   """
@@ -124,7 +127,7 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
     rng = np.random.RandomState([seed, step])
     exs = next_examples(step)
     batch = sft_batch(tok, exs, rng, effort_mode, width(exs) if callable(width) else width,
-                      style_weights=style_weights, efforts=efforts, no_effort=no_effort)
+                      style_weights=style_weights, efforts=efforts, view=view)
     state, m = trainer.step(state, batch)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     if loop is not None:
@@ -140,18 +143,19 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
 
 
 def evaluate(engine: rollout.RolloutEngine, params, task, examples: Sequence[task_base.Example],
-             effort: str, budgets: Sequence[int], rng, batch_size: int = 64,
-             effort_in_prompt: bool = True) -> dict:
+             effort: Optional[str], budgets: Sequence[int], rng,
+             batch_size: int = 64) -> dict:
   """Accuracy, mean and 90th-percentile length and over-budget rate of greedy-or-sampled
-  rollouts at `effort`'s budgets.
+  rollouts at `budgets`.
 
+  `effort`: the effort the evaluated policy's prompt carries (`views.PromptView.of`);
+  None = an effort-free prompt (a teacher of K3 eq. 15).
   Accuracy counts a response only if it finished within its budget (as the RL reward does).
-  `effort_in_prompt`: False = the prompts carry no effort (a teacher of K3 eq. 15).
   """
   correct, lengths, over = [], [], []
   for lo in range(0, len(examples), batch_size):
     exs = list(examples[lo:lo + batch_size])
-    res = engine.run(params, exs, [effort if effort_in_prompt else None] * len(exs),
+    res = engine.run(params, exs, [effort] * len(exs),
                      budgets[lo:lo + batch_size],
                      jax.random.fold_in(rng, lo), environment=task.environment)
     correct += task.verify_unless(exs, res.texts, res.over_budget, 0.0)

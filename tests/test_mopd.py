@@ -30,39 +30,60 @@ def test_mopd_cell_prompts_shared_or_distinct_across_efforts():
     assert 0.2 < len(high) / 600 < 0.3  # weight 1 of 4
 
 
-def test_effort_free_teacher_scores_equal_whatever_the_students_effort():
-  """K3 eq. 15: the teacher is not conditioned on the effort. A response sampled after the
-  student's prompt with <low> or with <max> is scored by the teacher after the same
-  effort-free prompt: its log-probs, moved back to the student's positions, are identical,
-  and they equal the teacher's own teacher-forced log-probs of prompt-without-effort +
-  response."""
+@pytest.mark.parametrize("teacher_sees_effort", [False, True])
+def test_teacher_scores_do_not_depend_on_the_students_effort(teacher_sees_effort):
+  """K3 eq. 15: the teacher is not conditioned on the effort. The same response, sampled
+  after the student's prompt with <low> and with <max>, is laid out by `_assemble` for its
+  teachers after the prompt `PromptView.teacher` gives: effort-free, the teachers' tokens are
+  identical whichever effort the student's prompt carried, and so are the log-probs a model
+  gives them, moved back onto the student's positions; they equal the model's own
+  teacher-forced log-probs of prompt-without-effort + response. In the ablation the teachers
+  score the student's own layout, which carries the effort token."""
   import jax
-  from mopd_jax import logprobs, models, mopd, rollout
+  from mopd_jax import logprobs, models, mopd, rollout, teachers, views
   from mopd_jax.tasks import get_task
   from mopd_jax.tokenizer import CharTokenizer
   tok = CharTokenizer()
   cfg = models.get_preset("toy", vocab_size=tok.vocab_size, num_layers=1, d_model=32)
   params = models.init_params(cfg, jax.random.PRNGKey(0))
-  exs = get_task("gen").generate(0, 3)
+  names = ("gen/low", "gen/max")
+  bank = teachers.build_bank(cfg, {n: params for n in names})
+  view = views.PromptView(teacher_sees_effort)
+  task = get_task("gen")
+  exs = task.generate(0, 3)
+  rows, efforts = exs + exs, ["low"] * 3 + ["max"] * 3
   response = tok.encode("12+3=15\n#15") + [tok.eos_id]
-  scores = {}
-  for effort in ("low", "max"):
-    trajs = [rollout.Trajectory(rollout.encode_prompt(tok, ex, effort), response,
-                                [1] * len(response), [0.0] * len(response), True)
-             for ex in exs]
-    arr, spans = mopd.teacher_view(tok, trajs, exs)
-    assert all(ps == pt + 1 for ps, pt, _ in spans)  # the student's prompt has the token
-    lp = np.asarray(jax.jit(lambda p, t, m: logprobs.token_logprobs(cfg, p, t, input_mask=m))(
-        params, arr["tokens"], arr["input_mask"]))
-    student = rollout.pad_batch(trajs, tok.pad_id, 64)
-    scores[effort] = mopd.realign(lp, spans, 64)[student["loss_mask"]]
-    # Unaligned check: the teacher's own layout, response positions.
-    for i, (_, pt, n) in enumerate(spans):
-      np.testing.assert_array_equal(lp[i, pt:pt + n],
-                                    scores[effort].reshape(len(exs), -1)[i])
-  np.testing.assert_array_equal(scores["low"], scores["max"])
-  # The ablation (the teacher sees the student's prompt) differs.
-  assert tok.encode_prompt(exs[0].prompt, None) != rollout.encode_prompt(tok, exs[0], "max")
+  n = len(response)
+
+  def traj(ex, shown):
+    return rollout.Trajectory(rollout.encode_prompt(tok, ex, shown), response, [1] * n,
+                              [0.0] * n, True)
+
+  trajs = [traj(ex, view.student(e)) for ex, e in zip(rows, efforts)]
+  sampled = mopd._assemble(bank, tok, {"gen": task}, [("gen", "low"), ("gen", "max")], rows,
+                           efforts, trajs, [tok.decode(response)] * 6,
+                           {"low": 0.3, "max": 1.5}, 3, 32, view)
+  toks, mask = np.asarray(sampled.tokens), np.asarray(sampled.input_mask)  # [K=2, b=3, T']
+  assert [bank.router.index("gen", e) for e in ("low", "max")] == [0, 1]
+  score = jax.jit(lambda t, m: logprobs.token_logprobs(cfg, params, t, input_mask=m))
+  lp = np.asarray(score(toks.reshape(6, -1), mask.reshape(6, -1))).reshape(toks.shape)
+  on_student = sampled.student_layout(teachers.scatter_stratified(lp, sampled.index, 6))
+  scores = on_student[sampled.arr["loss_mask"]].reshape(2, 3, n)  # [low, max] rows
+  if teacher_sees_effort:
+    assert sampled.spans is None  # the student's own layout, effort token included
+    np.testing.assert_array_equal(toks[:, :, :sampled.arr["tokens"].shape[1]].reshape(6, -1),
+                                  sampled.arr["tokens"])
+    assert not np.array_equal(toks[0], toks[1])
+    assert not np.array_equal(scores[0], scores[1])
+    return
+  assert all(ps == pt + 1 for ps, pt, _ in sampled.spans)  # the student's has the token
+  np.testing.assert_array_equal(toks[0], toks[1])
+  np.testing.assert_array_equal(mask[0], mask[1])
+  np.testing.assert_array_equal(scores[0], scores[1])
+  # The model's teacher-forced log-probs of prompt-without-effort + response, same width.
+  free = rollout.pad_batch([traj(ex, None) for ex in exs], tok.pad_id, toks.shape[-1])
+  want = np.asarray(score(free["tokens"], free["input_mask"]))[free["loss_mask"]]
+  np.testing.assert_array_equal(scores[0].ravel(), want)
 
 
 @pytest.mark.parametrize("effort_free", [False, True])

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from mopd_jax import sft
+from mopd_jax import sft, views
 from mopd_jax.tasks import get_task
 from mopd_jax.tokenizer import CharTokenizer
 
@@ -73,7 +73,7 @@ def test_no_effort_share_covers_the_teachers_prompt_format():
     return sum(not (set(row.tolist()) & effort_ids) for row in toks)
 
   for mode in ("random", "style"):
-    with_none = sft.sft_batch(tok, exs, np.random.RandomState(1), mode, 64, no_effort=True)
+    with_none = sft.sft_batch(tok, exs, np.random.RandomState(1), mode, 64, view=views.K3)
     assert 40 < without_effort(with_none) < 110  # ~300 / 4
     assert without_effort(sft.sft_batch(tok, exs, np.random.RandomState(1), mode, 64)) == 0
   rec = base.Example("r", "gen", "1+1", 5, "2", solutions={"full": "#2"})

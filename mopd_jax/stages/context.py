@@ -2,7 +2,8 @@
 
 `Run(config, workdir)` builds the typed, validated RunConfig (mopd_jax.config; stages read
 `ctx.config`, never the ConfigDict) and resolves, once: the task grid, the tokenizer (its effort tokens are the grid's), the student's ModelConfig, the
-student's and the teachers' meshes, and the profile switch. Stages then ask it for paths,
+student's and the teachers' meshes, the profile switch, and the prompt view (`ctx.view`:
+which effort each party's prompt carries, mopd_jax/views.py). Stages then ask it for paths,
 rollout engines, data splits and iterators, teachers, loggers and checkpointed loops.
 
 `training(...)` is the skeleton every training loop shares (SFT, each RL phase, the
@@ -19,7 +20,7 @@ import jax
 import ml_collections
 
 from mopd_jax import (checkpoint, config as config_mod, metrics, models, placement, profiling,
-                      rollout, sharding, storage, teachers, train)
+                      rollout, sharding, storage, teachers, train, views)
 from mopd_jax.tasks import base as task_base
 from mopd_jax.tokenizer import load_tokenizer
 
@@ -32,6 +33,9 @@ class Run:
     self.grid = config.grid
     self.workdir = storage.join(workdir)  # absolute if local; gs://... kept as it is
     self.profile = profiling.Switch(config.profile, self.workdir)
+    # Which effort the student's, the teachers' and SFT's prompts carry (K3 eq. 15, or the
+    # `teacher.effort_in_prompt` ablation): every stage asks this one view.
+    self.view = views.PromptView.from_config(config.teacher)
     self.tok = load_tokenizer(config.model.tokenizer_path or "char",
                               efforts=self.grid.effort_names,
                               **config.prompt.tokenizer_options())
@@ -144,11 +148,6 @@ class Run:
   def teacher_hf_paths(self) -> dict:
     """"domain/effort" -> Hugging Face checkpoint of that cell's teacher; {} = trained."""
     return dict(self.config.teacher.hf_paths)
-
-  def teacher_effort(self, effort: str):
-    """The effort a teacher's prompt carries: None (K3 eq. 15: the teacher's effort lives in
-    its weights), or `effort` with `teacher.effort_in_prompt`."""
-    return effort if self.config.teacher.effort_in_prompt else None
 
   def resolve_teacher_hf(self, path: str) -> models.ModelConfig:
     from mopd_jax import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)

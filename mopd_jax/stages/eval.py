@@ -32,15 +32,15 @@ def run(ctx: Run) -> None:
       if t is not None:
         runs.append(("teacher", ctx.teacher_cfg, ctx.load_teacher(t)))
       for policy, model_cfg, params in runs:
-        # A teacher sees its prompts as it was trained (teacher.effort_in_prompt).
-        in_prompt = policy != "teacher" or ctx.config.teacher.effort_in_prompt
+        # pi_SFT and the student see the effort; a teacher sees its prompts as it was trained.
+        shown = ctx.view.of(policy, effort)
         m = sft.evaluate(ctx.make_engine(model_cfg, ec.temperature), params, task, exs,
-                         effort, budgets, jax.random.PRNGKey(11), effort_in_prompt=in_prompt)
+                         shown, budgets, jax.random.PRNGKey(11))
         if ec.samples:
           engine = ctx.make_engine(model_cfg, ec.sample_temperature)
           m["sample_accuracy"] = sum(
-              sft.evaluate(engine, params, task, exs, effort, budgets,
-                           jax.random.PRNGKey(1000 + k), effort_in_prompt=in_prompt)["accuracy"]
+              sft.evaluate(engine, params, task, exs, shown, budgets,
+                           jax.random.PRNGKey(1000 + k))["accuracy"]
               for k in range(ec.samples)) / ec.samples
         cells.append({"policy": policy, "domain": domain, "effort": effort, **m})
       bar.update(cells[-1], keys=("accuracy", "mean_length"))

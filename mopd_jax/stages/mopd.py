@@ -74,7 +74,7 @@ def run(ctx: Run) -> None:
     sampled = mopd.sample_batch(
         params, bank, ctx.engine, tasks, grid.cells, per_cell, ctx.taus, rng,
         rows_per_teacher=c.prompts_per_cell * (n_eff if mix else 1),
-        teacher_effort_in_prompt=ctx.config.teacher.effort_in_prompt, pool=pool, step=step)
+        view=ctx.view, pool=pool, step=step)
     if pool is not None and c.partial_mode == "recompute":
       sampled.arr = partial.recompute_logprobs(ctx.model_cfg, params, sampled.arr)
     return sampled
@@ -165,19 +165,22 @@ def teacher_sft_init(ctx: Run, student, bank: teachers.TeacherBank):
 
 
 def teacher_pool(ctx: Run, bank: teachers.TeacherBank) -> list:
-  """Teacher trajectories that finished within their cell's budget."""
+  """Teacher trajectories that finished within their cell's budget: each teacher samples
+  after its own prompt (`view.teacher(e)`), the student trains on the response after its
+  prompt (`view.student(e)`)."""
   c = ctx.config.mopd
   pool = []
   for k, name in enumerate(bank.router.names):
     d, e = name.split("/")
     tparams = jax.tree.map(lambda x, k=k: x[k], bank.params)
     exs = next(ctx.iterator(d, c.init_samples_per_cell, salt=300 + k))
-    res = ctx.teacher_engine(sampling=True).run(tparams, exs, [ctx.teacher_effort(e)] * len(exs),
+    res = ctx.teacher_engine(sampling=True).run(tparams, exs, [ctx.view.teacher(e)] * len(exs),
                                                 ctx.budgets(exs, e),
                                                 jax.random.PRNGKey(ctx.config.seed + 400 + k),
                                                 environment=ctx.task(d).environment)
-    # The student learns the teacher's response after its own prompt, which has the effort.
-    pool += [dataclasses.replace(t, prompt_ids=rollout.encode_prompt(ctx.tok, ex, e))
+    # The student learns the teacher's response after its own prompt (`view.student(e)`).
+    pool += [dataclasses.replace(t, prompt_ids=rollout.encode_prompt(ctx.tok, ex,
+                                                                     ctx.view.student(e)))
              for t, ex, over in zip(res.trajectories, exs, res.over_budget) if not over]
   if not pool:
     raise RuntimeError("no teacher trajectory finished within its budget; cannot build the "

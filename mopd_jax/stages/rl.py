@@ -80,7 +80,7 @@ def measure_budgets(ctx: Run) -> None:
     for split in ("train", "validation", "test"):
       exs = exs_of(ctx, d, split)
       got = budgets.measure(ctx.engine, params, task, exs,
-                            ctx.teacher_effort(ctx.grid.top_effort), ctx.config.budget.samples,
+                            ctx.view.teacher(ctx.grid.top_effort), ctx.config.budget.samples,
                             jax.random.PRNGKey(ctx.config.seed * 100 + 60 + i))
       b0.update({ex.uid: v for ex, v in zip(exs, got)})
       solved[split] = sum(v is not None for v in got)
@@ -228,13 +228,13 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
           log=log_step, loop=loop,
           reference={"sampler": None, "sft": root, "parent": params}[ph["reference"]],
           plateau=(c.plateau_window, c.plateau_delta),
-          effort_in_prompt=ctx.config.teacher.effort_in_prompt, pool=pool,
+          view=ctx.view, pool=pool,
           relogprob=(lambda arr, params: partial.recompute_logprobs(ctx.model_cfg, params, arr))
           if pool is not None and c.partial_mode == "recompute" else None)
     log.close()
-    metrics = sft.evaluate(ctx.eval_engine, state.params, task, val, effort,
-                           ctx.budgets(val, effort), jax.random.PRNGKey(7),
-                           effort_in_prompt=ctx.config.teacher.effort_in_prompt)
+    # The lane's teacher is validated on the prompts it trains on.
+    metrics = sft.evaluate(ctx.eval_engine, state.params, task, val, ctx.view.teacher(effort),
+                           ctx.budgets(val, effort), jax.random.PRNGKey(7))
     checkpoint.save_params(out, state.params)
     yield name, {
         "domain": domain, "effort": effort, "tau": ctx.taus[effort],

@@ -71,6 +71,6 @@ def train_sft(ctx: Run, seed: int, name: str, directory: str):
         trainer, state, ctx.tok, lambda step: next(iters[schedule[step % len(schedule)]]),
         steps=c.steps, effort_mode=c.effort_mode, seed=seed, log=log_step, width=width,
         loop=loop, style_weights=c.style_weights,
-        efforts=ctx.grid.effort_names, no_effort=not ctx.config.teacher.effort_in_prompt)
+        efforts=ctx.grid.effort_names, view=ctx.view)
   log.close()
   return state, history
