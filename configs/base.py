@@ -153,6 +153,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # phase. "sampler" (the policy that sampled the batch, one update old) | "sft" (the lane's
   # pi_SFT, held fixed) | "parent" (the effort's parent teacher, held fixed).
   c.rl.reference = "sampler"
+  # Which policy draws the samples of a phase whose old policy is held fixed ("sft",
+  # "parent"): "policy" (the one being trained) | "reference" (that old policy, as Kimi
+  # K1.5's policy mirror descent has it; mopd_jax/rl.py SAMPLE_FROM). Phases with the
+  # "sampler" old policy draw from the policy either way.
+  c.rl.sample_from = "policy"
   c.rl.lr = 3e-4  # AdamW learning rate of the first phase (cosine over each phase's steps)
   c.rl.tau_kl = 0.5  # PMD log-ratio weight of the first phase
   # The budget phases after the first; 0 = as the first phase.

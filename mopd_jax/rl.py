@@ -30,6 +30,12 @@ from mopd_jax import partial, rollout, train, views
 from mopd_jax.tasks import base as task_base
 
 REFERENCES = ("sampler", "sft", "parent")
+# Which policy draws a phase's samples (`rl.sample_from`): "policy" (the one being trained,
+# on-policy) | "reference" (PMD's old policy when a phase holds it fixed: Kimi K1.5's policy
+# mirror descent draws each iteration's samples from its old policy, so the squared loss
+# regresses log pi / pi_old onto the advantage on samples that cover every behaviour the old
+# policy has; a phase whose old policy is "sampler" draws from the policy either way).
+SAMPLE_FROM = ("policy", "reference")
 
 
 def references(spec: str, phases) -> dict:
@@ -95,14 +101,16 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
                log: Optional[Callable] = None, start_step: int = 0, loop=None,
                reference=None, plateau: tuple = (0, 0.0),
                view: views.PromptView = views.EFFORT_EVERYWHERE,
-               pool: Optional[partial.RolloutPool] = None, relogprob=None):
+               pool: Optional[partial.RolloutPool] = None, relogprob=None,
+               sample_from: str = "policy"):
   """At most `steps` RL iterations at one effort level, fewer when the reward plateaus
   (`plateau` = (window, delta), see `plateaued`); returns the new state and per-step
   metrics (their count is the number of steps run). `phase`: the effort's place in its
   lane's anneal (0 = the largest tau), which salts the sampling rng.
 
   `reference`: params held as PMD's old policy for the whole phase (`rl.reference` "sft"
-  or "parent"), instead of the policy that sampled each batch.
+  or "parent"), instead of the policy that sampled each batch. `sample_from` "reference":
+  that held policy, not the policy being trained, draws the phase's samples (`SAMPLE_FROM`).
 
   `view`: the lane trains a teacher, so its prompts carry `view.teacher(effort)` (None in
   K3 eq. 15: the teacher learns the effort's length from the budget alone).
@@ -115,10 +123,14 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
   (every sample of a prompt complete; at most a step's worth, oldest first), padded with
   empty rows to one shape. `relogprob`: see `rl_batch`.
   """
+  if sample_from not in SAMPLE_FROM:
+    raise ValueError(f"sample_from={sample_from!r}; expected one of {SAMPLE_FROM}")
   history = []
   if loop is not None:
     start_step, history = loop.start_step, loop.history
   for step in range(start_step, steps):
+    held = sample_from == "reference" and reference is not None
+    sampler = reference if held else state.params
     # Checked before the step, so a phase resumed from its checkpoint stops where it did.
     if plateaued(history, *plateau):
       break
@@ -129,14 +141,14 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), phase), step)
     shown = [view.teacher(effort)] * len(rows)
     if pool is None:
-      res = engine.run(state.params, rows, shown, budgets, rng, environment=task.environment)
+      res = engine.run(sampler, rows, shown, budgets, rng, environment=task.environment)
       trajs = res.trajectories
     else:
       pool.add(engine, rows, shown, rng, step, budgets=budgets,
                groups=[step * len(exs) + i // group_size for i in range(len(rows))])
       taken = []
       while not taken:  # the first steps may have nothing complete yet: decode on
-        pool.advance(engine, state.params, rng, lambda d: task.environment)
+        pool.advance(engine, sampler, rng, lambda d: task.environment)
         taken = pool.take_groups(engine, len(exs))
       rows, trajs = [r.example for r in taken], [r.traj for r in taken]
       res = rollout.RolloutResult(trajectories=trajs,

@@ -57,3 +57,42 @@ def test_rl_reward_plateau_rule():
   assert rl.plateaued(hist(flat), 2, 0.02)  # -0.01
   assert not rl.plateaued(hist(flat[:3]), 2, 0.02)  # fewer than two windows yet
   assert not rl.plateaued(hist(flat), 0, 0.02)  # off
+
+
+def test_rl_phase_samples_from_the_held_reference():
+  """`sample_from="reference"`: a phase whose PMD old policy is held fixed draws its samples
+  from that policy (Kimi K1.5's PMD), so its batches do not depend on the policy being
+  trained; "policy" draws from the trained one; a phase without a held policy draws from the
+  trained one either way."""
+  import jax
+  from mopd_jax import models, rl, rollout, sharding, train
+  from mopd_jax.tasks import get_task
+  from mopd_jax.tokenizer import CharTokenizer
+  tok = CharTokenizer()
+  cfg = models.ModelConfig(vocab_size=tok.vocab_size, d_model=32, num_layers=1, num_heads=2,
+                           num_kv_heads=1, head_dim=16, mlp_dim=64, max_seq_len=256)
+  ref = models.init_params(cfg, jax.random.PRNGKey(0))
+  start = models.init_params(cfg, jax.random.PRNGKey(1))
+  task = get_task("gen")
+  stream = [task.generate(k, 2) for k in range(2)]
+  engine = rollout.RolloutEngine(cfg, tok, max_response_tokens=12, max_turns=1)
+  used = []
+  real_run = engine.run
+  engine.run = lambda params, *a, **k: used.append(params) or real_run(params, *a, **k)
+  trainer = train.Trainer(cfg, train.LossConfig(kind="pmd", group_size=2, tau_kl=0.5),
+                          train.OptimConfig(lr=1e-3, warmup_steps=0, total_steps=2),
+                          sharding.make_mesh({}, jax.devices()[:1]))
+
+  def run(sample_from, reference):
+    used.clear()
+    rl.run_effort(trainer, trainer.init(start), engine, task, lambda step: stream[step],
+                  effort="high", tau=1.0, phase=1, steps=2, group_size=2, width=64, seed=0,
+                  reference=reference, sample_from=sample_from)
+    return list(used)
+
+  assert all(p is ref for p in run("reference", ref))
+  on_policy = run("policy", ref)
+  assert len(on_policy) == 2 and not any(p is ref for p in on_policy)
+  assert not any(p is ref for p in run("reference", None))
+  with pytest.raises(ValueError, match="sample_from"):
+    run("teacher", ref)

@@ -230,7 +230,8 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
           plateau=(c.plateau_window, c.plateau_delta),
           view=ctx.view, pool=pool,
           relogprob=(lambda arr, params: partial.recompute_logprobs(ctx.model_cfg, params, arr))
-          if pool is not None and c.partial_mode == "recompute" else None)
+          if pool is not None and c.partial_mode == "recompute" else None,
+          sample_from=c.sample_from)
     log.close()
     # The lane's teacher is validated on the prompts it trains on.
     metrics = sft.evaluate(ctx.eval_engine, state.params, task, val, ctx.view.teacher(effort),
