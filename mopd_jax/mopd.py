@@ -18,7 +18,9 @@ One step:
 Diagnostics per cell: per-token KL (student vs routed teacher): the sampled-token estimate
 log pi_s - log pi_t (what r_t is made of; it can go negative) and, every few steps, the
 exact KL over the whole vocabulary (`exact_kl_rows`, chunked); mean reward r_t, clip
-fraction, accuracy, mean length, over-budget rate at the cell's budget.
+fraction, accuracy, mean length, over-budget rate at the cell's budget. The diagnostics
+taken on a few steps only (the exact KL, effort sensitivity, loss shares) come from
+`diagnostics.py` through `train_on`'s `measure` hook.
 
 Which prompts each cell gets (`cell_prompts`): a domain's prompts shared across its efforts,
 distinct per cell, or each prompt's effort drawn from `mopd.effort_mix`.
@@ -232,6 +234,7 @@ class SampledBatch:
   # Per row (student response start, teacher response start, length) when the teachers'
   # prompts differ from the student's; None when the teachers score the student's tokens.
   spans: Optional[list] = None
+  examples: Optional[list] = None  # each real row's example: its prompt, re-rendered at will
 
   def student_layout(self, rows_BxT):
     """Teachers' per-row values ([B, T', ...]) on the student's positions ([B, T, ...])."""
@@ -342,19 +345,20 @@ def _assemble(bank, tok, tasks, cells, rows, efforts, trajs, texts, taus, b, wid
       arr=arr, index=index, tokens=strat(teacher_arr["tokens"]),
       input_mask=strat(teacher_arr["input_mask"], False),
       cell_ids=np.asarray([cells.index((d, e)) for d, e in zip(domains, efforts)]),
-      accuracy=acc, lengths=lengths, over=over, spans=spans)
+      accuracy=acc, lengths=lengths, over=over, spans=spans, examples=list(rows))
 
 
 def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
              sampled: SampledBatch, scored, *, r_max: float, alpha: float = 0.0,
-             exact_kl: Optional[Callable] = None):
+             measure: Optional[Callable] = None):
   """Steps 3-4 once the teachers' scores `scored` are in (blocks on them): the update and
-  the step's record. `scored` as `mopd_step`'s `score_fn` returns it. `exact_kl(params,
-  sampled)`: the [B, T] exact per-token KL (`exact_kl_rows`) of the student that sampled,
-  recorded as `kl_exact` overall and per cell; None = not this step."""
+  the step's record. `scored` as `mopd_step`'s `score_fn` returns it. `measure(params,
+  sampled, batch)`: (metrics, per-cell metrics) of diagnostics taken on the params the
+  update starts from, before it and off its path (`diagnostics.py`: the exact KL's
+  `kl_exact`, effort sensitivity, loss shares), merged into the step's record; None = none
+  this step."""
   arr, index = sampled.arr, sampled.index
   n = arr["tokens"].shape[0]  # the real rows (len(sampled.lengths)), then any empty ones
-  kl_rows = None if exact_kl is None else exact_kl(state.params, sampled)
   scored = distributed.gather(scored)  # every host needs every row's scores
   topk = None
   if trainer.loss_cfg.kind == "topk":
@@ -374,7 +378,8 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
     adv = np.zeros(n, np.float32)
     adv[:len(sampled.lengths)] = outcome_advantages(sampled.accuracy, sampled.cell_ids)
   batch = train_batch(arr, teacher_lp, topk=topk, alpha=alpha, advantages_B=adv)
-  state, m = trainer.step(state, batch)
+  extra = None if measure is None else measure(state.params, sampled, batch)
+  state, m = trainer.step(state, batch)  # donates the old params: measured above
   m = {k: float(v) for k, v in jax.device_get(m).items()}
   cells_diag = cell_diagnostics(
       bank.router.names, index, teachers.gather_stratified(arr["sampler_logprobs"], index),
@@ -382,14 +387,10 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
       sampled.accuracy, sampled.lengths, sampled.over)
   m.update(accuracy=float(sampled.accuracy.mean()), length=float(sampled.lengths.mean()),
            over_budget=float(sampled.over.mean()))
-  if kl_rows is not None:
-    mask = np.asarray(arr["loss_mask"], bool)
-    m["kl_exact"] = float(kl_rows[mask].mean()) if mask.any() else 0.0
-    for k, name in enumerate(bank.router.names):
-      rows = index[k][index[k] >= 0]
-      if name in cells_diag and len(rows):
-        sel = mask[rows]
-        cells_diag[name]["kl_exact"] = float(kl_rows[rows][sel].mean()) if sel.any() else 0.0
+  if extra is not None:
+    m.update(extra[0])
+    for name, cm in extra[1].items():
+      cells_diag.get(name, {}).update(cm)  # cells with rows in this batch
   return state, StepRecord(step=int(state.step), metrics=m, cells=cells_diag)
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+from typing import Optional
 
 import jax
 import numpy as np
 
-from mopd_jax import checkpoint, storage
+from mopd_jax import checkpoint, diagnostics, storage
 from mopd_jax.grid import Grid
 
 POLICIES = ("sft", "teacher", "student")
@@ -26,19 +27,26 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> di
     measured = storage.join(workdir, "budgets", f"{d}.json")
     if storage.exists(measured):
       records[d]["b0_samples"] = checkpoint.read_json(measured)["counts"]
+  exact_per_cell = {name: [[h["step"], h["cells"][name]["kl_exact"]] for h in history
+                           if "kl_exact" in h["cells"].get(name, {})]
+                    for name in (history[0]["cells"] if history else {})}
   return {
       "grid": grid.to_json(),
       # Per record domain: kept / dropped / skipped counts and the b0 distribution per split.
       "data": records,
-      "cells": ev["cells"],
+      # eval.json's cells, each with the binomial standard error of its accuracy.
+      "cells": [dict(c, accuracy_se=binomial_se(c["accuracy"], c["n"])) if "n" in c else c
+                for c in ev["cells"]],
       "kl": {"initial": curve[0][1] if curve else None,
              "final": curve[-1][1] if curve else None, "curve": curve,
              **initial_kl_by_cell(workdir, history)},
       # The exact full-vocabulary KL, on the steps that measured it (mopd.exact_kl_every).
       "kl_exact_curve": [[h["step"], h["kl_exact"]] for h in history if "kl_exact" in h],
-      "kl_exact_per_cell": {name: [[h["step"], h["cells"][name]["kl_exact"]] for h in history
-                                   if "kl_exact" in h["cells"].get(name, {})]
-                            for name in (history[0]["cells"] if history else {})},
+      "kl_exact_per_cell": exact_per_cell,
+      # Each cell's exact KL, first over last tenth of its measured steps (informational).
+      "kl_exact_drop_per_cell": kl_drop_per_cell(exact_per_cell),
+      # Effort sensitivity and loss shares on the steps that measured them (diagnostics.py).
+      **diagnostics.report_entries(history),
       "reward_curve": [[h["step"], h["reward_mean"]] for h in history],
       # Fraction of generated tokens whose reward r_t is clipped at +-r_max, per step.
       "clip_frac_curve": [[h["step"], h["clip_frac"]] for h in history if "clip_frac" in h],
@@ -136,6 +144,25 @@ def kl_drop(rep: dict) -> tuple:
   return (first / last if last > 0 else None), source
 
 
+def kl_drop_per_cell(per_cell: dict) -> dict:
+  """{cell: {first, last, n, drop}} of each cell's [[step, KL], ...] curve, reduced as
+  `kl_drop` reduces the run's: the means over the first and the last tenth of its points
+  (n each), and their ratio (None when the last tenth's mean is at or below 0)."""
+  out = {}
+  for name, curve in per_cell.items():
+    if curve:
+      first, last, n = kl_window_means(curve)
+      out[name] = {"first": first, "last": last, "n": n,
+                   "drop": first / last if last > 0 else None}
+  return out
+
+
+def binomial_se(p: float, n: int) -> Optional[float]:
+  """sqrt(p (1 - p) / n): the standard error of an accuracy p measured on n examples;
+  None without examples."""
+  return float(np.sqrt(p * (1.0 - p) / n)) if n else None
+
+
 def initial_kl_by_cell(workdir: str, history: list) -> dict:
   """Per-token KL student vs routed teacher at the first MOPD step, per cell, with the
   teacher's origin ("same": trained from the student's own pi_SFT; "outside": from another
@@ -178,7 +205,8 @@ def _cell(cells, policy, domain, effort):
 def markdown(rep: dict) -> str:
   cells = rep["cells"]
   lines = ["# mopd_jax run report", "",
-           "Accuracy / mean length / over-budget rate on the test split, per (domain, effort).",
+           "Accuracy ± its binomial standard error sqrt(p(1-p)/n) (n: the cell's test "
+           "examples) and mean length on the test split, per (domain, effort).",
            "", "| domain | effort | " + " | ".join(
                f"{p} acc | {p} len" for p in POLICIES) + " |",
            "|---|---|" + "---|---|" * len(POLICIES)]
@@ -186,7 +214,10 @@ def markdown(rep: dict) -> str:
     row = [d, e]
     for p in POLICIES:
       c = _cell(cells, p, d, e)
-      row += ["-", "-"] if c is None else [f"{c['accuracy']:.3f}", f"{c['mean_length']:.1f}"]
+      se = None if c is None else binomial_se(c["accuracy"], c.get("n"))
+      row += ["-", "-"] if c is None else [
+          f"{c['accuracy']:.3f}" + ("" if se is None else f" ± {se:.3f}"),
+          f"{c['mean_length']:.1f}"]
     lines.append("| " + " | ".join(row) + " |")
   kl = rep["kl"]
   if kl["curve"]:
@@ -208,6 +239,16 @@ def markdown(rep: dict) -> str:
   if ratio is not None:
     lines += ["", f"KL drop (the expected result's measure: the {source} KL, first over last "
               f"tenth of the measured steps): x{ratio:.1f}."]
+  drops = rep.get("kl_exact_drop_per_cell") or {}
+  if drops:
+    lines += ["", "Exact per-token KL per cell, mean over the first / last tenth of its "
+              "measured steps and their ratio (informational, not an expected result):", "",
+              "| cell | first tenth | last tenth | drop |", "|---|---|---|---|"]
+    lines += [f"| {name} | {d['first']:.4f} | {d['last']:.4f} | "
+              f"{'-' if d['drop'] is None else 'x' + format(d['drop'], '.1f')} |"
+              for name, d in ((n, drops[n]) for n in Grid.from_json(rep["grid"]).names
+                              if n in drops)]
+  lines += diagnostics.report_lines(rep)
   clip = [v for _, v in rep.get("clip_frac_curve") or []]
   if clip:
     lines += ["", f"Reward clipped at +-r_max on {100 * sum(clip) / len(clip):.2f}% of the "

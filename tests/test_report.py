@@ -137,3 +137,59 @@ def test_sweep_command(tmp_path, monkeypatch, capsys):
   assert sw["seeds"] == [0, 2] and (tmp_path / "sweep.md").exists()
   assert sweep.main(["--config", "configs/toy.py", "--seeds", "0,2", "--workdir",
                      str(tmp_path), "--summarize-only"]) == 0
+
+
+def test_report_per_cell_kl_drop_standard_errors_and_diagnostics(tmp_path):
+  """report.json: each eval cell's binomial standard error sqrt(p(1-p)/n); each cell's exact
+  KL drop, reduced like the run's (first over last tenth of its measured steps); the effort
+  sensitivity and loss shares of the measured steps. report.md shows them, start vs end,
+  and the expected results do not count the per-cell drops."""
+  from mopd_jax import checkpoint, report
+  from mopd_jax.grid import Effort, Grid
+  grid = Grid(("gen",), (Effort("low", 0.3), Effort("high", 0.7), Effort("max", 1.5)))
+  cells = [{"policy": p, "domain": "gen", "effort": e, "accuracy": 0.8, "mean_length": 9.0,
+            "over_budget_rate": 0.0, "n": 100} for p in report.POLICIES for e in ("low", "max")]
+  checkpoint.write_json(str(tmp_path / "eval.json"), {"cells": cells})
+  history = []
+  for s in range(20):
+    rec = {"step": s, "kl": 1.0, "reward_mean": 0.0, "kl_exact": 1.0 / (s + 1),
+           "cells": {"gen/low": {"kl": 1.0, "kl_exact": 2.0 / (s + 1)},
+                     "gen/max": {"kl": 1.0, "kl_exact": 0.5 if s < 10 else -0.1}}}
+    if s in (0, 19):  # the diagnostics' measured steps
+      rec.update({"effort_kl/low-high": 0.3 if s == 0 else 0.1, "effort_kl/high-max": 0.2,
+                  "grad_norm_seq": 2.0, "grad_norm_tok": 1.0})
+      for n, share in (("gen/low", 0.25), ("gen/max", 0.75)):
+        rec["cells"][n].update({"effort_kl/low-high": share, "token_share": share,
+                                "seq_weight_share": 0.5, "grad_share_seq": 0.5,
+                                "grad_share_tok": share, "grad_norm_seq": 1.5,
+                                "grad_norm_tok": share})
+    history.append(rec)
+  checkpoint.write_json(str(tmp_path / "mopd" / "history.json"), history)
+  rep = report.build(str(tmp_path), {}, {}, grid)
+  assert all(c["accuracy_se"] == pytest.approx((0.8 * 0.2 / 100) ** 0.5) for c in rep["cells"])
+  drop = rep["kl_exact_drop_per_cell"]
+  assert drop["gen/low"] == {"first": pytest.approx(2.0 * (1 + 1 / 2) / 2),
+                             "last": pytest.approx(2.0 * (1 / 19 + 1 / 20) / 2), "n": 2,
+                             "drop": pytest.approx((1 + 1 / 2) / (1 / 19 + 1 / 20))}
+  assert drop["gen/max"]["drop"] is None  # the last tenth's mean is below 0: no ratio
+  assert rep["effort_kl"]["curve"] == {"effort_kl/low-high": [[0, 0.3], [19, 0.1]],
+                                       "effort_kl/high-max": [[0, 0.2], [19, 0.2]]}
+  assert rep["effort_kl"]["per_cell"]["gen/max"] == {"effort_kl/low-high": [[0, 0.75],
+                                                                            [19, 0.75]]}
+  assert rep["loss_shares"]["curve"] == {"grad_norm_seq": [[0, 2.0], [19, 2.0]],
+                                         "grad_norm_tok": [[0, 1.0], [19, 1.0]]}
+  assert rep["loss_shares"]["per_cell"]["gen/low"]["token_share"] == [[0, 0.25], [19, 0.25]]
+  rep["wall_seconds"] = {}
+  rep["checks"] = report.checks(rep)
+  assert not any("cell" in c["name"] and "KL" in c["name"] for c in rep["checks"])
+  md = " ".join(report.markdown(rep).split())
+  assert "| gen | low | 0.800 ± 0.040 | 9.0 |" in md
+  assert "| gen/low | 1.5000 | 0.1026 | x14.6 |" in md
+  assert "| gen/max | 0.5000 | -0.1000 | - |" in md
+  # The grid's order of efforts and cells, whatever order the JSON files keep.
+  assert ("(steps 0 → 19): KL(low ‖ high) 0.3000 → 0.1000, KL(high ‖ max) 0.2000 → "
+          "0.2000.") in md
+  assert "| gen/max | 0.7500 → 0.7500 | - |" in md
+  assert "per sequence 2.0000 → 2.0000, token mean 1.0000 → 1.0000; the cells' norms sum to " \
+      "1.50 → 1.50 and 1.00 → 1.00 times it" in md
+  assert "| gen/max | 0.750 → 0.750 | 0.500 → 0.500 | 0.500 → 0.500 | 0.750 → 0.750 |" in md

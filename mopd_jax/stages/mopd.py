@@ -15,8 +15,8 @@ import time
 import jax
 import numpy as np
 
-from mopd_jax import (async_scoring, checkpoint, models, mopd, partial, placement, rollout,
-                      teachers, train)
+from mopd_jax import (async_scoring, checkpoint, diagnostics, models, mopd, partial,
+                      placement, rollout, teachers, train)
 from mopd_jax.stages.context import Run
 
 IN_FLIGHT = "_in_flight"  # the data state's entry of the partial-rollout pool (not a domain)
@@ -88,14 +88,28 @@ def run(ctx: Run) -> None:
     print("[mopd] mopd.exact_kl_every: the exact KL needs co-located teachers; only the "
           "sampled-token KL estimate is reported")
 
-  def exact_kl(params, sampled):
-    return mopd.exact_kl_rows(ctx.model_cfg, params, scoring, sampled)
+  # Effort sensitivity and loss shares (diagnostics.py): on the first and the last step and
+  # wherever the exact KL is measured.
+  probe = diagnostics.Probe(ctx.model_cfg, loss_cfg, ctx.tok, tuple(grid.cells),
+                            grid.effort_names)
+
+  def measure(step):
+    exact = bool(every) and step % every == 0
+    if not exact and step not in (0, c.steps - 1):
+      return None
+
+    def fn(params, sampled, batch):
+      out = [probe.measure(params, sampled, batch)]
+      if exact:
+        kl = mopd.exact_kl_rows(ctx.model_cfg, params, scoring, sampled)
+        out.insert(0, diagnostics.exact_kl_means(kl, sampled, bank.router.names))
+      return diagnostics.merge(*out)
+    return fn
 
   def train_fn(state, sampled, scored):
     step = int(state.step)
     state, rec = mopd.train_on(trainer, state, bank, sampled, scorer.fetch(scored),
-                               r_max=c.r_max, alpha=c.alpha,
-                               exact_kl=exact_kl if every and step % every == 0 else None)
+                               r_max=c.r_max, alpha=c.alpha, measure=measure(step))
     if pool is not None:  # rows still decoding, and the trained rows' count
       rec.metrics.update(in_flight=float(len(pool.rows)), rows=float(len(sampled.lengths)))
     return state, rec
