@@ -105,6 +105,18 @@ def test_sweep_means_spreads_and_checks_per_seed():
   assert "Expected results met on every seed: 0 of 1." in md and "| a bar | >= 1 | 0, 2 | 1 |" in md
   assert sw["kl_drop"]["1"] == {"ratio": pytest.approx(10.0), "source": "sampled"}
   assert "seed 0 x10.0 (sampled), seed 1 x10.0 (sampled)" in md
+  # Each seed's count of expected results without the wall-time rows, and its stage times.
+  walled = {s: _seed_report(0.5, ok) for s, ok in ((0, True), (1, False))}
+  for s, rep in walled.items():
+    rep["checks"].append({"name": "pipeline wall seconds", "target": "<= 600", "ok": False,
+                          "value": 700.0})
+    rep["wall_seconds"] = {"sft": 100.0 + s, "total": 700.0}
+  sw = report.sweep(walled)
+  assert sw["per_seed"]["0"] == {"met": 1, "of": 1, "missed": [],
+                                 "wall_seconds": {"sft": 100.0, "total": 700.0}}
+  assert sw["per_seed"]["1"]["met"] == 0 and sw["per_seed"]["1"]["missed"] == ["a bar"]
+  md = report.sweep_markdown(sw)
+  assert "| 0 | 1 of 1 | - | 100 | 700 |" in md and "| 1 | 0 of 1 | a bar | 101 | 700 |" in md
   other = _seed_report(0.5, True)
   other["grid"]["efforts"] = [["max", 1.5]]
   with pytest.raises(ValueError, match="different grids"):

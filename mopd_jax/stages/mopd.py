@@ -88,18 +88,20 @@ def run(ctx: Run) -> None:
     print("[mopd] mopd.exact_kl_every: the exact KL needs co-located teachers; only the "
           "sampled-token KL estimate is reported")
 
-  # Effort sensitivity and loss shares (diagnostics.py): on the first and the last step and
-  # wherever the exact KL is measured.
+  # Effort sensitivity and loss shares (diagnostics.py): on the first and the last step
+  # only (on the toy they cost about one update each, more than the exact KL); the exact KL
+  # every `every` steps and on those two.
   probe = diagnostics.Probe(ctx.model_cfg, loss_cfg, ctx.tok, tuple(grid.cells),
                             grid.effort_names)
 
   def measure(step):
-    exact = bool(every) and step % every == 0
-    if not exact and step not in (0, c.steps - 1):
+    ends = step in (0, c.steps - 1)
+    exact = bool(every) and (step % every == 0 or ends)
+    if not exact and not ends:
       return None
 
     def fn(params, sampled, batch):
-      out = [probe.measure(params, sampled, batch)]
+      out = [probe.measure(params, sampled, batch)] if ends else []
       if exact:
         kl = mopd.exact_kl_rows(ctx.model_cfg, params, scoring, sampled)
         out.insert(0, diagnostics.exact_kl_means(kl, sampled, bank.router.names))
