@@ -303,7 +303,7 @@ class RlConfig:
   group_size: int = _f(Int())
   microbatches: int = _f(Int())
   reference: str = _f(Str())  # checked by build against the grid's phases (rl.references)
-  sample_from: str = _f(OneOf(("policy", "reference")))
+  sample_from: str = _f(OneOf(("policy", "reference", "both")))
   lr: float = _f(Num(strict=True))
   tau_kl: float = _f(Num(strict=True))
   anneal_lr: float = _f(Num())

@@ -42,6 +42,9 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> di
              **initial_kl_by_cell(workdir, history)},
       # The exact full-vocabulary KL, on the steps that measured it (mopd.exact_kl_every).
       "kl_exact_curve": [[h["step"], h["kl_exact"]] for h in history if "kl_exact" in h],
+      # pi_SFT's exact KL before the teacher-SFT initialisation (mopd/start.json), if any.
+      "kl_start": (checkpoint.read_json(start) if storage.exists(
+          start := storage.join(workdir, "mopd", "start.json")) else None),
       "kl_exact_per_cell": exact_per_cell,
       # Each cell's exact KL, first over last tenth of its measured steps (informational).
       "kl_exact_drop_per_cell": kl_drop_per_cell(exact_per_cell),
@@ -115,7 +118,7 @@ def checks(rep: dict) -> list:
   return out
 
 
-KL_DROP_CHECK = "per-token KL, first / last tenth of the MOPD steps"
+KL_DROP_CHECK = "per-token KL, start / last tenth of the MOPD steps"
 WALL_TIME_CHECKS = ("teacher factory wall seconds (sft + rl)", "pipeline wall seconds")
 
 
@@ -140,14 +143,19 @@ def kl_drop(rep: dict) -> tuple:
   (`mopd.exact_kl_every`, source "exact"), else the sampled-token estimate ("sampled").
   One step's value is an estimate from that step's few dozen rollouts (the sampled one can
   fall below 0), so a single first and last step say little about the trend; a tenth of the
-  run averages several steps at each end. (None, source) without a curve or when the last
-  tenth's mean is at or below 0, where no ratio means anything."""
+  run averages several steps at each end. With the teacher-SFT init the distillation
+  starts at pi_SFT, before the init: its exact KL (`kl_start`, mopd/start.json) replaces the
+  first tenth's mean. (None, source) without a curve or when the last tenth's mean is at or
+  below 0, where no ratio means anything."""
   exact = rep.get("kl_exact_curve") or []
   curve, source = (exact, "exact") if len(exact) >= 2 else (rep["kl"].get("curve") or [],
                                                              "sampled")
   if len(curve) < 2:
     return None, source
   first, last, _ = kl_window_means(curve)
+  start = rep.get("kl_start")
+  if start and source == "exact":  # the distillation starts at pi_SFT, before its init
+    first, source = start["kl_exact"], "exact, from pi_SFT before the teacher-SFT init"
   return (first / last if last > 0 else None), source
 
 
@@ -242,10 +250,16 @@ def markdown(rep: dict) -> str:
               f"rollouts, {len(exact)} steps measured): first {exact[0][1]:.4f}, last "
               f"{exact[-1][1]:.4f}; mean over the first / last {m} measured steps "
               f"{first:.4f} / {last:.4f}" + (f" (x{first / last:.1f})." if last > 0 else ".")]
+  start = rep.get("kl_start")
+  if start:
+    lines += ["", f"Exact per-token KL of pi_SFT, the student's start before its teacher-SFT "
+              f"initialisation, on its own rollouts of the first step's prompts: "
+              f"{start['kl_exact']:.4f}."]
   ratio, source = kl_drop(rep)
   if ratio is not None:
-    lines += ["", f"KL drop (the expected result's measure: the {source} KL, first over last "
-              f"tenth of the measured steps): x{ratio:.1f}."]
+    frm = "pi_SFT's" if start and source.startswith("exact,") else "the first tenth's"
+    lines += ["", f"KL drop (the expected result's measure: the {source} KL, {frm} over the "
+              f"last tenth of the measured steps): x{ratio:.1f}."]
   drops = rep.get("kl_exact_drop_per_cell") or {}
   if drops:
     lines += ["", "Exact per-token KL per cell, mean over the first / last tenth of its "

@@ -35,7 +35,10 @@ REFERENCES = ("sampler", "sft", "parent")
 # mirror descent draws each iteration's samples from its old policy, so the squared loss
 # regresses log pi / pi_old onto the advantage on samples that cover every behaviour the old
 # policy has; a phase whose old policy is "sampler" draws from the policy either way).
-SAMPLE_FROM = ("policy", "reference")
+# "both": half of each prompt's K samples from each (the first K // 2 from the policy): the
+# old policy's samples keep every style in the batch, and the policy's own ones put its
+# mistakes there to be penalised.
+SAMPLE_FROM = ("policy", "reference", "both")
 
 
 def references(spec: str, phases) -> dict:
@@ -95,6 +98,24 @@ def plateaued(history, window: int, delta: float) -> bool:
   return float(np.mean(r[window:]) - np.mean(r[:window])) < delta
 
 
+def _run_split(engine: rollout.RolloutEngine, samplers: tuple, rows: list, shown: list,
+               budgets: list, rng, *, group_size: int, environment) -> rollout.RolloutResult:
+  """`sample_from="both"`: the first `group_size // 2` samples of each prompt's group drawn by
+  `samplers[0]`, the rest by `samplers[1]`, returned in the rows' order."""
+  first = [i for i in range(len(rows)) if i % group_size < group_size // 2]
+  parts = [first, [i for i in range(len(rows)) if i % group_size >= group_size // 2]]
+  trajs, texts, over = [None] * len(rows), [None] * len(rows), np.zeros(len(rows), bool)
+  for j, (params, idx) in enumerate(zip(samplers, parts)):
+    if not idx:
+      continue
+    res = engine.run(params, [rows[i] for i in idx], [shown[i] for i in idx],
+                     [budgets[i] for i in idx], jax.random.fold_in(rng, j),
+                     environment=environment)
+    for k, i in enumerate(idx):
+      trajs[i], texts[i], over[i] = res.trajectories[k], res.texts[k], res.over_budget[k]
+  return rollout.RolloutResult(trajectories=trajs, texts=texts, over_budget=over)
+
+
 def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.RolloutEngine,
                task, next_examples: Callable[[int], list], *, effort: str, tau: float,
                phase: int, steps: int, group_size: int, width: int, seed: int,
@@ -125,6 +146,9 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
   """
   if sample_from not in SAMPLE_FROM:
     raise ValueError(f"sample_from={sample_from!r}; expected one of {SAMPLE_FROM}")
+  if sample_from == "both" and reference is not None and pool is not None:
+    raise ValueError("sample_from='both' draws each step's samples whole; it does not "
+                     "combine with partial rollouts")
   history = []
   if loop is not None:
     start_step, history = loop.start_step, loop.history
@@ -140,7 +164,11 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
     # A pure function of (seed, phase, step): a resumed lane draws the same samples.
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), phase), step)
     shown = [view.teacher(effort)] * len(rows)
-    if pool is None:
+    if pool is None and sample_from == "both" and reference is not None:
+      res = _run_split(engine, (state.params, reference), rows, shown, budgets, rng,
+                       group_size=group_size, environment=task.environment)
+      trajs = res.trajectories
+    elif pool is None:
       res = engine.run(sampler, rows, shown, budgets, rng, environment=task.environment)
       trajs = res.trajectories
     else:

@@ -47,6 +47,7 @@ def test_every_stage_leaves_its_outputs(workdir):
   # the toy's phases: policy iteration at max, the budget phases held to pi_SFT
   refs = {n: (t["pmd_reference"], t["lr"], t["tau_kl"]) for n, t in manifest["teachers"].items()}
   assert refs["agt/max"] == ("sampler", 3e-4, 0.5) and refs["cod/low"] == ("sft", 3e-4, 0.2)
+  assert {t["sample_from"] for t in manifest["teachers"].values()} == {"reference"}
 
 
 @pytest.mark.slow
@@ -75,6 +76,9 @@ def test_report_schema(workdir):
   # The exact full-vocabulary KL, every step of the tiny run, overall and per cell: >= 0.
   assert len(rep["kl_exact_curve"]) == 3 and all(v >= 0 for _, v in rep["kl_exact_curve"])
   assert len(rep["kl_exact_per_cell"]) == 9
+  # The teacher-SFT init: pi_SFT's exact KL before it, where the KL drop starts.
+  assert rep["kl_start"]["policy"] == "sft" and rep["kl_start"]["kl_exact"] >= 0
+  assert len(rep["kl_start"]["cells"]) == 9
   assert "Exact per-token KL" in open(os.path.join(workdir, "report.md")).read()
   assert "total" in rep["wall_seconds"] and rep["config"]["seed"] == 0
   for png in ("cells.png", "kl.png", "length.png"):

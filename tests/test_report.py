@@ -29,7 +29,7 @@ def test_report_checks_evaluate_the_bars():
   assert got[report.KL_DROP_CHECK] is False  # a 4x drop
   assert got["teacher factory wall seconds (sft + rl)"] is True
   assert got["pipeline wall seconds"] is False
-  assert "tenth of the measured steps): x4.0" in " ".join(report.markdown(rep).split())
+  assert "the last tenth of the measured steps): x4.0" in " ".join(report.markdown(rep).split())
   rep["clip_frac_curve"] = [[0, 0.02], [1, 0.0]]
   assert "Reward clipped at +-r_max on 1.00% of the generated tokens (mean over the 2 MOPD " \
       "steps; largest step 2.00%)" in " ".join(report.markdown(rep).split())
@@ -48,8 +48,17 @@ def test_report_checks_evaluate_the_bars():
   rep["kl_exact_curve"] = exact
   assert report.kl_drop(rep) == (pytest.approx(0.5 / ((0.05 + 0.05 + 0.09) / 3)), "exact")
   assert {c["name"]: c["ok"] for c in report.checks(rep)}[report.KL_DROP_CHECK] is True
-  assert "the exact KL, first over last tenth of the measured steps): x7.9" in " ".join(
-      report.markdown(rep).split())
+  assert "the exact KL, the first tenth's over the last tenth of the measured steps): x7.9" \
+      in " ".join(report.markdown(rep).split())
+  # With the teacher-SFT init the distillation starts at pi_SFT: its exact KL before the init
+  # (mopd/start.json) is the start of the drop.
+  rep["kl_start"] = {"policy": "sft", "kl_exact": 1.9, "cells": {}}
+  assert report.kl_drop(rep) == (pytest.approx(1.9 / ((0.05 + 0.05 + 0.09) / 3)),
+                                 "exact, from pi_SFT before the teacher-SFT init")
+  md = " ".join(report.markdown(rep).split())
+  assert "Exact per-token KL of pi_SFT, the student's start before its teacher-SFT " \
+      "initialisation, on its own rollouts of the first step's prompts: 1.9000." in md
+  assert "pi_SFT's over the last tenth of the measured steps): x30.0" in md, md
 
 
 def test_outside_teacher_accuracy_is_compared_with_the_teacher_it_replaces():

@@ -94,5 +94,14 @@ def test_rl_phase_samples_from_the_held_reference():
   on_policy = run("policy", ref)
   assert len(on_policy) == 2 and not any(p is ref for p in on_policy)
   assert not any(p is ref for p in run("reference", None))
+  # "both": each step draws half of each group from the trained policy, half from the held
+  # one, and the batch keeps the groups' order (row i of a group of 2: policy, reference).
+  both = run("both", ref)
+  assert len(both) == 4 and [p is ref for p in both] == [False, True, False, True]
+  split = rl._run_split(engine, (start, ref), stream[0] * 1, ["high"] * 2, [30, 30],
+                        jax.random.PRNGKey(0), group_size=2, environment=None)
+  alone = real_run(start, stream[0][:1], ["high"], [30], jax.random.fold_in(
+      jax.random.PRNGKey(0), 0))
+  assert split.trajectories[0].ids == alone.trajectories[0].ids
   with pytest.raises(ValueError, match="sample_from"):
     run("teacher", ref)

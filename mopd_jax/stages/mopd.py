@@ -20,6 +20,9 @@ from mopd_jax import (async_scoring, checkpoint, diagnostics, models, mopd, part
 from mopd_jax.stages.context import Run
 
 IN_FLIGHT = "_in_flight"  # the data state's entry of the partial-rollout pool (not a domain)
+# mopd/start.json: the exact KL of pi_SFT, before the teacher-SFT initialisation, to the
+# routed teachers (`measure_start`); the report's KL drop starts there.
+START = "start.json"
 
 
 def run(ctx: Run) -> None:
@@ -42,8 +45,9 @@ def run(ctx: Run) -> None:
   iters = {d: ctx.iterator(d, c.prompts_per_cell * (1 if shared else n_eff), salt=200 + i)
            for i, d in enumerate(grid.domains)}
   # Co-located or disaggregated (config.placement): log-probs come back on the student mesh.
-  # The teachers score at `mopd.teacher_temperature` (their own rollouts, for the
-  # teacher_sft init, stay at the RL temperature).
+  # The teachers score at `mopd.teacher_temperature`, and sample the teacher_sft init's
+  # trajectories at it: the student is initialised on, and distilled from, the same
+  # distribution.
   scoring = bank.replace(params=models.with_temperature(bank.params, c.teacher_temperature))
   scorer = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh,
                                    top_k=c.top_k if c.loss == "topk" else 0)
@@ -116,9 +120,28 @@ def run(ctx: Run) -> None:
       rec.metrics.update(in_flight=float(len(pool.rows)), rows=float(len(sampled.lengths)))
     return state, rec
 
+  def measure_start(student):
+    """The exact KL of the student's starting policy (pi_SFT, before the teacher-SFT
+    initialisation) to its routed teachers, on its own rollouts of the first step's prompts:
+    where the distillation starts. The data streams are put back, so the run draws the
+    same prompts as without it."""
+    if not every or pool is not None or c.init != "teacher_sft":
+      return
+    states = {d: it.state() for d, it in iters.items()}
+    sampled = sample(student, 0)
+    drawn_at.pop(0, None)
+    for d, pos in states.items():
+      iters[d].restore(pos)
+    overall, cells = diagnostics.exact_kl_means(
+        mopd.exact_kl_rows(ctx.model_cfg, student, scoring, sampled), sampled,
+        bank.router.names)
+    checkpoint.write_json(ctx.path("mopd", START), {"policy": "sft", **overall,
+                                                    "cells": cells})
+
   def init():
     student = checkpoint.load_params(ctx.path("sft", "params"), ctx.params_like())
     if c.init == "teacher_sft":
+      measure_start(student)
       student, pool_size = teacher_sft_init(ctx, student, bank)
       print(f"[mopd] student initialised by SFT on "
             f"{pool_size if pool_size is not None else 'restored'} teacher trajectories")
@@ -190,10 +213,9 @@ def teacher_pool(ctx: Run, bank: teachers.TeacherBank) -> list:
     d, e = name.split("/")
     tparams = jax.tree.map(lambda x, k=k: x[k], bank.params)
     exs = next(ctx.iterator(d, c.init_samples_per_cell, salt=300 + k))
-    res = ctx.teacher_engine(sampling=True).run(tparams, exs, [ctx.view.teacher(e)] * len(exs),
-                                                ctx.budgets(exs, e),
-                                                jax.random.PRNGKey(ctx.config.seed + 400 + k),
-                                                environment=ctx.task(d).environment)
+    res = ctx.make_engine(ctx.teacher_cfg, c.teacher_temperature).run(
+        tparams, exs, [ctx.view.teacher(e)] * len(exs), ctx.budgets(exs, e),
+        jax.random.PRNGKey(ctx.config.seed + 400 + k), environment=ctx.task(d).environment)
     # The student learns the teacher's response after its own prompt (`view.student(e)`).
     pool += [dataclasses.replace(t, prompt_ids=rollout.encode_prompt(ctx.tok, ex,
                                                                      ctx.view.student(e)))

@@ -240,7 +240,8 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
     yield name, {
         "domain": domain, "effort": effort, "tau": ctx.taus[effort],
         "step": len(hist), "parent": parent, "path": out,
-        "pmd_reference": ph["reference"], "lr": ph["lr"], "tau_kl": ph["tau_kl"],
+        "pmd_reference": ph["reference"], "sample_from": c.sample_from, "lr": ph["lr"],
+        "tau_kl": ph["tau_kl"],
         "config_hash": ctx.config.hash, "seconds": time.time() - t0,
         "eval_validation": metrics, "model": teachers.model_signature(ctx.model_cfg),
         "data_state": it.state(),
