@@ -326,12 +326,17 @@ def reference(tiny_run):
 # on) and copy the `loss` of these steps from DIR/tb/<loop>/metrics.jsonl, and say why in
 # the commit.
 GOLDEN_LOSSES = {
-    "sft": [(0, 5.540523529052734), (3, 3.6728854179382324)],
-    "rl_gen_max": [(0, 0.12500008940696716), (1, 0.12499983608722687)],
-    "rl_agt_high": [(0, 0.07176734507083893), (1, 0.04227573424577713)],
-    "rl_cod_low": [(0, 0.003707719501107931), (1, 0.005260331556200981)],
-    "mopd": [(0, 0.004447474144399166), (1, -0.22554492950439453)],
+    "sft": [(0, 5.585062503814697), (3, 3.6850528717041016)],
+    "rl_gen_max": [(0, 0.12499932199716568), (1, 0.18750101327896118)],
+    "rl_agt_high": [(0, 0.12798787653446198), (1, 0.2868190109729767)],
+    "rl_cod_low": [(0, 0.006299113854765892), (1, 0.08734811842441559)],
+    # MOPD's first step only: its loss follows the tokens the student samples after the
+    # teacher-SFT init's updates, and the step after it follows one more update, which
+    # another CPU's rounding can turn into other tokens (its second step's loss moved by 7%
+    # between two CPUs), hence also the wider tolerance of `GOLDEN_REL`.
+    "mopd": [(0, -4.032509803771973)],
 }
+GOLDEN_REL = {"mopd": 2e-2}
 
 
 def test_first_losses_of_the_tiny_toy_run_are_golden(reference):
@@ -344,7 +349,8 @@ def test_first_losses_of_the_tiny_toy_run_are_golden(reference):
                                                                "metrics.jsonl"))
            if "loss" in r}
     for step, loss in want:
-      assert got[step] == pytest.approx(loss, rel=2e-3, abs=2e-4), (loop, step, got[step])
+      assert got[step] == pytest.approx(loss, rel=GOLDEN_REL.get(loop, 2e-3), abs=2e-4), (
+          loop, step, got[step])
 
 
 def test_interrupted_pipeline_equals_uninterrupted(tmp_path, env, reference):
