@@ -178,6 +178,23 @@ def binomial_se(p: float, n: int) -> Optional[float]:
   return float(np.sqrt(p * (1.0 - p) / n)) if n else None
 
 
+def teachers_like_sft(rep: dict) -> list:
+  """The cells whose teacher does not differ from pi_SFT there: the same mean length within
+  half a token (the same style) and accuracies within two standard errors of their
+  difference. Such a teacher adds nothing RL learned to its cell, so the student has no
+  effort-specific behaviour to take from it there."""
+  out = []
+  for d, e in Grid.from_json(rep["grid"]).cells:
+    t, f = _cell(rep["cells"], "teacher", d, e), _cell(rep["cells"], "sft", d, e)
+    if t is None or f is None or not t.get("n") or not f.get("n"):
+      continue
+    se = np.hypot(binomial_se(t["accuracy"], t["n"]), binomial_se(f["accuracy"], f["n"]))
+    if (abs(t["mean_length"] - f["mean_length"]) <= 0.5 and
+        abs(t["accuracy"] - f["accuracy"]) <= 2 * se + 1e-9):
+      out.append(f"{d}/{e}")
+  return out
+
+
 def initial_kl_by_cell(workdir: str, history: list) -> dict:
   """Per-token KL student vs routed teacher at the first MOPD step, per cell, with the
   teacher's origin ("same": trained from the student's own pi_SFT; "outside": from another
@@ -234,6 +251,12 @@ def markdown(rep: dict) -> str:
           f"{c['accuracy']:.3f}" + ("" if se is None else f" ± {se:.3f}"),
           f"{c['mean_length']:.1f}"]
     lines.append("| " + " | ".join(row) + " |")
+  same = teachers_like_sft(rep)
+  if same:
+    lines += ["", "Teachers no different from pi_SFT in their own cell (the same mean length "
+              "within half a token, accuracies within two standard errors): " +
+              ", ".join(f"`{c}`" for c in same) + ". There RL kept pi_SFT's greedy answer, "
+              "and the toy does not separate that effort from pi_SFT's behaviour."]
   kl = rep["kl"]
   if kl["curve"]:
     first, last, n = kl_window_means(kl["curve"])
@@ -412,6 +435,7 @@ def _save(fig, outdir: str, name: str) -> str:
 def write(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> dict:
   rep = build(workdir, config_json, wall_seconds, grid)
   rep["checks"] = checks(rep)
+  rep["teachers_like_sft"] = teachers_like_sft(rep)  # cells RL did not move (informational)
   checkpoint.write_json(storage.join(workdir, "report.json"), rep)
   if jax.process_index() == 0:  # the workdir is shared: one writer
     storage.write_text(storage.join(workdir, "report.md"), markdown(rep))

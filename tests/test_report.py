@@ -214,3 +214,22 @@ def test_report_per_cell_kl_drop_standard_errors_and_diagnostics(tmp_path):
   assert "per sequence 2.0000 → 2.0000, token mean 1.0000 → 1.0000; the cells' norms sum to " \
       "1.50 → 1.50 and 1.00 → 1.00 times it" in md
   assert "| gen/max | 0.750 → 0.750 | 0.500 → 0.500 | 0.500 → 0.500 | 0.750 → 0.750 |" in md
+
+
+def test_report_names_teachers_no_different_from_pi_sft():
+  """A cell whose teacher writes pi_SFT's style at pi_SFT's accuracy (within two standard
+  errors of the difference) is named, not hidden; a teacher of another length, or one clearly
+  more accurate, is not."""
+  from mopd_jax import report
+  grid = {"domains": ["gen"], "efforts": [["low", 0.3], ["high", 0.7], ["max", 1.5]]}
+  cell = lambda p, e, acc, length: {"policy": p, "domain": "gen", "effort": e,
+                                    "accuracy": acc, "mean_length": length, "n": 300}
+  rep = {"grid": grid, "cells": [
+      cell("sft", "low", 0.0, 6.0), cell("teacher", "low", 0.30, 3.0),  # another style
+      cell("sft", "high", 0.73, 15.0), cell("teacher", "high", 0.70, 15.0),  # the same
+      cell("sft", "max", 0.73, 15.0), cell("teacher", "max", 0.85, 15.2)],  # 12 points up
+      "kl": {"curve": []}, "wall_seconds": {}}
+  assert report.teachers_like_sft(rep) == ["gen/high"]
+  assert "Teachers no different from pi_SFT in their own cell (the same mean length within " \
+      "half a token, accuracies within two standard errors): `gen/high`." in " ".join(
+          report.markdown(rep).split())
