@@ -164,12 +164,6 @@ class Run:
     teachers.check_compatible(self.model_cfg, cfg)
     return cfg
 
-  def teacher_engine(self, sampling: bool = False) -> rollout.RolloutEngine:
-    """Rollouts of a teacher: greedy for evaluation, or at the RL temperature."""
-    c = self.config
-    return self.make_engine(self.teacher_cfg,
-                            c.rl.temperature if sampling else c.eval.temperature)
-
   def load_teacher(self, entry: dict):
     if entry.get("format") == "hf":
       from mopd_jax import hf  # pylint: disable=g-import-not-at-top
