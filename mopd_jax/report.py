@@ -280,9 +280,10 @@ def markdown(rep: dict) -> str:
               f"{start['kl_exact']:.4f}."]
   ratio, source = kl_drop(rep)
   if ratio is not None:
-    frm = "pi_SFT's" if start and source.startswith("exact,") else "the first tenth's"
-    lines += ["", f"KL drop (the expected result's measure: the {source} KL, {frm} over the "
-              f"last tenth of the measured steps): x{ratio:.1f}."]
+    measure = ("the exact KL, pi_SFT's before the teacher-SFT init" if source.startswith(
+        "exact,") else f"the {source} KL, the first tenth's")
+    lines += ["", f"KL drop (the expected result's measure: {measure} over the last tenth of "
+              f"the measured steps): x{ratio:.1f}."]
   drops = rep.get("kl_exact_drop_per_cell") or {}
   if drops:
     lines += ["", "Exact per-token KL per cell, mean over the first / last tenth of its "

@@ -58,7 +58,8 @@ def test_report_checks_evaluate_the_bars():
   md = " ".join(report.markdown(rep).split())
   assert "Exact per-token KL of pi_SFT, the student's start before its teacher-SFT " \
       "initialisation, on its own rollouts of the first step's prompts: 1.9000." in md
-  assert "pi_SFT's over the last tenth of the measured steps): x30.0" in md, md
+  assert "the exact KL, pi_SFT's before the teacher-SFT init over the last tenth of the " \
+      "measured steps): x30.0" in md, md
 
 
 def test_outside_teacher_accuracy_is_compared_with_the_teacher_it_replaces():
