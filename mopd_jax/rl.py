@@ -102,8 +102,9 @@ def _run_split(engine: rollout.RolloutEngine, samplers: tuple, rows: list, shown
                budgets: list, rng, *, group_size: int, environment) -> rollout.RolloutResult:
   """`sample_from="both"`: the first `group_size // 2` samples of each prompt's group drawn by
   `samplers[0]`, the rest by `samplers[1]`, returned in the rows' order."""
-  first = [i for i in range(len(rows)) if i % group_size < group_size // 2]
-  parts = [first, [i for i in range(len(rows)) if i % group_size >= group_size // 2]]
+  half = group_size // 2
+  parts = [[i for i in range(len(rows)) if (i % group_size < half) == first]
+           for first in (True, False)]
   trajs, texts, over = [None] * len(rows), [None] * len(rows), np.zeros(len(rows), bool)
   for j, (params, idx) in enumerate(zip(samplers, parts)):
     if not idx:
@@ -131,7 +132,8 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
 
   `reference`: params held as PMD's old policy for the whole phase (`rl.reference` "sft"
   or "parent"), instead of the policy that sampled each batch. `sample_from` "reference":
-  that held policy, not the policy being trained, draws the phase's samples (`SAMPLE_FROM`).
+  that held policy, not the policy being trained, draws the phase's samples; "both": half of
+  each prompt's samples from each (`SAMPLE_FROM`).
 
   `view`: the lane trains a teacher, so its prompts carry `view.teacher(effort)` (None in
   K3 eq. 15: the teacher learns the effort's length from the budget alone).
