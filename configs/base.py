@@ -108,15 +108,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.budget.source = "reference"
   c.budget.samples = 4
 
-  # How a prompt becomes tokens (mopd_jax/tokenizer.py). With a Hugging Face tokenizer whose
-  # tokenizer_config.json has a chat template (and chat_template=True) the prompt is a user
-  # message; the student's effort is its special token after the generation prompt
-  # (effort_format="token") or a system line (`system_line`, "system": no token added). The
-  # toy's CharTokenizer ignores these. Empty token names = the tokenizer's own <pad> <bos>
-  # <eos>; a chat model's end-of-turn token (e.g. "<|im_end|>") is its EOS. tool_tokens: four
-  # existing tokens (call, call end, observation, observation end) for the tool markers,
-  # e.g. "<tool_call>,</tool_call>,<tool_response>,</tool_response>"; empty = add
-  # <call> </call> <obs> </obs>.
+  # How a prompt becomes tokens (mopd_jax/tokenizer.py). With a Hugging Face tokenizer that
+  # has a chat template (and chat_template=True) the prompt is a user message; the student's
+  # effort is its special token after the generation prompt (effort_format="token"), a
+  # system message (`system_line`, "system"), that line at the start of the user's turn
+  # ("user"), or "auto": "system" where the template has a system role, else "user" (no
+  # token added but with "token"). The toy's CharTokenizer ignores these. Empty token names
+  # = the ones the tokenizer's own files name (tokenizer_config.json, special_tokens_map.json,
+  # generation_config.json; with a chat template the end of a response is the token ending
+  # an assistant's turn), else <pad> <bos> <eos> added. tool_tokens: four existing tokens
+  # (call, call end, observation, observation end) for the tool markers, used when a domain
+  # of the run uses tools; empty = the markers its data writes (records: <tool_call>
+  # </tool_call> <tool_response> </tool_response>; the toy's agt: <call> </call> <obs>
+  # </obs>), the tokenizer's own when it has them, else added.
   c.prompt = ml_collections.ConfigDict()
   c.prompt.chat_template = True
   c.prompt.effort_format = "token"

@@ -5,7 +5,9 @@ Run:
         --config.model.hf_path=/ckpt/Qwen3-0.6B \
         --config.model.tokenizer_path=/ckpt/Qwen3-0.6B/tokenizer.json
 
-SPEC.json (paths relative to the spec file; `examples/spec.json` is a small runnable one):
+SPEC.json (paths relative to the spec file, or absolute, or `gs://...`; the spec itself may be
+on object storage too: `--config configs/files.py:gs://bucket/data/spec.json`;
+`examples/spec.json` is a small runnable one):
 
     {"domains": {"math": {"verifier": "math", "train": "math_train.jsonl",
                           "test": "math_test.jsonl"},
@@ -20,13 +22,15 @@ held out for the RL lanes' validation (default 8, at most a tenth of train). `ef
 each effort to its tau (budget = floor(tau * b0)). `budget.source`: reference | field.
 Every other setting is a config field of configs/base.py, set on the command line.
 
-Defaults for a chat model of the Qwen family: prompts rendered by the tokenizer's chat
-template, the student's effort as a system line ("Reasoning effort: high": no token is
-added to the vocabulary), `<|im_end|>` as the end of a response, `<|endoftext|>` as padding
-(and BOS),
-Qwen's tool-call tokens as the tool markers; teachers see no effort (K3 eq. 15); and
-`sft.steps=0`: the loaded checkpoint is pi_SFT as it is (set `--config.sft.steps=N` to train
-it on the records' reference responses first).
+Defaults for a chat model of any family: prompts rendered by the tokenizer's chat template,
+the student's effort as a text line ("Reasoning effort: high": no token is added to the
+vocabulary), a system message where the template has a system role and the start of the
+user's turn where it has none (`prompt.effort_format=auto`); the end of a response, padding
+and BOS read from the tokenizer's own files (the `prompt.*_token` fields override them); tool
+markers only for a domain with the `tool` verifier (the tokenizer's `<tool_call>` ... when it
+has them, else added); teachers see no effort (K3 eq. 15); and `sft.steps=0`: the loaded
+checkpoint is pi_SFT as it is (set `--config.sft.steps=N` to train it on the records'
+reference responses first).
 """
 import json
 import os
@@ -34,6 +38,7 @@ import os
 import ml_collections
 
 from configs import base
+from mopd_jax import storage
 
 _SPEC_KEYS = ("domains", "efforts", "budget")
 _DOMAIN_KEYS = ("verifier", "train", "test", "validation")
@@ -46,8 +51,7 @@ def _spec_error(path: str, what: str) -> ValueError:
 def read_spec(path: str) -> dict:
   """The spec file as a dict, checked: its keys, each domain's keys, each effort's tau."""
   try:
-    with open(path, encoding="utf-8") as f:  # local: the spec names local files
-      spec = json.load(f)
+    spec = json.loads(storage.read_text(path))
   except OSError as e:
     raise _spec_error(path, f"cannot read the spec file ({e.strerror or e})") from None
   except ValueError as e:
@@ -83,13 +87,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if not arg:
     raise ValueError("configs/files.py needs a spec file: --config configs/files.py:SPEC.json")
   spec = read_spec(arg)
-  folder = os.path.dirname(os.path.abspath(arg))
+  folder = storage.path(arg).parent
+  where = lambda p: p if storage.is_remote(p) or os.path.isabs(p) else storage.join(folder, p)
   c = base.get_config()
   c.domains = ",".join(spec["domains"])
   c.efforts = ",".join(spec["efforts"])
   c.tasks = ml_collections.ConfigDict({
       d: {"task": "records", "verifier": b["verifier"],
-          "train": os.path.join(folder, b["train"]), "test": os.path.join(folder, b["test"]),
+          "train": where(b["train"]), "test": where(b["test"]),
           "validation": int(b.get("validation", 8))}
       for d, b in spec["domains"].items()})
   c.effort = ml_collections.ConfigDict({e: {"tau": float(t)}
@@ -97,11 +102,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.budget.source = (spec.get("budget") or {}).get("source", "reference")
 
   c.model.preset = "qwen3-0.6b"  # shapes come from model.hf_path's config.json when given
-  c.prompt.effort_format = "system"
-  c.prompt.eos_token = "<|im_end|>"
-  c.prompt.pad_token = "<|endoftext|>"
-  c.prompt.bos_token = "<|endoftext|>"  # unused by chat prompts; named so none is added
-  c.prompt.tool_tokens = "<tool_call>,</tool_call>,<tool_response>,</tool_response>"
+  c.prompt.effort_format = "auto"
   c.teacher.effort_in_prompt = False
   c.sft.steps = 0
   c.sft.schedule = ""

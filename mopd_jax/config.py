@@ -23,6 +23,7 @@ import ml_collections
 
 from mopd_jax import grid as grid_mod
 from mopd_jax import lanes, mopd, partial, placement, profiling, rl, sft, sharding, storage
+from mopd_jax import tokenizer as tokenizer_mod
 from mopd_jax.tasks import base as task_base
 
 # Top-level blocks that tools other than the pipeline read (benchmarks/memory_plan.py).
@@ -255,7 +256,7 @@ class BudgetConfig:
 @dataclasses.dataclass(frozen=True)
 class PromptConfig:
   chat_template: bool = _f(Bool())
-  effort_format: str = _f(OneOf(("token", "system")))
+  effort_format: str = _f(OneOf(tokenizer_mod.EFFORT_FORMATS))
   system_line: str = _f(Str())
   pad_token: str = _f(Str())
   bos_token: str = _f(Str())
@@ -263,7 +264,8 @@ class PromptConfig:
   tool_tokens: str = _f(Str())
 
   def tokenizer_options(self) -> dict:
-    """The keyword arguments of tokenizer.HFTokenizer."""
+    """The keyword arguments of tokenizer.HFTokenizer this block sets (the tool markers the
+    run needs come from its domains: RunConfig.tokenizer_options)."""
     return dict(chat=self.chat_template, effort_format=self.effort_format,
                 system_line=self.system_line, pad_token=self.pad_token or None,
                 bos_token=self.bos_token or None, eos_token=self.eos_token or None,
@@ -437,6 +439,17 @@ class RunConfig:
     return hashlib.sha256(self.source.to_json(sort_keys=True).encode()).hexdigest()[:16]
 
   @property
+  def tool_markers(self) -> tuple:
+    """The four tool markers (call, call end, observation, observation end) the domains of
+    the run write, or () when none uses tools (the tokenizer then needs none)."""
+    return _tool_markers(self.grid, self.records)
+
+  def tokenizer_options(self) -> dict:
+    """The keyword arguments of tokenizer.HFTokenizer: the `prompt` block's and the tool
+    markers of the run's domains."""
+    return self.prompt.tokenizer_options() | {"tools": self.tool_markers}
+
+  @property
   def outside(self) -> tuple:
     """(cell, seed) of the outside-teacher ablation (`teacher.outside_cell`, e.g. "gen/max":
     that cell's teacher is trained from a second SFT of seed `teacher.outside_seed`), or
@@ -530,6 +543,24 @@ def _records(config, grid) -> dict:
   return out
 
 
+def _tool_markers(grid, records: dict) -> tuple:
+  """RunConfig.tool_markers; ValueError when two domains write different markers (one
+  tokenizer has one set)."""
+  from mopd_jax.tasks import verifiers  # pylint: disable=g-import-not-at-top
+  needed = {}
+  for d in grid.domains:
+    spec = records.get(d)
+    markers = (verifiers.tool_markers(spec.verifier) if spec is not None else
+               task_base.task_class(grid.task_of(d)).tool_markers)
+    if markers:
+      needed.setdefault(tuple(markers), d)
+  if len(needed) > 1:
+    raise ValueError("domains " + " and ".join(f"{d!r} ({' '.join(m)})" for m, d in
+                                                needed.items()) +
+                     " write different tool markers; a run's tokenizer has one set")
+  return next(iter(needed), ())
+
+
 def _cross_checks(c: RunConfig, num_devices: int) -> None:
   """The rules that tie fields together."""
   grid = c.grid
@@ -595,7 +626,8 @@ def _cross_checks(c: RunConfig, num_devices: int) -> None:
       raise ValueError(f"teacher.hf_paths must map every cell of the grid {grid.names} to a "
                        f"checkpoint directory" + (f"; missing {missing}" if missing else "") +
                        (f"; not cells of the grid: {extra}" if extra else ""))
-  if c.prompt.effort_format == "system" and not c.model.tokenizer_path:
-    raise ValueError("prompt.effort_format='system' needs a Hugging Face tokenizer "
-                     "(model.tokenizer_path); the toy's CharTokenizer puts the effort as a "
-                     "token")
+  if c.prompt.effort_format != "token" and not c.model.tokenizer_path:
+    raise ValueError(f"prompt.effort_format={c.prompt.effort_format!r} needs a Hugging Face "
+                     "tokenizer (model.tokenizer_path); the toy's CharTokenizer puts the "
+                     "effort as a token")
+  _tool_markers(grid, c.records)  # raises on domains that write different markers

@@ -69,7 +69,7 @@ class RolloutEngine:
     self.model_cfg, self.tok = model_cfg, tok
     self.max_response_tokens = max_response_tokens
     self.max_turns = max_turns
-    stops = (tok.eos_id, tok.call_end_id)
+    stops = tuple(t for t in (tok.eos_id, tok.call_end_id) if t is not None)
     self.scfg = sampling.SamplingConfig(max_new_tokens=max_response_tokens,
                                         temperature=temperature, top_p=top_p,
                                         stop_tokens=stops, pad_id=tok.pad_id, dtype=dtype)

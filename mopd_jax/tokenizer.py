@@ -11,11 +11,16 @@ give the ids listed in `SPECIALS`.
 
 Prompts. `encode_prompt(text, effort)` is the one place a prompt becomes ids. The toy
 layout is `<bos> text "\n" <effort>`; a Hugging Face tokenizer with a chat template renders
-the prompt as a user message with the generation prompt, and the effort either as its
-special token after it (`effort_format="token"`) or as a system line such as
-`Reasoning effort: high` (`"system"`: no token is added to the vocabulary). `effort=None`
+the prompt as a user message with the generation prompt, and the effort as its special token
+after it (`effort_format="token"`), as a system line such as `Reasoning effort: high`
+("system"), or as that line at the start of the user's turn ("user", for templates with no
+system role); "auto" picks "system" or "user" by what the template renders. `effort=None`
 renders the prompt without any effort: what the teachers see (K3 eq. 15 conditions only the
 student on the effort; a teacher's effort lives in its weights).
+
+The special tokens of a Hugging Face tokenizer come from the config when it names them, else
+from the tokenizer's own files (mopd_jax/tokenizer_files.py), and the tool markers only when
+a domain of the run uses tools (`HFTokenizer`).
 """
 from __future__ import annotations
 
@@ -97,32 +102,49 @@ class CharTokenizer:
     return "".join(out)
 
 
-EFFORT_FORMATS = ("token", "system")
+EFFORT_FORMATS = ("token", "system", "user", "auto")
+_ROLE_OF = {"<pad>": "pad", "<bos>": "bos", "<eos>": "eos"}
 
 
 class HFTokenizer:
   """The same interface over a Hugging Face `tokenizers` `tokenizer.json`.
 
-  The effort tokens (`<low> <high> <max>`, or `<name>` of each of `efforts`; none with
-  `effort_format="system"`) and the tool markers (`<call> </call> <obs> </obs>`, or the four
-  tokens of `tool_tokens`, e.g. Qwen's `<tool_call>`...) are added as special tokens (a token
-  the file already has keeps its id). PAD/BOS/EOS reuse the tokens named by
-  `pad_token`/`bos_token`/`eos_token` when the file has them (e.g. `"<|im_end|>"` as the EOS
-  of a chat model), otherwise our `<pad> <bos> <eos>` are added. `encode` never adds BOS/EOS
-  by itself (the caller places them, as with `CharTokenizer`); special tokens written
-  literally in the text are recognised.
+  Special tokens. PAD/BOS/EOS are the tokens named by `pad_token`/`bos_token`/`eos_token`
+  (the config) when given; else the ones the tokenizer's own files name
+  (mopd_jax/tokenizer_files.py: tokenizer_config.json, special_tokens_map.json,
+  generation_config.json), except that with a chat template the end of a response is the
+  special token the template writes after an assistant's reply (`<|im_end|>`, `<|eot_id|>`,
+  `<end_of_turn>`, `</s>`); a role no file names gets our `<pad>`/`<bos>`/`<eos>`, added. A
+  chat template whose assistant turn ends with no special token of the file is an error: the
+  run would not know where a response ends.
 
-  `chat`: render prompts with the chat template of the `tokenizer_config.json` beside the
-  file (when it has one); `system_line`: the system message of the "system" effort format,
-  `{effort}` replaced by the effort's name.
+  Tool markers. `tools`: the four markers (call, call end, observation, observation end) the
+  run's data writes, or () when no domain of the run uses tools (then `call_id`,
+  `call_end_id`, `obs_id`, `obs_end_id` are None and nothing is added). The markers are the
+  tokenizer's own when it has them, else added; `tool_tokens` (four existing tokens) replaces
+  them. One log line says which.
+
+  The effort tokens (`<name>` of each of `efforts`) are added with `effort_format="token"`.
+  Added tokens, and existing ones used for a role, become special (matched whole in the text,
+  dropped by `decode(skip_special=True)`); an existing token keeps its id. `encode` never
+  adds BOS/EOS by itself (the caller places them, as with `CharTokenizer`).
+
+  `chat`: render prompts with the chat template of the files (when there is one).
+  `effort_format`: where the student's effort goes; "token" (its special token after the
+  generation prompt), "system" (a system message, `system_line` with `{effort}` replaced by
+  the effort's name), "user" (that line at the start of the user's turn) or "auto": "system"
+  when the template renders a system message, else "user". Without a chat template "system",
+  "user" and "auto" put the line before the prompt's text.
   """
 
-  def __init__(self, path: str, pad_token: str | None = None, bos_token: str | None = None,
-               eos_token: str | None = None, efforts=DEFAULT_EFFORTS,
-               effort_format: str = "token", chat: bool = True,
-               system_line: str = "Reasoning effort: {effort}", tool_tokens=None):
+  def __init__(self, path: str, *, pad_token: str | None = None,
+               bos_token: str | None = None, eos_token: str | None = None,
+               efforts=DEFAULT_EFFORTS, effort_format: str = "token", chat: bool = True,
+               system_line: str = "Reasoning effort: {effort}", tool_tokens=None,
+               tools=_TOOL):
     from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
     import os  # pylint: disable=g-import-not-at-top
+    from mopd_jax import tokenizer_files  # pylint: disable=g-import-not-at-top
     path = str(path)
     if os.path.isdir(path):
       path = os.path.join(path, "tokenizer.json")
@@ -134,62 +156,122 @@ class HFTokenizer:
     self.efforts = _check_efforts(efforts)
     if effort_format not in EFFORT_FORMATS:
       raise ValueError(f"effort_format={effort_format!r}; expected one of {EFFORT_FORMATS}")
-    if effort_format == "system" and "{effort}" not in system_line:
+    if effort_format != "token" and "{effort}" not in system_line:
       raise ValueError(f"system_line {system_line!r} must contain {{effort}}")
-    self.effort_format, self.system_line = effort_format, system_line
-    chosen = {"<pad>": pad_token, "<bos>": bos_token, "<eos>": eos_token}
-    if tool_tokens:
-      tool_tokens = tuple(tool_tokens)
-      if len(tool_tokens) != 4:
-        raise ValueError(f"tool_tokens must name 4 tokens (call, call end, observation, "
-                         f"observation end), got {tool_tokens!r}")
-      chosen.update(zip(_TOOL, tool_tokens))
-    wanted = _HEAD + (tuple(f"<{e}>" for e in self.efforts)
-                      if effort_format == "token" else ()) + _TOOL
-    names = {}
-    for ours in wanted:
-      theirs = chosen.get(ours)
-      if theirs is not None and self._tok.token_to_id(theirs) is None:
-        raise ValueError(f"{path}: has no token {theirs!r} to use for {ours}")
-      names[ours] = theirs or ours
+    self.system_line = system_line
+    self.files = tokenizer_files.TokenizerFiles(os.path.dirname(path))
+    self.chat_template = self.files.chat_template
+    self.chat = bool(chat and self.chat_template)
+    if self.chat:
+      why = self.files.user_turn_error()
+      if why is not None:
+        raise ValueError(why)
+    self.effort_format = self._effort_format(effort_format)
+    tools = tuple(tools or ())
+    if tools and tool_tokens:
+      tools = tuple(tool_tokens)
+    if tools and len(tools) != 4:
+      raise ValueError(f"tool_tokens must name 4 tokens (call, call end, observation, "
+                       f"observation end), got {tools!r}")
+    names = {ours: self._special_name(ours, given) for ours, given in
+             (("<pad>", pad_token), ("<bos>", bos_token), ("<eos>", eos_token))}
+    if effort_format == "token":
+      names.update((f"<{e}>", f"<{e}>") for e in self.efforts)
+    if tools:
+      if tool_tokens:
+        for t in tools:
+          if self._tok.token_to_id(t) is None:
+            raise ValueError(f"{path}: has no token {t!r} to use as a tool marker")
+      missing = [t for t in tools if self._tok.token_to_id(t) is None]
+      names.update(zip(_TOOL, tools))
     # Adds the missing ones; ones the file already has keep their ids and become special
     # (matched whole in the text, dropped by `decode(skip_special=True)`).
     self._tok.add_special_tokens(list(dict.fromkeys(names.values())))
     self._special_ids = {ours: self._tok.token_to_id(n) for ours, n in names.items()}
     self.pad_id, self.bos_id, self.eos_id = (self._special_ids[s] for s in _HEAD)
-    self.call_id, self.call_end_id = self._special_ids["<call>"], self._special_ids["</call>"]
-    self.obs_id, self.obs_end_id = self._special_ids["<obs>"], self._special_ids["</obs>"]
-    self.chat_template = _read_chat_template(os.path.dirname(path))
-    self.chat = bool(chat and self.chat_template)
-    self._compiled = None  # the chat template, compiled on first use
+    self.call_id, self.call_end_id, self.obs_id, self.obs_end_id = (
+        (self._special_ids[s] for s in _TOOL) if tools else (None,) * 4)
+    self.special_names = {_ROLE_OF.get(k, k): v for k, v in names.items()}
+    from absl import logging  # pylint: disable=g-import-not-at-top
+    logging.info("%s: end of response %r, padding %r, BOS %r; the student's effort: %s", path,
+                 names["<eos>"], names["<pad>"], names["<bos>"], self.effort_format)
+    if tools:
+      logging.info("%s: tool markers %s %s", path, " ".join(tools),
+                   "named by prompt.tool_tokens" if tool_tokens else
+                   f"added to the vocabulary ({', '.join(missing)})" if missing else
+                   "taken from the tokenizer")
+
+  def _effort_format(self, requested: str) -> str:
+    """The effort's form: the requested one, "auto" resolved by the chat template."""
+    if requested == "token":
+      return requested
+    if not self.chat:
+      return "system"  # a text line before the prompt
+    if requested == "auto":
+      return "system" if self.files.takes_system() else "user"
+    if requested == "system" and not self.files.takes_system():
+      raise ValueError(f"{self.files.template_path}: the chat template does not render a "
+                       "system message; set prompt.effort_format='user' (or 'auto') to put "
+                       "the effort at the start of the user's turn")
+    return requested
+
+  def _special_name(self, ours: str, given: str | None) -> str:
+    """The token used as `ours` (<pad> <bos> <eos>): the config's, else the files' (for
+    <eos> with a chat template: the template's end of turn), else `ours` (added)."""
+    if given:
+      if self._tok.token_to_id(given) is None:
+        raise ValueError(f"{self.path}: has no token {given!r} to use for {ours}")
+      return given
+    role = _ROLE_OF[ours]
+    if role == "eos" and self.chat:
+      return self._end_of_turn()
+    named = self.files.special(role)
+    if named is None:
+      return ours
+    token, where = named
+    text = self._tok.id_to_token(token) if isinstance(token, int) else token
+    if text is None or self._tok.token_to_id(text) is None:
+      raise ValueError(f"{where}: names {token!r} as the {role} token, which {self.path} "
+                       "does not have")
+    return text
+
+  def _end_of_turn(self) -> str:
+    """The special token the chat template writes right after an assistant's reply."""
+    after = self.files.after_reply()
+    where = self.files.template_path
+    if after is None:
+      raise ValueError(f"{where}: the chat template cannot render an assistant turn, so the "
+                       "end of a response is unknown; name it with prompt.eos_token")
+    ids = self._tok.encode(after, add_special_tokens=False).ids if after else []
+    added = self._tok.get_added_tokens_decoder()
+    if not ids or ids[0] not in added or not added[ids[0]].special:
+      raise ValueError(f"{where}: the chat template ends an assistant turn with {after[:24]!r}, "
+                       f"not with a special token of {self.path}: the tokenizer has no "
+                       "end-of-turn token; name one with prompt.eos_token")
+    return added[ids[0]].content
 
   @property
   def vocab_size(self) -> int:
     return self._tok.get_vocab_size(with_added_tokens=True)
 
   def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
-    """Render `messages` ([{"role", "content"}]) with the checkpoint's Jinja chat template."""
-    if not self.chat_template:
-      raise ValueError(f"{self.path}: no chat_template in tokenizer_config.json")
-    if self._compiled is None:  # compiled once: every prompt of a run is rendered with it
-      import jinja2.sandbox  # pylint: disable=g-import-not-at-top
-      env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-      self._compiled = env.from_string(self.chat_template)
-    return self._compiled.render(messages=messages,
-                                 add_generation_prompt=add_generation_prompt, **kwargs)
+    """Render `messages` ([{"role", "content"}]) with the checkpoint's Jinja chat template,
+    as transformers renders it (mopd_jax/tokenizer_files.py)."""
+    return self.files.render(messages, add_generation_prompt, **kwargs)
 
   def effort_id(self, effort: str) -> int:
     if effort not in self.efforts:
       raise ValueError(f"unknown effort {effort!r}; expected one of {self.efforts}")
     if self.effort_format != "token":
-      raise ValueError(f"effort_format={self.effort_format!r}: the effort is a system line, "
+      raise ValueError(f"effort_format={self.effort_format!r}: the effort is a text line, "
                        "not a token")
     return self._special_ids[f"<{effort}>"]
 
   def encode_prompt(self, text: str, effort: str | None) -> list:
     """The prompt's ids: by the chat template (a user message, the generation prompt; the
-    effort as a system line or as its token after the generation prompt), else the toy
-    layout `<bos> text "\n" <effort>`. `effort=None`: no effort at all."""
+    effort as a system message, at the start of the user's turn, or as its token after the
+    generation prompt), else the toy layout `<bos> text "\n" <effort>`. `effort=None`: no
+    effort at all."""
     if effort is not None and effort not in self.efforts:
       raise ValueError(f"unknown effort {effort!r}; expected one of {self.efforts}")
     token = [] if effort is None or self.effort_format != "token" else [self.effort_id(effort)]
@@ -198,9 +280,11 @@ class HFTokenizer:
         text = self.system_line.format(effort=effort) + "\n" + text
       return [self.bos_id] + self.encode(text + "\n") + token
     messages = [{"role": "user", "content": text}]
-    if effort is not None and self.effort_format == "system":
-      messages.insert(0, {"role": "system",
-                          "content": self.system_line.format(effort=effort)})
+    line = None if effort is None else self.system_line.format(effort=effort)
+    if line is not None and self.effort_format == "system":
+      messages.insert(0, {"role": "system", "content": line})
+    elif line is not None and self.effort_format == "user":
+      messages[0]["content"] = line + "\n\n" + text
     return self.encode(self.apply_chat_template(messages)) + token
 
   def encode(self, text: str) -> list:
@@ -219,23 +303,6 @@ class HFTokenizer:
       if not 0 <= i < n:
         raise ValueError(f"token id {i} outside the vocabulary [0, {n})")
     return self._tok.decode(ids, skip_special_tokens=skip_special)
-
-
-def _read_chat_template(folder: str):
-  """The `chat_template` of a `tokenizer_config.json` beside the tokenizer, or None."""
-  import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
-  cfg_path = os.path.join(folder, "tokenizer_config.json")
-  if not os.path.isfile(cfg_path):
-    return None
-  try:
-    with open(cfg_path, encoding="utf-8") as f:
-      template = json.load(f).get("chat_template")
-  except (OSError, ValueError) as e:
-    raise ValueError(f"cannot read {cfg_path}: {e}") from None
-  if isinstance(template, list):  # several named templates: take "default"
-    template = {t.get("name"): t.get("template") for t in template}.get("default")
-  return template
 
 
 def _check_efforts(efforts) -> tuple:

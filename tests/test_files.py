@@ -1,30 +1,30 @@
 """MOPD on record files end to end (configs/files.py): the shipped examples/ data, a tiny
-Qwen3-architecture checkpoint in Hugging Face format and a BPE tokenizer.json with a chat
-template, both made here. Every stage runs on CPU: data from JSONL and Parquet, SFT on the
+Qwen3-architecture checkpoint in Hugging Face format and a BPE tokenizer in the layout of a
+model family (tests/chat_families.py: its special tokens, files and chat template), both made
+here. Every stage runs on CPU with no prompt flag set: data from JSONL and Parquet, SFT on the
 reference responses, RL lanes with the math, python_tests (the code in the OS sandbox) and
-tool verifiers (multi-turn, Qwen-style tool calls run by the environment), effort-free
-teachers, MOPD, eval and the report with every cell."""
+tool verifiers (multi-turn tool calls run by the environment), effort-free teachers, MOPD,
+eval and the report with every cell. Gemma's layout runs in the default tier (a template that
+raises on a system message, no tool tokens); Qwen3's, Llama 3's and Mistral's in the slow
+one. A tokenizer the run cannot use stops before any stage with one line and exit status 2."""
 import json
 import os
 import subprocess
 import sys
 
+import chat_families
 import jax
 import pytest
 import suite_cli
 
 ROOT = suite_cli.ROOT
 EXAMPLES = os.path.join(ROOT, "examples")
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
-            "<tool_response>", "</tool_response>"]
-CHAT = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def make_chat_checkpoint(folder, vocab_extra: int = 0) -> str:
-  """A byte-level BPE tokenizer trained on the example records, its chat template, and a
-  random tiny Qwen3-family checkpoint whose embedding has a row per token (no spare rows),
-  all in `folder`; returns `folder`."""
+def make_chat_checkpoint(folder, family: str = "gemma", vocab_extra: int = 0) -> str:
+  """The tokenizer folder of `family` (its BPE trained on the example records) and a random
+  tiny Qwen3-family checkpoint whose embedding has a row per token of tokenizer.json (no
+  spare rows: tokens the run adds grow it), all in `folder`; returns `folder`."""
   tokenizers = pytest.importorskip("tokenizers")
   from mopd_jax import hf, models
   import configs.qwen3_mopd as q
@@ -32,19 +32,10 @@ def make_chat_checkpoint(folder, vocab_extra: int = 0) -> str:
   for name in os.listdir(EXAMPLES):
     if name.endswith(".jsonl"):
       texts += open(os.path.join(EXAMPLES, name), encoding="utf-8").read().splitlines()
-  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = tokenizers.decoders.ByteLevel()
-  trainer = tokenizers.trainers.BpeTrainer(
-      vocab_size=600, special_tokens=SPECIALS,
-      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
-  tok.train_from_iterator(texts * 3, trainer)
-  os.makedirs(folder, exist_ok=True)
-  tok.save(os.path.join(folder, "tokenizer.json"))
-  with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-    json.dump({"chat_template": CHAT, "eos_token": "<|im_end|>"}, f)
+  chat_families.make_family(family, folder, texts * 3, vocab_size=600)
+  vocab = tokenizers.Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
   cfg = models.get_preset("qwen3-0.6b", **q._TINY_SHAPE,  # pylint: disable=protected-access
-                          vocab_size=tok.get_vocab_size() + vocab_extra)
+                          vocab_size=vocab.get_vocab_size() + vocab_extra)
   hf.save_checkpoint(cfg, jax.device_get(models.init_params(cfg, jax.random.PRNGKey(0))),
                      folder)
   return folder
@@ -55,22 +46,29 @@ def chat_ckpt(tmp_path_factory):
   return make_chat_checkpoint(str(tmp_path_factory.mktemp("chat") / "ckpt"))
 
 
-def test_every_stage_on_the_example_records(tmp_path, chat_ckpt):
-  ckpt = chat_ckpt
-  wd = tmp_path / "wd"
-  env = suite_cli.env()
-  proc = subprocess.run(
+def _run(spec, wd, ckpt, *flags, timeout=600):
+  return subprocess.run(
       [sys.executable, "-m", "experiments.run", "--config",
-       os.path.join("configs", "files.py") + ":" + os.path.join(EXAMPLES, "spec.json"),
-       "--workdir", str(wd), f"--config.model.hf_path={ckpt}",
-       f"--config.model.tokenizer_path={ckpt}/tokenizer.json",
-       "--config.sft.steps=2", "--config.sft.batch_size=4",
-       "--config.rl.steps_per_effort=1", "--config.rl.prompts_per_step=2",
-       "--config.rl.group_size=2", "--config.mopd.steps=2", "--config.mopd.prompts_per_cell=1",
-       "--config.eval.num_examples=2", "--config.rollout.max_response_tokens=16",
-       "--config.rollout.width=64", "--config.checkpoint.every=1",
-       "--config.data.max_prompt_tokens=120"],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+       os.path.join("configs", "files.py") + ":" + spec, "--workdir", str(wd),
+       f"--config.model.hf_path={ckpt}", f"--config.model.tokenizer_path={ckpt}/tokenizer.json",
+       *flags], cwd=ROOT, env=suite_cli.env(), capture_output=True, text=True, timeout=timeout)
+
+
+SMALL = ("--config.sft.steps=2", "--config.sft.batch_size=4",
+         "--config.rl.steps_per_effort=1", "--config.rl.prompts_per_step=2",
+         "--config.rl.group_size=2", "--config.mopd.steps=2", "--config.mopd.prompts_per_cell=1",
+         "--config.eval.num_examples=2", "--config.rollout.max_response_tokens=16",
+         "--config.rollout.width=64", "--config.checkpoint.every=1",
+         "--config.data.max_prompt_tokens=120")
+
+
+@pytest.mark.parametrize("family", [
+    "gemma", *(pytest.param(f, marks=pytest.mark.slow) for f in ("qwen3", "llama3", "mistral"))])
+def test_every_stage_on_the_example_records(tmp_path, chat_ckpt, family):
+  ckpt = chat_ckpt if family == "gemma" else make_chat_checkpoint(str(tmp_path / "ckpt"),
+                                                                  family)
+  wd = tmp_path / "wd"
+  proc = _run(os.path.join(EXAMPLES, "spec.json"), wd, ckpt, *SMALL)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   done = json.load(open(wd / "data" / "DONE.json"))
   counts = done["records"]
@@ -88,6 +86,22 @@ def test_every_stage_on_the_example_records(tmp_path, chat_ckpt):
   assert sorted(manifest["teachers"]) == ["code/low", "code/max", "math/low", "math/max",
                                           "tool/low", "tool/max"]
   assert json.load(open(wd / "sft" / "DONE.json"))["steps"] == 2
+
+
+def test_a_tokenizer_the_run_cannot_use_is_one_line_and_exit_status_2(tmp_path, chat_ckpt):
+  """A chat template whose assistant turn ends with no special token: the run stops before
+  any stage with one `config error:` line naming the template's file."""
+  import shutil
+  ckpt = str(tmp_path / "ckpt")
+  shutil.copytree(chat_ckpt, ckpt)
+  cfg = json.load(open(os.path.join(ckpt, "tokenizer_config.json")))
+  cfg["chat_template"] = cfg["chat_template"].replace("<end_of_turn>", "")
+  json.dump(cfg, open(os.path.join(ckpt, "tokenizer_config.json"), "w"))
+  proc = _run(os.path.join(EXAMPLES, "spec.json"), tmp_path / "wd", ckpt, timeout=300)
+  lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("config error:")]
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+  assert f"{ckpt}/tokenizer_config.json: the chat template ends an assistant turn" in lines[0]
+  assert "no end-of-turn token" in lines[0] and not os.path.exists(tmp_path / "wd" / "data")
 
 
 def test_measured_budgets_replace_the_placeholders(tmp_path, chat_ckpt):

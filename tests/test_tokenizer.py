@@ -1,5 +1,6 @@
 """Tokenizers: the character tokenizer's ids are stable, both tokenizers round-trip."""
 import json
+import os
 
 import pytest
 
@@ -160,7 +161,10 @@ def test_hf_chat_template(hf_path, tmp_path):
   template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
               "{% if add_generation_prompt %}<|assistant|>{% endif %}")
   (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
-  t = HFTokenizer(str(folder))
+  # An assistant's turn ends with "\n", no special token: the end of a response is unknown.
+  with pytest.raises(ValueError, match="no end-of-turn token"):
+    HFTokenizer(str(folder))
+  t = HFTokenizer(str(folder), eos_token="<|endoftext|>")
   assert t.chat_template == template
   out = t.apply_chat_template([{"role": "user", "content": "hi"}])
   assert out == "<|user|>hi\n<|assistant|>"
@@ -225,7 +229,7 @@ def test_prompts_by_chat_template_with_the_effort_as_token_or_system_line(hf_pat
   assert s.encode_prompt("2+2?", None) == s.encode(user)
   # As text the effort adds no token: one fewer special per effort than with effort tokens.
   assert s.vocab_size == t.vocab_size - len(EFFORTS)
-  with pytest.raises(ValueError, match="system line"):
+  with pytest.raises(ValueError, match="text line"):
     s.effort_id("low")
   with pytest.raises(ValueError, match="unknown effort"):
     s.encode_prompt("2+2?", "medium")
@@ -247,3 +251,155 @@ def test_tool_markers_and_eos_reuse_existing_tokens(hf_path, tmp_path):
   with pytest.raises(ValueError, match="must contain"):
     HFTokenizer(hf_path, effort_format="system", system_line="no placeholder")
   assert base_vocab > 0
+
+
+# --- the tokenizers of four model families (tests/chat_families.py) ---------------------------
+import chat_families  # noqa: E402  (a helper module of the tests)
+from mopd_jax import tokenizer_files  # noqa: E402
+from mopd_jax.tasks import tools as tools_lib  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+  _hf()
+  root = tmp_path_factory.mktemp("families")
+  return {f: chat_families.make_family(f, str(root / f)) for f in chat_families.FAMILIES}
+
+
+@pytest.mark.parametrize("family", chat_families.FAMILIES)
+def test_families_prompts_and_specials_from_their_files(families, family):
+  """With nothing named by the config: the end of a response, padding and BOS come from the
+  family's files; the student's effort is a system line where the template has a system
+  role and starts the user's turn where it raises on one; the teacher's prompt has none."""
+  t = HFTokenizer(families[family], efforts=("low", "high"), effort_format="auto", tools=())
+  student, teacher = chat_families.EXPECTED[family]
+  assert t.decode(t.encode_prompt("2+2?", "high")) == student
+  assert t.encode_prompt("2+2?", "high") == t.encode(student)
+  assert t.decode(t.encode_prompt("2+2?", None)) == teacher
+  assert t.encode_prompt("2+2?", None) == t.encode(teacher)
+  eos, pad, bos, where = chat_families.READ[family]
+  assert (t.decode([t.eos_id]), t.decode([t.pad_id]), t.decode([t.bos_id])) == (eos, pad, bos)
+  assert t.effort_format == where
+  raw = _hf().Tokenizer.from_file(os.path.join(families[family], "tokenizer.json"))
+  # Only a padding token the files do not name is added; no tool marker is asked for.
+  assert t.vocab_size == raw.get_vocab_size(with_added_tokens=True) + (pad == "<pad>" and
+                                                                       raw.token_to_id(pad) is None)
+  assert (t.call_id, t.call_end_id, t.obs_id, t.obs_end_id) == (None,) * 4
+  # The config's names still win.
+  named = HFTokenizer(families[family], eos_token=bos, pad_token=bos, tools=())
+  assert named.eos_id == named.pad_id == t.bos_id
+
+
+@pytest.mark.parametrize("family", chat_families.FAMILIES)
+def test_families_render_as_transformers_renders(families, family):
+  """The same text as transformers' apply_chat_template for the same files and messages."""
+  transformers = pytest.importorskip("transformers")
+  ref = transformers.PreTrainedTokenizerFast.from_pretrained(families[family])
+  ours = HFTokenizer(families[family], tools=())
+  user = [{"role": "user", "content": "2+2?"}]
+  chats = [(user, True), (user + [{"role": "assistant", "content": " 4 "}], False)]
+  if family in ("qwen3", "llama3"):
+    chats.append(([{"role": "system", "content": "be brief"}] + user, True))
+  for messages, gen in chats:
+    assert ours.apply_chat_template(messages, add_generation_prompt=gen) == \
+        ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+  schema = {"type": "function", "function": {"name": "lookup", "description": "été",
+                                             "parameters": {"type": "object"}}}
+  assert ours.apply_chat_template(user, tools=[schema], enable_thinking=False) == \
+      ref.apply_chat_template(user, tools=[schema], tokenize=False, add_generation_prompt=True,
+                              enable_thinking=False)
+
+
+def test_effort_format_can_be_forced(families):
+  gemma, llama = families["gemma"], families["llama3"]
+  with pytest.raises(ValueError, match="gemma/tokenizer_config.json: the chat template does "
+                     "not render a system message"):
+    HFTokenizer(gemma, effort_format="system", tools=())
+  user = HFTokenizer(llama, effort_format="user", tools=())
+  assert user.decode(user.encode_prompt("2+2?", "max")) == (
+      "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nReasoning effort: max\n\n"
+      "2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+  token = HFTokenizer(gemma, effort_format="token", tools=())
+  assert token.encode_prompt("2+2?", "max") == token.encode(
+      chat_families.EXPECTED["gemma"][1]) + [token.effort_id("max")]
+
+
+def test_tool_markers_taken_added_or_not_asked_for(families, caplog):
+  import logging
+  caplog.set_level(logging.INFO)
+  qwen = HFTokenizer(families["qwen3"], effort_format="auto", tools=tools_lib.MARKERS)
+  raw = _hf().Tokenizer.from_file(os.path.join(families["qwen3"], "tokenizer.json"))
+  assert (qwen.call_id, qwen.call_end_id, qwen.obs_id, qwen.obs_end_id) == tuple(
+      raw.token_to_id(m) for m in tools_lib.MARKERS)
+  assert qwen.vocab_size == raw.get_vocab_size(with_added_tokens=True)
+  assert "tool markers <tool_call> </tool_call> <tool_response> </tool_response> taken from " \
+      "the tokenizer" in caplog.text
+  caplog.clear()
+  llama = HFTokenizer(families["llama3"], effort_format="auto", tools=tools_lib.MARKERS)
+  none = HFTokenizer(families["llama3"], effort_format="auto", tools=())
+  assert llama.vocab_size == none.vocab_size + 4
+  assert llama.decode([llama.call_id, llama.obs_end_id]) == "<tool_call></tool_response>"
+  assert [r.getMessage() for r in caplog.records if "tool markers" in r.getMessage()] == [
+      f"{families['llama3']}/tokenizer.json: tool markers <tool_call> </tool_call> "
+      "<tool_response> </tool_response> added to the vocabulary (<tool_call>, </tool_call>, "
+      "<tool_response>, </tool_response>)"]
+  # Four existing tokens named by the config replace the data's markers.
+  named = HFTokenizer(families["llama3"], effort_format="auto", tools=tools_lib.MARKERS,
+                      tool_tokens=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                                   "<|end_of_text|>"))
+  assert named.vocab_size == none.vocab_size and named.call_end_id == none.encode(
+      "<|end_header_id|>")[0]
+  # The toy tokenizer always has its markers (its ids are fixed).
+  assert load_tokenizer("char", tools=()).call_id == 6
+
+
+def _folder_with(tmp_path, source, **files):
+  import shutil
+  folder = tmp_path / "tok"
+  folder.mkdir()
+  shutil.copy(os.path.join(source, "tokenizer.json"), folder / "tokenizer.json")
+  for name, obj in files.items():
+    (folder / f"{name}.json").write_text(json.dumps(obj))
+  return str(folder)
+
+
+@pytest.mark.parametrize("files, match", [
+    ({"tokenizer_config": {"chat_template": "{{ raise_exception('no chat here') }}"}},
+     "tokenizer_config.json: chat template error: no chat here"),
+    ({"tokenizer_config": {"chat_template": "{% for m in messages %}x{% endfor %}"}},
+     "tokenizer_config.json: the chat template cannot render a user turn"),
+    ({"tokenizer_config": {"chat_template": "{% for m in messages %}{{ m.content }"}},
+     "tokenizer_config.json: chat template syntax error"),
+    ({"tokenizer_config": {"chat_template": "{% for m in messages %}[{{ m.content }}]\n"
+                                            "{% endfor %}"}},
+     "tokenizer_config.json: the chat template ends an assistant turn with '\\]\\\\n', not "
+     "with a special token .* no end-of-turn token"),
+    ({"tokenizer_config": {"chat_template": chat_families.GEMMA, "pad_token": "<|pad|>"}},
+     "tokenizer_config.json: names '<|pad|>' as the pad token, which .* does not have"),
+    ({"special_tokens_map": {"bos_token": "<|bos|>"}, "tokenizer_config": {}},
+     "special_tokens_map.json: names '<|bos|>' as the bos token"),
+])
+def test_bad_tokenizer_files_are_one_line_naming_the_file(families, tmp_path, files, match):
+  folder = _folder_with(tmp_path, families["gemma"], **files)
+  with pytest.raises(ValueError, match=match) as e:
+    HFTokenizer(folder, tools=())
+  assert "\n" not in str(e.value) and str(tmp_path) in str(e.value)
+
+
+def test_template_environment_has_transformers_helpers(tmp_path):
+  """raise_exception, strftime_now, tojson keeping non-ASCII text, loop controls, the
+  generation block, bos/eos variables and `tools`; templates from a chat_template.jinja."""
+  import datetime
+  folder = tmp_path / "t"
+  folder.mkdir()
+  (folder / "chat_template.jinja").write_text(
+      "{{ bos_token }}{{ strftime_now('%Y') }}|{{ tools | tojson }}|"
+      "{% for m in messages %}{% if m.role == 'skip' %}{% continue %}{% endif %}"
+      "{% generation %}{{ m.content }}{% endgeneration %}{{ eos_token }}{% endfor %}")
+  (folder / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>",
+                                                               "eos_token": "</s>"}))
+  files = tokenizer_files.TokenizerFiles(str(folder))
+  out = files.render([{"role": "user", "content": "a"}, {"role": "skip", "content": "b"}],
+                     tools=[{"name": "\u00e9t\u00e9"}])
+  assert out == f"<s>{datetime.datetime.now().year}|[{{\"name\": \"\u00e9t\u00e9\"}}]|a</s>"
+  assert files.template_path == str(folder / "chat_template.jinja")

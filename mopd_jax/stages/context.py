@@ -36,9 +36,11 @@ class Run:
     # Which effort the student's, the teachers' and SFT's prompts carry (K3 eq. 15, or the
     # `teacher.effort_in_prompt` ablation): every stage asks this one view.
     self.view = views.PromptView.from_config(config.teacher)
-    self.tok = load_tokenizer(config.model.tokenizer_path or "char",
-                              efforts=self.grid.effort_names,
-                              **config.prompt.tokenizer_options())
+    try:  # a tokenizer the config cannot use is a config error: one line, exit status 2
+      self.tok = load_tokenizer(config.model.tokenizer_path or "char",
+                                efforts=self.grid.effort_names, **config.tokenizer_options())
+    except ValueError as e:
+      raise config_mod.ConfigError(str(e)) from e
     self.model_cfg = config_mod.model_config(config, self.tok.vocab_size)
     # The student's mesh, and the teachers' (the same one unless disaggregated).
     self.mesh, self.teacher_mesh = placement.config_meshes(config)
@@ -66,7 +68,7 @@ class Run:
     name = self.grid.task_of(domain)
     cls = task_base.task_class(name)
     options = self.config.sandbox.task_options() if getattr(cls, "uses_sandbox", False) else {}
-    if getattr(cls, "uses_observation_markers", False):
+    if getattr(cls, "uses_observation_markers", False) and self.tok.obs_id is not None:
       options["observation_markers"] = (self.tok.decode([self.tok.obs_id]),
                                         self.tok.decode([self.tok.obs_end_id]))
     return task_base.get_task(name, domain=domain, **options)
@@ -79,7 +81,7 @@ class Run:
       return ""
     from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)
     c = self.config
-    opts = c.prompt.tokenizer_options()
+    opts = c.tokenizer_options()
     return datasets.records_settings(
         spec.train, spec.test, spec.verifier, spec.validation, budget_source=c.budget.source,
         max_prompt_tokens=c.data.max_prompt_tokens, on_too_long=c.data.on_too_long,

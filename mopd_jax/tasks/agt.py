@@ -88,6 +88,7 @@ class AgtEnvironment:
 
 @base.register("agt")
 class AgtTask(base.Task):
+  tool_markers = (CALL_OPEN, CALL_CLOSE, OBS_OPEN, OBS_CLOSE)
 
   def __init__(self, num_people: int = 8, hops: int = 3, memo_hops: int = 2,
                stale_prob: float = 0.3):

@@ -226,10 +226,13 @@ class Task:
   """A domain: deterministic example generation and a never-raising verifier.
 
   Subclasses set `name` and implement `_stream(seed)` (an endless iterator of examples) and
-  `_verify(example, response) -> float`. `environment` is None except for tool-using domains.
+  `_verify(example, response) -> float`. `environment` is None except for tool-using domains,
+  whose class names the four markers (call, call end, observation, observation end) of its
+  tool calls in `tool_markers`: what the run's tokenizer must have.
   """
   name: str = ""
   environment = None
+  tool_markers: tuple = ()
 
   def __init__(self):
     self.num_verify_calls = 0

@@ -30,6 +30,7 @@ import math
 import os
 import re
 
+from mopd_jax import storage
 from mopd_jax.tasks import base
 
 _ANSWER_RE = re.compile(r"answer\s*:", re.IGNORECASE)
@@ -90,10 +91,11 @@ def iter_records(path: str):
   not UTF-8, malformed JSON, nesting too deep, an unreadable value (an integer over Python's
   digit limit), a line that is not a JSON object."""
   path = os.fspath(path)
-  if not os.path.isfile(path):
-    raise base.DataError(f"{path}: no such file" + (" (a directory)" if os.path.isdir(path)
+  where_file = storage.path(path)  # local or object storage (gs://...)
+  if not where_file.is_file():
+    raise base.DataError(f"{path}: no such file" + (" (a directory)" if where_file.is_dir()
                                                      else ""))
-  with open(path, "rb") as fh:
+  with where_file.open("rb") as fh:
     for lineno, raw in enumerate(fh, start=1):
       where = f"{path}:{lineno}"
       try:

@@ -28,7 +28,8 @@ import hashlib
 import os
 from typing import Optional
 
-from mopd_jax.tasks import base, jsonl, verifiers
+from mopd_jax import storage
+from mopd_jax.tasks import base, jsonl, tools, verifiers
 
 FORMATS = (".jsonl", ".parquet")
 
@@ -53,11 +54,13 @@ def read(path: str) -> list:
 
 
 def _read_parquet(path: str) -> list:
-  if not os.path.isfile(path):
+  where = storage.path(path)  # local or object storage (gs://...)
+  if not where.is_file():
     raise base.DataError(f"{path}: no such file")
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (a TFDS dependency)
   try:
-    rows = pq.read_table(path).to_pylist()
+    with where.open("rb") as f:
+      rows = pq.read_table(f).to_pylist()
   except Exception as e:  # pylint: disable=broad-except  (pyarrow's own error types)
     raise base.DataError(f"{path}: not a readable Parquet file ({type(e).__name__}: "
                          f"{e})") from None
@@ -66,25 +69,32 @@ def _read_parquet(path: str) -> list:
 
 
 def fingerprint(paths) -> str:
-  """A digest of the files' bytes (sha256), to key what is built from them. Each file is
-  hashed once per process while its size and modification time stay the same (a run asks
-  for it at every split it loads)."""
+  """A digest of the files' bytes (sha256), to key what is built from them: the same for the
+  same bytes wherever they are (local or object storage). Each file is hashed once per
+  process while its size and modification time stay the same (a run asks for it at every
+  split it loads)."""
   h = hashlib.sha256()
   for path in paths:
-    try:
-      st = os.stat(path)  # local: data files are read where they are
+    path = os.fspath(path)
+    try:  # a local file's time to the nanosecond; object storage gives seconds
+      if storage.is_remote(path):
+        st = storage.path(path).stat()
+        key = (st.length, st.mtime)
+      else:
+        st = os.stat(path)
+        key = (st.st_size, st.st_mtime_ns)
     except OSError as e:
       raise base.DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    h.update(_file_digest(path, st.st_size, st.st_mtime_ns).encode())
+    h.update(_file_digest(path, *key).encode())
   return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=256)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-  del size, mtime_ns  # the cache key: a changed file is hashed again
+def _file_digest(path: str, size: int, mtime: float) -> str:
+  del size, mtime  # the cache key: a changed file is hashed again
   h = hashlib.sha256()
   try:
-    with open(path, "rb") as f:  # local: data files are read where they are
+    with storage.path(path).open("rb") as f:
       for chunk in iter(lambda: f.read(1 << 20), b""):
         h.update(chunk)
   except OSError as e:
@@ -223,13 +233,15 @@ class RecordsTask(base.Task):
   in the configured sandbox; a batch is verified on `workers` threads. The environment runs
   the tool calls of records that define `tools` (mopd_jax/tasks/tools.py)."""
   uses_sandbox = True  # Run.task passes the config's `sandbox` block
-  uses_observation_markers = True  # and the tokenizer's observation markers
+  uses_observation_markers = True  # and the tokenizer's observation markers, if it has them
+  # The domain's tool markers depend on its verifier (verifiers.tool_markers), not on the
+  # class: mopd_jax/config.py asks the verifier.
 
   def __init__(self, backend: Optional[str] = None, workers: int = 2,
                timeout_s: float = 5.0, memory_mb: int = 256,
-               observation_markers: tuple = ("<tool_response>", "</tool_response>")):
+               observation_markers: tuple = tools.MARKERS[2:]):
     super().__init__()
-    from mopd_jax.tasks import sandbox, tools  # pylint: disable=g-import-not-at-top
+    from mopd_jax.tasks import sandbox  # pylint: disable=g-import-not-at-top
     self.environment = tools.ToolEnvironment(tuple(observation_markers))
     self.workers = workers
     self._options = {"python_tests": dict(

@@ -30,6 +30,9 @@ import json
 import operator
 from typing import Mapping
 
+# The markers a record's tool calls and observations are written with (call, call end,
+# observation, observation end): what the tokenizer gives `call_id` ... `obs_end_id`.
+MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 MAX_RESULTS = 5
 MAX_OBSERVATION_CHARS = 400
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,

@@ -35,6 +35,7 @@ from typing import Callable, Mapping, Optional
 from mopd_jax.tasks import base, jsonl, sandbox, tools
 
 _REGISTRY: dict = {}
+_TOOL_MARKERS: dict = {}  # verifier name -> the tool markers its domain needs
 
 
 class Verifier:
@@ -70,20 +71,30 @@ class Verifier:
     return None if self._check is None else self._check(record)
 
 
-def register(name: str, fields: tuple = (), check: Optional[Callable] = None):
+def register(name: str, fields: tuple = (), check: Optional[Callable] = None,
+             tool_markers: tuple = ()):
   """Registers `fn(response, record) -> float` as verifier `name`; `fields`: tuples of
   alternative field names, one of each needed in every record; `check(record)`: why a
-  record is unusable beyond a missing field, or None."""
+  record is unusable beyond a missing field, or None; `tool_markers`: the four markers of
+  the tool calls its domain's rollouts make (() for a domain without tools)."""
   def deco(fn):
     if name in _REGISTRY:
       raise ValueError(f"verifier {name!r} is already registered")
     _REGISTRY[name] = (fn, fields, check)
+    _TOOL_MARKERS[name] = tuple(tool_markers)
     return fn
   return deco
 
 
 def registered() -> tuple:
   return tuple(sorted(_REGISTRY))
+
+
+def tool_markers(name: str) -> tuple:
+  """The tool markers a domain of verifier `name` needs from the tokenizer (() = none)."""
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown verifier {name!r}; registered: {list(registered())}")
+  return _TOOL_MARKERS[name]
 
 
 def get(name: str, **options) -> Verifier:
@@ -248,7 +259,7 @@ _OBSERVATION_ENDS = ("</tool_response>", "</obs>")
 
 
 @register("tool", fields=(("answer",), ("tools",)),
-          check=lambda record: tools.check_tools(record["tools"]))
+          check=lambda record: tools.check_tools(record["tools"]), tool_markers=tools.MARKERS)
 def verify_tool(response: str, record: Mapping) -> float:
   if not isinstance(response, str):
     return 0.0
