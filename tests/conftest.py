@@ -6,6 +6,7 @@ result; it lets the many subprocesses of the suite (pipeline CLI runs, notebooks
 workers) reuse each other's compilations instead of repeating them.
 """
 import fcntl
+import importlib
 import os
 import shlex
 import signal
@@ -102,3 +103,44 @@ def tiny_run(tmp_path_factory):
       run.wait(timeout=900)
     finally:
       run.kill()
+
+
+@pytest.fixture
+def gcs(tmp_path, monkeypatch):
+  """gs://... served from tmp_path/bucket_root (object storage without a network, for
+  tests/test_storage.py and the data files of tests/test_records.py); returns that local
+  root."""
+  fsspec = pytest.importorskip("fsspec")
+  from etils.epath import backend
+  from fsspec.implementations.local import LocalFileSystem
+  root = str(tmp_path / "bucket_root")
+  os.makedirs(root)
+
+  class LocalGCS(LocalFileSystem):
+    protocol = ("gs", "gcs")
+
+    def __init__(self, *args, **kwargs):
+      kwargs.pop("finalize_on_close", None)
+      super().__init__(*args, **kwargs)
+
+    @classmethod
+    def _strip_protocol(cls, path):
+      path = os.fspath(path)
+      for p in ("gs://", "gcs://"):
+        if path.startswith(p):
+          return os.path.join(root, path[len(p):].lstrip("/"))
+      return path if path.startswith(root) else os.path.join(root, path.lstrip("/"))
+
+  saved = {k: fsspec.registry.get(k) for k in ("gs", "gcs")}
+  for proto in ("gs", "gcs"):
+    fsspec.register_implementation(proto, LocalGCS, clobber=True)
+  backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
+  monkeypatch.setattr(backend.tf_backend, "open", None, raising=False)  # never TF's gfile
+  yield root
+  backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
+  registry = importlib.import_module("fsspec.registry")._registry  # pylint: disable=protected-access
+  for proto, impl in saved.items():  # as before the test
+    if impl is None:
+      registry.pop(proto, None)
+    else:
+      registry[proto] = impl

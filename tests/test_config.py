@@ -186,3 +186,31 @@ def test_missing_config_file_or_variant_is_one_line():
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert res.stderr.strip().splitlines()[-1].startswith("config error:")
     assert match in res.stderr
+
+
+def test_tool_markers_follow_the_run_domains():
+  """The tokenizer is asked for tool markers only when a domain of the run uses tools: the
+  toy's agt (<call> ...), a records domain of the tool verifier (<tool_call> ...); two
+  domains that write different markers cannot share a tokenizer."""
+  import ml_collections
+
+  from configs import toy
+  from mopd_jax import config
+  from mopd_jax.tasks import tools
+  c = toy.get_config("fast")
+  rc = config.build(c, 1)
+  assert rc.tool_markers == ("<call>", "</call>", "<obs>", "</obs>")
+  assert rc.tokenizer_options()["tools"] == rc.tool_markers
+  c = toy.get_config("fast")
+  c.domains = "gen,cod"
+  assert config.build(c, 1).tool_markers == ()
+  c = toy.get_config("fast")
+  c.tasks.tl = ml_collections.ConfigDict(dict(task="records", train="a.jsonl", test="b.jsonl",
+                                              verifier="tool", validation=4))
+  c.sft.schedule = ""  # round-robin over the run's domains
+  c.domains = "gen,tl"
+  assert config.build(c, 1).tool_markers == tools.MARKERS
+  c.domains = "gen,agt,tl"
+  with pytest.raises(ValueError, match="domains 'agt' .* and 'tl' .* write different tool "
+                     "markers; a run's tokenizer has one set"):
+    config.build(c, 1)

@@ -129,3 +129,28 @@ def test_measured_budgets_replace_the_placeholders(tmp_path, chat_ckpt):
   batch = next(ctx.iterator("math", 4, salt=0))
   assert len(batch) == 4 and all(measured[e.uid] == e.b0 for e in batch)
   assert ctx.split("code", "train")[0].b0 == 1  # not measured yet
+
+
+def test_data_stage_reads_a_spec_on_object_storage(tmp_path, chat_ckpt, gcs):
+  """The examples spec and its files on gs:// (conftest.py's stand-in bucket): the data
+  stage keeps, drops and deduplicates exactly what it does with the same files read
+  locally."""
+  import shutil
+  import configs.files as files
+  from mopd_jax.stages import context, data
+  shutil.copytree(EXAMPLES, os.path.join(gcs, "bucket", "ex"))
+  done = {}
+  for where, spec in (("local", os.path.join(EXAMPLES, "spec.json")),
+                      ("gs", "gs://bucket/ex/spec.json")):
+    c = files.get_config(spec)
+    c.model.hf_path, c.model.tokenizer_path = chat_ckpt, chat_ckpt + "/tokenizer.json"
+    c.mesh.data = 8  # the suite's 8 simulated devices
+    ctx = context.Run(c, str(tmp_path / where))
+    assert ctx.config.records["code"].train == os.path.join(os.path.dirname(spec),
+                                                            "code.parquet")
+    data.run(ctx)
+    done[where] = json.load(open(tmp_path / where / "data" / "DONE.json"))["records"]
+    train = ctx.split("math", "train")
+    assert train[0].meta["source"].startswith("math_train.jsonl:")
+  assert done["gs"] == done["local"] and set(done["gs"]) == {"math", "code", "tool"}
+  assert done["gs"]["math"]["validation"]["kept"] == 4

@@ -1,6 +1,7 @@
 """Records of a domain's data files (mopd_jax/tasks/records.py): JSONL and Parquet, checked
 against their verifier, deduplicated, the test split disjoint from train."""
 import json
+import os
 
 import pytest
 
@@ -121,3 +122,69 @@ def test_example_files_references_pass_their_verifiers():
     assert all(v(records.reference_response(r.fields), r.fields) == 1.0 for r in tr + te), \
         (d, v.last_error)
     assert counts.train >= 30 and counts.test >= 10
+
+
+def _to_bucket(gcs_root, local_path, gs_path):
+  """Copies a local file to `gs_path` of the stand-in bucket (conftest.py's `gcs`)."""
+  import shutil
+  target = os.path.join(gcs_root, gs_path[len("gs://"):])
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  shutil.copy(local_path, target)
+  return gs_path
+
+
+def test_records_digest_and_dedup_on_object_storage(tmp_path, gcs):
+  """The same files read from gs:// give the same records, counts and digest as read
+  locally; errors name the gs:// path."""
+  train = _jsonl(tmp_path / "train.jsonl", MATH)
+  test = _parquet(tmp_path / "test.parquet", [{"prompt": "5-1?", "answer": "4"},
+                                              {"prompt": "5-1?", "answer": "4"}])
+  gs_train = _to_bucket(gcs, train, "gs://bucket/data/train.jsonl")
+  gs_test = _to_bucket(gcs, test, "gs://bucket/data/test.parquet")
+  local = records.load_domain(train, test, "math")
+  remote = records.load_domain(gs_train, gs_test, "math")
+  assert [[r.fields for r in part] for part in remote[:2]] == \
+      [[r.fields for r in part] for part in local[:2]]
+  assert [r.source for r in remote[0]] == [r.source for r in local[0]]
+  assert remote[2] == local[2] and remote[2].train_duplicates == 1
+  assert records.fingerprint([gs_train, gs_test]) == records.fingerprint([train, test])
+  assert records.fingerprint([gs_train]) != records.fingerprint([gs_test])
+  with pytest.raises(base.DataError, match="gs://bucket/data/none.jsonl: no such file"):
+    records.read("gs://bucket/data/none.jsonl")
+  bad = _to_bucket(gcs, _jsonl(tmp_path / "bad.jsonl", [MATH[0], "{oops"]),
+                   "gs://bucket/data/bad.jsonl")
+  with pytest.raises(base.DataError, match="gs://bucket/data/bad.jsonl:2: malformed JSON"):
+    records.read(bad)
+
+
+def test_files_spec_on_object_storage(tmp_path, gcs):
+  """configs/files.py reads a gs:// spec; its relative paths resolve beside it, absolute and
+  gs:// ones stay as they are."""
+  from configs import files
+  from mopd_jax import config
+  from mopd_jax.tasks import tools
+  examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "examples")
+  for name in os.listdir(examples):
+    _to_bucket(gcs, os.path.join(examples, name), f"gs://bucket/ex/{name}")
+  c = files.get_config("gs://bucket/ex/spec.json")
+  assert c.tasks.math.train == "gs://bucket/ex/math_train.jsonl"
+  assert c.tasks.code.train == "gs://bucket/ex/code.parquet"
+  c.model.tokenizer_path = "/ckpt/tokenizer.json"  # build names it; nothing reads it here
+  rc = config.build(c, 1)
+  assert rc.records["tool"].test == "gs://bucket/ex/tool_test.jsonl"
+  assert rc.tool_markers == tools.MARKERS
+  spec = {"domains": {"math": {"verifier": "math", "train": "gs://bucket/ex/math_train.jsonl",
+                               "test": os.path.join(examples, "math_test.jsonl")},
+                      "code": {"verifier": "python_tests", "train": "code.parquet",
+                               "test": "code_test.jsonl"}},
+          "efforts": {"low": 0.5, "max": 1.0}}
+  _to_bucket(gcs, _jsonl(tmp_path / "spec.json", [spec]), "gs://bucket/other/spec.json")
+  c = files.get_config("gs://bucket/other/spec.json")
+  assert (c.tasks.math.train, c.tasks.math.test, c.tasks.code.test) == (
+      "gs://bucket/ex/math_train.jsonl", os.path.join(examples, "math_test.jsonl"),
+      "gs://bucket/other/code_test.jsonl")
+  c.model.tokenizer_path = "/ckpt/tokenizer.json"
+  assert config.build(c, 1).tool_markers == ()  # no tool domain: no tool token asked for
+  with pytest.raises(ValueError, match="gs://bucket/none.json: cannot read the spec file"):
+    files.get_config("gs://bucket/none.json")

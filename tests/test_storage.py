@@ -1,15 +1,14 @@
 """Workdir files on object storage (mopd_jax/storage.py), without a network.
 
-A `gs://` filesystem is served from a local folder: an fsspec implementation registered for
-the gs / gcs protocols, which `etils.epath` (and so `mopd_jax.storage`) then uses. The
-pipeline's own file handling runs on it: DONE markers, JSON files and manifests, lane
-records and logs, metrics (JSONL and TensorBoard), the report and its plots, and the
-bookkeeping that moves an unreadable checkpoint step aside. Orbax's own `gs://` path goes
+A `gs://` filesystem is served from a local folder (the `gcs` fixture of conftest.py: an
+fsspec implementation registered for the gs / gcs protocols, which `etils.epath`, and so
+`mopd_jax.storage`, then uses). The pipeline's own file handling runs on it: DONE markers,
+JSON files and manifests, lane records and logs, metrics (JSONL and TensorBoard), the report
+and its plots, and the bookkeeping that moves an unreadable checkpoint step aside. Orbax's own `gs://` path goes
 through tensorstore's network driver, which this cannot redirect, so orbax checkpoints are
 not part of it; a real bucket is not tested here either.
 """
 import ast
-import importlib
 import json
 import os
 import pathlib
@@ -20,45 +19,6 @@ from mopd_jax import checkpoint, lanes, metrics, report, storage
 from mopd_jax.grid import Effort, Grid
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def gcs(tmp_path, monkeypatch):
-  """gs://... served from tmp_path/bucket_root; returns that local root."""
-  fsspec = pytest.importorskip("fsspec")
-  from etils.epath import backend
-  from fsspec.implementations.local import LocalFileSystem
-  root = str(tmp_path / "bucket_root")
-  os.makedirs(root)
-
-  class LocalGCS(LocalFileSystem):
-    protocol = ("gs", "gcs")
-
-    def __init__(self, *args, **kwargs):
-      kwargs.pop("finalize_on_close", None)
-      super().__init__(*args, **kwargs)
-
-    @classmethod
-    def _strip_protocol(cls, path):
-      path = os.fspath(path)
-      for p in ("gs://", "gcs://"):
-        if path.startswith(p):
-          return os.path.join(root, path[len(p):].lstrip("/"))
-      return path if path.startswith(root) else os.path.join(root, path.lstrip("/"))
-
-  saved = {k: fsspec.registry.get(k) for k in ("gs", "gcs")}
-  for proto in ("gs", "gcs"):
-    fsspec.register_implementation(proto, LocalGCS, clobber=True)
-  backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
-  monkeypatch.setattr(backend.tf_backend, "open", None, raising=False)  # never TF's gfile
-  yield root
-  backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
-  registry = importlib.import_module("fsspec.registry")._registry  # pylint: disable=protected-access
-  for proto, impl in saved.items():  # as before the test
-    if impl is None:
-      registry.pop(proto, None)
-    else:
-      registry[proto] = impl
 
 
 def test_storage_primitives_on_object_storage(gcs):
