@@ -191,7 +191,6 @@ class HFTokenizer:
     self.pad_id, self.bos_id, self.eos_id = (self._special_ids[s] for s in _HEAD)
     self.call_id, self.call_end_id, self.obs_id, self.obs_end_id = (
         (self._special_ids[s] for s in _TOOL) if tools else (None,) * 4)
-    self.special_names = {_ROLE_OF.get(k, k): v for k, v in names.items()}
     from absl import logging  # pylint: disable=g-import-not-at-top
     logging.info("%s: end of response %r, padding %r, BOS %r; the student's effort: %s", path,
                  names["<eos>"], names["<pad>"], names["<bos>"], self.effort_format)

@@ -154,3 +154,27 @@ def test_data_stage_reads_a_spec_on_object_storage(tmp_path, chat_ckpt, gcs):
     assert train[0].meta["source"].startswith("math_train.jsonl:")
   assert done["gs"] == done["local"] and set(done["gs"]) == {"math", "code", "tool"}
   assert done["gs"]["math"]["validation"]["kept"] == 4
+
+
+def test_a_spec_without_a_tool_domain_asks_for_no_tool_token(tmp_path, chat_ckpt):
+  """Math and code only: the tokenizer gets no tool marker (none is added, the ids are None)
+  and a rollout stops at the end of a response only."""
+  import configs.files as files
+  from mopd_jax.stages import context
+  spec = json.load(open(os.path.join(EXAMPLES, "spec.json")))
+  del spec["domains"]["tool"]
+  for block in spec["domains"].values():
+    for split in ("train", "test"):
+      block[split] = os.path.join(EXAMPLES, block[split])
+  with open(tmp_path / "spec.json", "w") as f:
+    json.dump(spec, f)
+  c = files.get_config(str(tmp_path / "spec.json"))
+  c.model.hf_path, c.model.tokenizer_path = chat_ckpt, chat_ckpt + "/tokenizer.json"
+  c.mesh.data = 8  # the suite's 8 simulated devices
+  ctx = context.Run(c, str(tmp_path / "wd"))
+  tok = ctx.tok
+  assert (tok.call_id, tok.call_end_id, tok.obs_id, tok.obs_end_id) == (None,) * 4
+  raw = pytest.importorskip("tokenizers").Tokenizer.from_file(c.model.tokenizer_path)
+  assert tok.vocab_size == raw.get_vocab_size(with_added_tokens=True)  # Gemma's: nothing added
+  assert ctx.engine.scfg.stop_tokens == (tok.eos_id,)
+  assert tok.decode([tok.eos_id]) == "<end_of_turn>"

@@ -4,9 +4,9 @@ A `gs://` filesystem is served from a local folder (the `gcs` fixture of conftes
 fsspec implementation registered for the gs / gcs protocols, which `etils.epath`, and so
 `mopd_jax.storage`, then uses). The pipeline's own file handling runs on it: DONE markers,
 JSON files and manifests, lane records and logs, metrics (JSONL and TensorBoard), the report
-and its plots, and the bookkeeping that moves an unreadable checkpoint step aside. Orbax's own `gs://` path goes
-through tensorstore's network driver, which this cannot redirect, so orbax checkpoints are
-not part of it; a real bucket is not tested here either.
+and its plots, and the bookkeeping that moves an unreadable checkpoint step aside. Orbax's
+own `gs://` path goes through tensorstore's network driver, which this cannot redirect, so
+orbax checkpoints are not part of it; a real bucket is not tested here either.
 """
 import ast
 import json
@@ -109,8 +109,8 @@ def test_unreadable_step_is_moved_aside_on_object_storage(gcs):
 # user's model / tokenizer / data files and the sandbox's private temp dirs, which are not
 # workdir paths.
 OS_FILES_ALLOWED = {"storage.py": "the abstraction", "hf.py": "model directories",
-                    "tokenizer.py": "tokenizer files",
-                    "tokenizer_files.py": "tokenizer files", "tasks/sandbox.py": "sandbox temp dirs",
+                    "tokenizer.py": "tokenizer files", "tokenizer_files.py": "tokenizer files",
+                    "tasks/sandbox.py": "sandbox temp dirs",
                     "tasks/jsonl.py": "the user's data files",
                     "tasks/records.py": "the user's data files"}
 FORBIDDEN = {("os", "replace"), ("os", "rename"), ("os", "remove"), ("os", "makedirs"),
