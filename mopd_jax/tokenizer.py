@@ -260,3 +260,23 @@ def load_tokenizer(spec: str = "char", efforts=DEFAULT_EFFORTS, **kwargs):
                                 os.path.isfile(os.path.join(spec, "tokenizer.json"))):
     return HFTokenizer(spec, efforts=efforts, **kwargs)
   raise ValueError(f"unknown tokenizer {spec!r}: expected 'char' or a path to a tokenizer.json")
+
+
+_SPECIAL_ATTRS = ("pad_id", "bos_id", "eos_id", "call_id", "call_end_id", "obs_id", "obs_end_id")
+
+
+def fingerprint(tok) -> str:
+  """A hex digest of what a token id means to `tok`: every id's token string, the special
+  ids and the effort tokens. Two processes exchanging token ids (a trainer and a teacher
+  server) agree on the ids' meaning exactly when their fingerprints are equal."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  if isinstance(tok, HFTokenizer):  # the file's own table, added specials included
+    table = sorted((i, s) for s, i in tok._tok.get_vocab(with_added_tokens=True).items())  # pylint: disable=protected-access
+  else:
+    table = [(i, tok.decode([i])) for i in range(tok.vocab_size)]
+  efforts = {e: (tok.effort_id(e) if getattr(tok, "effort_format", "token") == "token"
+                 else None) for e in tok.efforts}
+  blob = json.dumps({"table": table, "specials": {a: getattr(tok, a) for a in _SPECIAL_ATTRS},
+                     "efforts": efforts}, sort_keys=True, ensure_ascii=True)
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,200 @@
+"""The teacher server (mopd_jax/serve.py) on loopback: its log-probs equal in-process scoring
+of the same params for every cell over mixed lengths (through the client), its answers follow
+vLLM's `prompt_logprobs` schema, concurrent requests share prefills, and it stops cleanly
+(in the background and on SIGTERM)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import jax
+import numpy as np
+import pytest
+
+from mopd_jax import models, serve, teacher_client, teachers, tokenizer
+
+TOK = tokenizer.CharTokenizer()
+CFG = models.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=1, num_heads=4,
+                         num_kv_heads=2, head_dim=8, mlp_dim=64, max_seq_len=64, qk_norm=True)
+NAMES = ("gen/low", "gen/max", "agt/max")
+K, B, T = len(NAMES), 3, 24
+
+
+def _bank():
+  plist = [models.init_params(CFG, jax.random.PRNGKey(10 + k)) for k in range(K)]
+  return teachers.build_bank(CFG, plist, names=NAMES)
+
+
+@pytest.fixture(scope="module")
+def server():
+  srv = serve.TeacherServer(_bank(), TOK, temperature=0.7, max_wait_s=0.02)
+  srv.start()
+  yield srv
+  srv.stop()
+
+
+def _batch(seed=0):
+  r = np.random.RandomState(seed)
+  tokens = r.randint(0, CFG.vocab_size, (K, B, T)).astype(np.int32)
+  lengths = r.randint(1, T + 1, (K, B))
+  lengths[0, 0], lengths[1, 1], lengths[2, 2] = T, 1, 0  # full, one token, a padding row
+  mask = np.arange(T) < lengths[..., None]
+  return tokens, mask
+
+
+def _post(url, body):
+  req = urllib.request.Request(url, json.dumps(body).encode(), method="POST",
+                               headers={"Content-Type": "application/json"})
+  try:
+    with urllib.request.urlopen(req, timeout=30) as r:
+      return r.status, json.loads(r.read())
+  except urllib.error.HTTPError as e:
+    return e.code, json.loads(e.read())
+
+
+def _get(url):
+  with urllib.request.urlopen(url, timeout=30) as r:
+    return r.status, r.read()
+
+
+@pytest.mark.parametrize("top_k", [0, 4])
+def test_server_equals_in_process_scoring(server, top_k):
+  tokens, mask = _batch()
+  hot = server.bank  # the params at the server's temperature, as the MOPD stage scores
+  ref = jax.jit(teachers.score_stratified, static_argnames="top_k")(hot, tokens, mask,
+                                                                    top_k=top_k)
+  scorer = teacher_client.EndpointScorer(NAMES, {n: server.url for n in NAMES}, top_k=top_k)
+  try:
+    got = scorer(tokens, mask)
+  finally:
+    scorer.close()
+  if top_k:
+    got, got_lp, got_ids = got
+    ref, ref_lp, ref_ids = (np.asarray(x) for x in ref)
+    m = mask[..., None] & (np.arange(T) > 0)[:, None]  # position 0: nothing predicts it
+    np.testing.assert_array_equal(np.where(m, got_ids, 0), np.where(m, ref_ids, 0))
+    np.testing.assert_allclose(np.where(m, got_lp, 0), np.where(m, ref_lp, 0), atol=1e-5)
+  ref = np.asarray(ref)
+  assert got.shape == (K, B, T) and got.dtype == np.float32
+  np.testing.assert_allclose(got[mask], ref[mask], atol=1e-5)
+  assert not got[~mask].any()  # padding (and the all-padding row) scores 0, sends nothing
+  # Every cell was scored by its own teacher: teachers differ, so swapping them would not fit.
+  assert np.abs(got[0][mask[0]] - np.asarray(teachers.score_stratified(
+      hot, tokens[[1, 0, 2]], mask[[1, 0, 2]]))[1][mask[0]]).max() > 1e-3
+
+
+def test_answer_schema_is_vllms(server):
+  ids = [TOK.bos_id] + TOK.encode("12+3=15")
+  status, body = _post(server.url + "/v1/completions",
+                       {"model": "gen/max", "prompt": ids, "max_tokens": 1,
+                        "prompt_logprobs": 3})
+  assert status == 200
+  assert body["object"] == "text_completion" and body["model"] == "gen/max"
+  plp = body["choices"][0]["prompt_logprobs"]
+  assert len(plp) == len(ids) and plp[0] is None
+  gen_max = jax.tree.map(lambda x: x[1], server.bank.params)  # at the server's temperature
+  full = np.asarray(jax.nn.log_softmax(models.forward(CFG, gen_max, np.asarray([ids]))[0],
+                                       axis=-1))
+  for t in range(1, len(ids)):
+    entry = plp[t]
+    assert str(ids[t]) in entry and len(entry) in (3, 4)
+    for tid, v in entry.items():
+      assert set(v) == {"logprob", "rank", "decoded_token"}
+      assert v["decoded_token"] == TOK.decode([int(tid)])
+      row = full[t - 1]
+      assert abs(v["logprob"] - row[int(tid)]) < 1e-5
+      assert v["rank"] == 1 + int((row > row[int(tid)]).sum())
+    assert sorted(v["rank"] for v in entry.values())[:3] == [1, 2, 3]
+
+
+def test_endpoints_and_refusals(server):
+  assert _get(server.url + "/health")[0] == 200
+  models_ = json.loads(_get(server.url + "/v1/models")[1])
+  assert [m["id"] for m in models_["data"]] == list(NAMES)
+  meta = json.loads(_get(server.url + "/v1/metadata")[1])
+  assert meta["cells"] == list(NAMES) and meta["vocab_size"] == CFG.vocab_size
+  assert meta["tokenizer_hash"] == tokenizer.fingerprint(TOK)
+  assert meta["temperature"] == 0.7 and meta["model_config"]["d_model"] == 32
+  status, body = _post(server.url + "/v1/completions",
+                       {"model": "cod/low", "prompt": [1, 2], "prompt_logprobs": 0})
+  assert status == 404 and "gen/low" in body["message"] and body["object"] == "error"
+  for bad, what in [({"max_tokens": 5}, "max_tokens"), ({"prompt": []}, "prompt"),
+                    ({"prompt": [1, CFG.vocab_size]}, "outside the vocabulary"),
+                    ({"prompt": list(range(1, 66))}, "max_model_len"),
+                    ({"prompt_logprobs": 50}, "max_logprobs")]:
+    status, body = _post(server.url + "/v1/completions",
+                         {"model": "gen/low", "prompt": [1, 2], "prompt_logprobs": 0, **bad})
+    assert status == 400 and what in body["message"], (bad, body)
+
+
+def test_concurrent_requests_share_prefills(server, monkeypatch):
+  calls = []
+  real = serve.prefill
+
+  def counted(bank, requests, **kw):
+    calls.append(len(requests))
+    return real(bank, requests, **kw)
+
+  monkeypatch.setattr(serve, "prefill", counted)
+  tokens, mask = _batch(seed=1)
+  scorer = teacher_client.EndpointScorer(NAMES, {n: server.url for n in NAMES})
+  try:
+    scorer(tokens, mask)
+  finally:
+    scorer.close()
+  rows = int((mask.sum(-1) > 0).sum())
+  assert sum(calls) == rows and len(calls) < rows  # batched: fewer prefills than requests
+
+
+def test_stop_answers_requests_already_in():
+  srv = serve.TeacherServer(_bank(), TOK, max_wait_s=0.2)
+  url = srv.start()
+  out = []
+  ids = [TOK.bos_id] + TOK.encode("7*6")
+  th = [threading.Thread(target=lambda: out.append(_post(
+      url + "/v1/completions", {"model": "gen/low", "prompt": ids, "prompt_logprobs": 0})))
+        for _ in range(3)]
+  for t in th:
+    t.start()
+  time.sleep(0.1)  # the requests are in, waiting for the round's prefill
+  srv.stop()
+  for t in th:
+    t.join()
+  assert [s for s, _ in out] == [200, 200, 200]
+  with pytest.raises(urllib.error.URLError):
+    _get(url + "/health")
+
+
+def test_sigterm_stops_the_server_process(tmp_path):
+  script = f"""
+import jax
+from mopd_jax import models, serve, teachers, tokenizer
+tok = tokenizer.CharTokenizer()
+cfg = models.ModelConfig(vocab_size=tok.vocab_size, d_model=16, num_layers=1, num_heads=2,
+                         num_kv_heads=1, head_dim=8, mlp_dim=32, max_seq_len=32)
+bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(0))],
+                           names=["gen/low"])
+serve.TeacherServer(bank, tok).serve("127.0.0.1", 0)
+print("clean exit", flush=True)
+"""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  try:
+    line = proc.stdout.readline()
+    while line and "listening on" not in line:
+      line = proc.stdout.readline()
+    url = line.split("listening on")[1].strip()
+    assert _get(url + "/health")[0] == 200
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=60)[0]
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 0 and "clean exit" in rest
