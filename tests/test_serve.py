@@ -198,3 +198,48 @@ print("clean exit", flush=True)
     if proc.poll() is None:
       proc.kill()
   assert proc.returncode == 0 and "clean exit" in rest
+
+
+def test_mopd_step_scored_by_the_server_equals_in_process():
+  """One MOPD update (mopd.mopd_step) with the server's scores through the client's score_fn
+  equals the update with the in-process co-located scorer."""
+  from mopd_jax import mopd, placement, rollout, sharding, train
+  from mopd_jax.tasks import TOY_DOMAINS, get_task
+  cfg = models.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=1, num_heads=4,
+                           num_kv_heads=2, head_dim=8, mlp_dim=64, max_seq_len=128)
+  names = teachers.DEFAULT_NAMES
+  bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(20 + k))
+                                   for k in range(len(names))], names=names)
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  trainer = train.Trainer(cfg, train.LossConfig(kind="mopd"), train.OptimConfig(lr=1e-2), mesh)
+  tasks = {d: get_task(d) for d in TOY_DOMAINS}
+  cells = [tuple(n.split("/")) for n in names]
+  per_cell = [tasks[d].generate(seed=i, n=2) for i, (d, _) in enumerate(cells)]
+  engine = rollout.RolloutEngine(cfg, TOK, max_response_tokens=10, max_turns=1)
+  taus = {"max": 1.0, "high": 0.55, "low": 0.25}
+  student = models.init_params(cfg, jax.random.PRNGKey(0))
+  local = placement.TeacherScorer(bank, mesh, mesh)
+  srv = serve.TeacherServer(bank, TOK)
+  url = srv.start()
+  remote = teacher_client.EndpointScorer(names, {n: url for n in names})
+  try:
+    remote.check(vocab_size=cfg.vocab_size, tokenizer_hash=tokenizer.fingerprint(TOK),
+                 temperature=1.0)
+    out = {}
+    for name, score_fn in (("local", lambda b, t, m: local(t, m)),
+                           ("server", remote.score_fn)):
+      state, rec = mopd.mopd_step(trainer, trainer.init(student), bank, engine, tasks, cells,
+                                  per_cell, taus, jax.random.PRNGKey(3), r_max=5.0,
+                                  score_fn=score_fn)
+      out[name] = (jax.device_get(state.params), rec)
+  finally:
+    remote.close()
+    srv.stop()
+  (p_local, r_local), (p_server, r_server) = out["local"], out["server"]
+  assert r_server.metrics["kl"] == pytest.approx(r_local.metrics["kl"], abs=1e-5)
+  assert r_server.metrics["loss"] == pytest.approx(r_local.metrics["loss"], abs=1e-5)
+  assert abs(r_local.metrics["kl"]) > 1e-3  # the teachers differ from the student
+  for cell, m in r_local.cells.items():
+    assert r_server.cells[cell]["kl"] == pytest.approx(m["kl"], abs=1e-5)
+  for a, b in zip(jax.tree.leaves(p_local), jax.tree.leaves(p_server)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
