@@ -243,3 +243,36 @@ def test_mopd_step_scored_by_the_server_equals_in_process():
     assert r_server.cells[cell]["kl"] == pytest.approx(m["kl"], abs=1e-5)
   for a, b in zip(jax.tree.leaves(p_local), jax.tree.leaves(p_server)):
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_the_mopd_stage_checks_its_servers_at_start(tmp_path):
+  """The stage's client (`teacher.endpoints` of a tiny toy config) accepts a server of the
+  run's tokenizer and vocabulary and refuses one whose tokenizer differs, naming both."""
+  import dataclasses
+  from configs import toy
+  from mopd_jax.stages import context, mopd as mopd_stage
+  c = toy.get_config("tiny")
+  c.mesh.data = jax.device_count()  # the suite's simulated devices
+  c.mopd.prompts_per_cell = jax.device_count()
+  ctx = context.Run(c, str(tmp_path))
+  cfg = dataclasses.replace(CFG, vocab_size=ctx.model_cfg.vocab_size)
+  bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(0))] *
+                             len(ctx.grid.names), names=ctx.grid.names)
+  other = tokenizer.CharTokenizer(charset=tokenizer.CHARSET[:-1] + "@")  # same size
+  servers = [serve.TeacherServer(bank, tok, temperature=c.mopd.teacher_temperature)
+             for tok in (ctx.tok, other)]
+  try:
+    for srv, ok in zip(servers, (True, False)):
+      url = srv.start()
+      c.teacher.endpoints = ",".join(f"{n}={url}" for n in ctx.grid.names)
+      run = context.Run(c, str(tmp_path))
+      if ok:
+        mopd_stage.endpoint_scorer(run, top_k=0).close()
+        continue
+      with pytest.raises(ValueError, match=f"{srv.url} has tokenizer fingerprint "
+                         f"{tokenizer.fingerprint(other)} but the student's is "
+                         f"{tokenizer.fingerprint(ctx.tok)}"):
+        mopd_stage.endpoint_scorer(run, top_k=0)
+  finally:
+    for srv in servers:
+      srv.stop()
