@@ -359,6 +359,8 @@ def main(argv=None) -> None:
   max_logprobs = flags.DEFINE_integer("max_logprobs", 20, "Largest prompt_logprobs accepted.")
 
   def run(_):
+    import logging  # pylint: disable=g-import-not-at-top
+    logging.getLogger("tornado.access").setLevel(logging.WARNING)  # not a line per request
     bank, tok = bank_from_config(config.value, teachers_path=teachers_path.value,
                                  hf_path=hf_path.value, cell=cell.value)
     server = TeacherServer(bank, tok, temperature=config.value.mopd.teacher_temperature,

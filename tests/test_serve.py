@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from mopd_jax import models, serve, teacher_client, teachers, tokenizer
+from mopd_jax import logprobs, models, serve, teacher_client, teachers, tokenizer
 
 TOK = tokenizer.CharTokenizer()
 CFG = models.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=1, num_heads=4,
@@ -170,34 +170,44 @@ def test_stop_answers_requests_already_in():
     _get(url + "/health")
 
 
-def test_sigterm_stops_the_server_process(tmp_path):
-  script = f"""
-import jax
-from mopd_jax import models, serve, teachers, tokenizer
-tok = tokenizer.CharTokenizer()
-cfg = models.ModelConfig(vocab_size=tok.vocab_size, d_model=16, num_layers=1, num_heads=2,
-                         num_kv_heads=1, head_dim=8, mlp_dim=32, max_seq_len=32)
-bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(0))],
-                           names=["gen/low"])
-serve.TeacherServer(bank, tok).serve("127.0.0.1", 0)
-print("clean exit", flush=True)
-"""
+def test_command_line_serves_a_checkpoint_and_stops_on_sigterm(tmp_path):
+  """`python -m mopd_jax.serve --hf_path DIR --cell gen/max` serves the checkpoint at the
+  config's teacher temperature; SIGTERM ends it with status 0."""
+  from configs import toy
+  from mopd_jax import config as config_mod, hf
+  cfg = config_mod.model_config(toy.get_config("tiny"), TOK.vocab_size)
+  params = models.init_params(cfg, jax.random.PRNGKey(5))
+  hf.save_checkpoint(cfg, params, str(tmp_path / "ckpt"))
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
-  proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, env=env,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "mopd_jax.serve", "--config", "configs/toy.py:tiny",
+       "--hf_path", str(tmp_path / "ckpt"), "--cell", "gen/max", "--port", "0"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   try:
-    line = proc.stdout.readline()
-    while line and "listening on" not in line:
-      line = proc.stdout.readline()
-    url = line.split("listening on")[1].strip()
-    assert _get(url + "/health")[0] == 200
+    lines = []
+    while not lines or "listening on" not in lines[-1]:
+      lines.append(proc.stdout.readline())
+      assert lines[-1], "".join(lines)
+    url = lines[-1].split("listening on")[1].strip()
+    meta = json.loads(_get(url + "/v1/metadata")[1])
+    temperature = toy.get_config("tiny").mopd.teacher_temperature
+    assert meta["cells"] == ["gen/max"] and meta["temperature"] == temperature
+    ids = [TOK.bos_id] + TOK.encode("3+4=7")
+    status, body = _post(url + "/v1/completions",
+                         {"model": "gen/max", "prompt": ids, "prompt_logprobs": 0})
+    hot = models.with_temperature(params, temperature)
+    ref = np.asarray(jax.jit(lambda p, t: logprobs.token_logprobs(cfg, p, t))(
+        hot, np.asarray([ids])))[0]
+    got = [e[str(i)]["logprob"] for e, i in zip(body["choices"][0]["prompt_logprobs"][1:],
+                                                 ids[1:])]
+    np.testing.assert_allclose(got, ref[1:], atol=1e-5)
     proc.send_signal(signal.SIGTERM)
     rest = proc.communicate(timeout=60)[0]
   finally:
     if proc.poll() is None:
       proc.kill()
-  assert proc.returncode == 0 and "clean exit" in rest
+  assert proc.returncode == 0 and "[serve] stopped" in rest, rest[-2000:]
 
 
 def test_mopd_step_scored_by_the_server_equals_in_process():
