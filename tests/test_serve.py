@@ -286,3 +286,20 @@ def test_the_mopd_stage_checks_its_servers_at_start(tmp_path):
   finally:
     for srv in servers:
       srv.stop()
+
+
+def test_a_rows_scores_do_not_depend_on_its_batch_companions():
+  """A row's log-probs do not depend on which requests share its prefill (nothing leaks
+  between rows or cells) beyond float rounding: the batch's shape changes XLA's reductions, so
+  they are not bitwise equal."""
+  import types
+  bank = _bank()
+  r = np.random.RandomState(3)
+  req = lambda cell, n: types.SimpleNamespace(cell=cell, ids=list(r.randint(0, CFG.vocab_size, n)),
+                                              top_k=0)
+  row = req(1, 40)
+  alone = serve.prefill(bank, [row])[0][0]
+  crowd = serve.prefill(bank, [req(0, 33), row, req(1, 60), req(1, 9), req(2, 64)])[1][0]
+  np.testing.assert_allclose(alone, crowd, atol=1e-5)
+  by_another = types.SimpleNamespace(**{**vars(row), "cell": 0})  # another teacher: differs
+  assert np.abs(alone - serve.prefill(bank, [by_another])[0][0]).max() > 1e-3
