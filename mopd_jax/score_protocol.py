@@ -56,8 +56,9 @@ def read_request(body) -> tuple:
   return model, list(prompt), k
 
 
-def prompt_logprobs_entries(token_ids: Sequence[int], logprobs_T, rank_T, topk_logprobs_TxK,
-                            topk_ids_TxK, decode: Callable[[int], str]) -> list:
+def prompt_logprobs_entries(token_ids: Sequence[int], logprobs_T, rank_T, *,
+                            topk_logprobs_TxK, topk_ids_TxK,
+                            decode: Callable[[int], str]) -> list:
   """The `prompt_logprobs` list of one prompt from its per-position arrays (position 0 is
   `null`); `topk_*` may have zero columns."""
   out = [None]
@@ -74,7 +75,7 @@ def prompt_logprobs_entries(token_ids: Sequence[int], logprobs_T, rank_T, topk_l
   return out
 
 
-def completion_response(model: str, entries: list, request_id: str, created: int) -> dict:
+def completion_response(model: str, entries: list, *, request_id: str, created: int) -> dict:
   """A `/v1/completions` answer carrying `entries` as `prompt_logprobs`. No token is
   generated: `text` is "" and `usage.completion_tokens` 0."""
   n = len(entries)

@@ -203,7 +203,7 @@ class TeacherServer:
             r.future.set_result(res)
 
   # --- lifecycle ---------------------------------------------------------------------------
-  async def _main(self, host: str, port: int, ready: threading.Event, signals: bool):
+  async def _main(self, host: str, port: int, *, ready: threading.Event, signals: bool):
     import tornado.httpserver  # pylint: disable=g-import-not-at-top
     import tornado.netutil  # pylint: disable=g-import-not-at-top
     self._loop = asyncio.get_running_loop()
@@ -239,7 +239,7 @@ class TeacherServer:
 
     def run():
       try:
-        asyncio.run(self._main(host, port, ready, signals=False))
+        asyncio.run(self._main(host, port, ready=ready, signals=False))
       except BaseException as e:  # pylint: disable=broad-except  (re-raised by start)
         errors.append(e)
         ready.set()
@@ -264,7 +264,7 @@ class TeacherServer:
 
   def serve(self, host: str, port: int) -> None:
     """Serves in this thread until SIGTERM or SIGINT, then stops gracefully."""
-    asyncio.run(self._main(host, port, threading.Event(), signals=True))
+    asyncio.run(self._main(host, port, ready=threading.Event(), signals=True))
 
 
 def _application(server: TeacherServer):
@@ -310,9 +310,11 @@ def _application(server: TeacherServer):
       if err is not None:
         return self.reply(proto.error_body(err[1], err[0]), err[0])
       lp, rank, tk_lp, tk_ids = await s.submit(cell, ids, k)
-      entries = proto.prompt_logprobs_entries(ids, lp, rank, tk_lp, tk_ids, s.decode)
-      self.reply(proto.completion_response(model, entries, f"cmpl-{uuid.uuid4().hex}",
-                                           int(time.time())))
+      entries = proto.prompt_logprobs_entries(ids, lp, rank, topk_logprobs_TxK=tk_lp,
+                                              topk_ids_TxK=tk_ids, decode=s.decode)
+      self.reply(proto.completion_response(model, entries,
+                                           request_id=f"cmpl-{uuid.uuid4().hex}",
+                                           created=int(time.time())))
 
   args = dict(server=server)
   return tornado.web.Application([

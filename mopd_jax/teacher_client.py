@@ -268,7 +268,7 @@ class EndpointScorer:
       out[url] = meta
     return out
 
-  def _get(self, url: str, path: str, cells, body=None):
+  def _get(self, url: str, path: str, cells, *, body=None):
     try:
       return http_json(url + path, body, self.policy.timeout_s)
     except _NotFound:
@@ -290,7 +290,7 @@ class EndpointScorer:
                        "probe text of the student's tokenizer")
     text, ids = probe
     got = self._get(url, "/tokenize", cells,
-                    {"model": cells[0], "prompt": text, "add_special_tokens": False})
+                    body={"model": cells[0], "prompt": text, "add_special_tokens": False})
     if got is None or list(got.get("tokens", ())) != list(ids):
       raise ValueError(f"teacher server {url} tokenizes the probe {text!r} as "
                        f"{None if got is None else got.get('tokens')} but the student's "

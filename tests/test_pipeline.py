@@ -147,6 +147,46 @@ def test_mopd_stage_with_partial_rollouts_resumes_exactly(workdir, tmp_path):
   assert all(np.array_equal(again[k], final[k]) for k in final)
 
 
+@pytest.mark.slow
+def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
+  """`teacher.endpoints` through the real stage: a server started from the run's own
+  teachers.json (loopback) scores every step; staleness 0 follows the co-located run's
+  history to float rounding (the server's log-probs agree within 1e-5, not bitwise) and
+  staleness 1 runs."""
+  import sys
+  server = subprocess.Popen(
+      [sys.executable, "-m", "mopd_jax.serve", "--config", "configs/toy.py:tiny",
+       "--teachers", os.path.join(workdir, "teachers.json"), "--port", "0"],
+      cwd=suite_cli.ROOT, env=suite_cli.env(), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True)
+  try:
+    line = server.stdout.readline()
+    while line and "listening on" not in line:
+      line = server.stdout.readline()
+    url = line.split("listening on")[1].strip()
+    manifest = json.load(open(os.path.join(workdir, "teachers.json")))
+    endpoints = ",".join(f"{cell}={url}" for cell in manifest["teachers"])
+    sync = json.load(open(os.path.join(workdir, "mopd", "history.json")))
+    for staleness in (0, 1):
+      wd = str(tmp_path / f"served{staleness}")
+      shutil.copytree(workdir, wd)
+      shutil.rmtree(os.path.join(wd, "mopd"))
+      proc = _run_cli(wd, "--config.stages=mopd", f"--config.teacher.endpoints={endpoints}",
+                      f"--config.mopd.staleness={staleness}")
+      assert proc.returncode == 0, proc.stderr[-3000:]
+      served = json.load(open(os.path.join(wd, "mopd", "history.json")))
+      assert len(served) == len(sync) == 3
+      if staleness == 0:
+        for a, b in zip(served, sync):
+          for key in ("loss", "kl", "accuracy", "length"):
+            assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-4), (key, a, b)
+      else:
+        assert all("is_weight_mean" in h for h in served)
+  finally:
+    server.terminate()
+    assert server.wait(timeout=60) == 0
+
+
 def test_unknown_stage_is_an_error(workdir):
   proc = _run_cli(workdir, "--config.stages=sft,distill")
   assert proc.returncode == 2 and "config error: unknown stage(s) ['distill']" in proc.stderr
