@@ -182,6 +182,14 @@ def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
             assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-4), (key, a, b)
       else:
         assert all("is_weight_mean" in h for h in served)
+    # A server that is not there: one `teacher error:` line naming a cell and the URL, exit 3.
+    server.terminate()
+    assert server.wait(timeout=60) == 0
+    proc = _run_cli(str(tmp_path / "served0"), "--config.stages=mopd",
+                    "--config.teacher.endpoint_retries=1", "--config.mopd.steps=4",
+                    f"--config.teacher.endpoints={endpoints}")
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("teacher error:")]
+    assert proc.returncode == 3 and len(lines) == 1 and url in lines[0], proc.stderr[-3000:]
   finally:
     server.terminate()
     assert server.wait(timeout=60) == 0

@@ -303,3 +303,30 @@ def test_a_rows_scores_do_not_depend_on_its_batch_companions():
   np.testing.assert_allclose(alone, crowd, atol=1e-5)
   by_another = types.SimpleNamespace(**{**vars(row), "cell": 0})  # another teacher: differs
   assert np.abs(alone - serve.prefill(bank, [by_another])[0][0]).max() > 1e-3
+
+
+def test_a_server_restarted_between_steps_is_waited_for():
+  """The server stops after one batch and comes back on the same port a moment later: the
+  client's retries (backoff, the replica marked down then tried again) carry the next batch
+  across the gap, and its scores equal the first server's."""
+  bank = _bank()
+  first = serve.TeacherServer(bank, TOK)
+  url = first.start()
+  port = int(url.rsplit(":", 1)[1])
+  policy = teacher_client.RetryPolicy(timeout_s=10, retries=8, backoff_s=0.1, down_s=0.05)
+  scorer = teacher_client.EndpointScorer(NAMES, {n: url for n in NAMES}, policy=policy)
+  second = serve.TeacherServer(bank, TOK)
+  tokens, mask = _batch(seed=4)
+  try:
+    before = scorer(tokens, mask)
+    first.stop()
+    with pytest.raises(urllib.error.URLError):
+      _get(url + "/health")
+    restart = threading.Timer(0.5, lambda: second.start(port=port))
+    restart.start()
+    after = scorer(tokens, mask)
+    restart.join()
+  finally:
+    scorer.close()
+    second.stop()
+  np.testing.assert_allclose(after[mask], before[mask], atol=1e-5)
