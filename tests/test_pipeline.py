@@ -185,8 +185,9 @@ def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
     # A server that is not there: one `teacher error:` line naming a cell and the URL, exit 3.
     server.terminate()
     assert server.wait(timeout=60) == 0
+    shutil.rmtree(os.path.join(tmp_path, "served0", "mopd"))
     proc = _run_cli(str(tmp_path / "served0"), "--config.stages=mopd",
-                    "--config.teacher.endpoint_retries=1", "--config.mopd.steps=4",
+                    "--config.teacher.endpoint_retries=1",
                     f"--config.teacher.endpoints={endpoints}")
     lines = [x for x in proc.stderr.splitlines() if x.startswith("teacher error:")]
     assert proc.returncode == 3 and len(lines) == 1 and url in lines[0], proc.stderr[-3000:]
