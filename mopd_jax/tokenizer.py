@@ -85,6 +85,10 @@ class CharTokenizer:
     ids = [self.bos_id] + self.encode(text + "\n")
     return ids if effort is None else ids + [self.effort_id(effort)]
 
+  def token_table(self) -> list:
+    """[(id, token string)] of every id."""
+    return sorted(self._inverse.items())
+
   def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
     out = []
     for i in ids:
@@ -212,6 +216,10 @@ class HFTokenizer:
       raise ValueError(f"text is not valid UTF-8: {e}") from None
     return list(self._tok.encode(text, add_special_tokens=False).ids)
 
+  def token_table(self) -> list:
+    """[(id, token string)] of every id: the file's vocabulary with the added specials."""
+    return sorted((i, t) for t, i in self._tok.get_vocab(with_added_tokens=True).items())
+
   def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
     ids = [int(i) for i in ids]
     n = self.vocab_size
@@ -271,10 +279,7 @@ def fingerprint(tok) -> str:
   server) agree on the ids' meaning exactly when their fingerprints are equal."""
   import hashlib  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
-  if isinstance(tok, HFTokenizer):  # the file's own table, added specials included
-    table = sorted((i, s) for s, i in tok._tok.get_vocab(with_added_tokens=True).items())  # pylint: disable=protected-access
-  else:
-    table = [(i, tok.decode([i])) for i in range(tok.vocab_size)]
+  table = tok.token_table()
   efforts = {e: (tok.effort_id(e) if getattr(tok, "effort_format", "token") == "token"
                  else None) for e in tok.efforts}
   blob = json.dumps({"table": table, "specials": {a: getattr(tok, a) for a in _SPECIAL_ATTRS},
