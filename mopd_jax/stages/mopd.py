@@ -11,8 +11,8 @@ manifest on every (re)start and never saved with it.
 `python -m mopd_jax.serve`, or vLLM): each server is checked at start (vocabulary, tokenizer
 fingerprint, temperature, cells), a step's requests go out when its rollouts are ready, and
 a server that stays down stops the run (`TeacherUnavailable`) with the last checkpoint kept.
-The bank's params are then read only by what needs them in this process: the teacher-SFT
-initialisation's teacher rollouts; the exact-KL diagnostic is off.
+The bank's params are then loaded only for what runs in this process: the teacher-SFT
+initialisation's teacher rollouts and the exact-KL diagnostic (co-located placement).
 """
 from __future__ import annotations
 
@@ -54,10 +54,13 @@ def endpoint_scorer(ctx: Run, top_k: int) -> teacher_client.EndpointScorer:
 def run(ctx: Run) -> None:
   c, grid = ctx.config.mopd, ctx.grid
   served = bool(ctx.config.teacher.endpoints)
+  colocated = ctx.config.placement.teachers == "colocated"
   top_k = c.top_k if c.loss == "topk" else 0
-  if served and c.init != "teacher_sft":  # the router alone: no teacher params here
+  # With teacher servers this process reads the teachers' params only for what runs here:
+  # the teacher-SFT init's rollouts and the exact-KL diagnostic.
+  if served and c.init != "teacher_sft" and not (c.exact_kl_every and colocated):
     bank = teachers.TeacherBank(params={}, model_cfg=ctx.teacher_cfg,
-                                router=teachers.Router(grid.names))
+                                router=teachers.Router(grid.names))  # the router alone
   else:
     bank = ctx.load_bank()
   staleness = c.staleness
@@ -80,10 +83,11 @@ def run(ctx: Run) -> None:
   # The teachers score at `mopd.teacher_temperature`, and sample the teacher_sft init's
   # trajectories at it: the student is initialised on, and distilled from, the same
   # distribution.
+  scoring = bank if not bank.params else bank.replace(
+      params=models.with_temperature(bank.params, c.teacher_temperature))
   if served:
-    scoring, scorer = bank, endpoint_scorer(ctx, top_k)
+    scorer = endpoint_scorer(ctx, top_k)
   else:
-    scoring = bank.replace(params=models.with_temperature(bank.params, c.teacher_temperature))
     scorer = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k)
   log = ctx.logger("mopd")
   t0 = time.time()
@@ -121,11 +125,10 @@ def run(ctx: Run) -> None:
     return scorer.submit(sampled.tokens, sampled.input_mask)
 
   # The exact KL diagnostic needs the student and the teachers on the same devices.
-  colocated = ctx.config.placement.teachers == "colocated" and not served
   every = c.exact_kl_every if colocated else 0
   if c.exact_kl_every and not every:
-    print("[mopd] mopd.exact_kl_every: the exact KL needs co-located teachers (not "
-          "teacher.endpoints); only the sampled-token KL estimate is reported")
+    print("[mopd] mopd.exact_kl_every: the exact KL needs co-located teachers; only the "
+          "sampled-token KL estimate is reported")
 
   # Effort sensitivity and loss shares (diagnostics.py): on the first and the last step
   # only (on the toy they cost about one update each, more than the exact KL); the exact KL
