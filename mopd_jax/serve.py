@@ -169,6 +169,7 @@ class TeacherServer:
     return self.cells[model], None
 
   async def submit(self, cell: int, ids: list, k: int):
+    """Queues one row for the next round of prefills; its per-position arrays when scored."""
     fut = asyncio.get_running_loop().create_future()
     self._pending += 1
     try:
@@ -208,6 +209,7 @@ class TeacherServer:
     import tornado.netutil  # pylint: disable=g-import-not-at-top
     self._loop = asyncio.get_running_loop()
     self._stop, self._queue, self._pending = asyncio.Event(), asyncio.Queue(), 0
+    self.stopping = False
     if signals:
       for s in (signal.SIGTERM, signal.SIGINT):
         self._loop.add_signal_handler(s, self._stop.set)
