@@ -15,7 +15,7 @@ Batching: requests that arrive while the device is busy (or within `max_wait_s` 
 first) are scored together in one prefill per length bucket: each request's tokens are
 right-padded to the next power of two, the rows laid out [K, b, T] by cell and scored by a
 `vmap` over the stacked teachers (the bank's stratified layout; b is a power of two too, so
-a few shapes compile). Right padding leaves every real position's log-prob unchanged (causal
+a few shapes compile, each once, the first time a round forms it). Right padding leaves every real position's log-prob unchanged (causal
 attention, padded keys masked), so the server's log-probs equal in-process scoring.
 
 Endpoints: `POST /v1/completions`; `GET /health` (200 while serving, 503 once stopping);
@@ -118,7 +118,7 @@ class TeacherServer:
   `prompt_logprobs` accepted (vLLM's default is 20)."""
 
   def __init__(self, bank: teachers.TeacherBank, tok, *, temperature: float = 1.0,
-               max_batch_rows: int = 256, max_wait_s: float = 0.002, max_logprobs: int = 20,
+               max_batch_rows: int = 256, max_wait_s: float = 0.01, max_logprobs: int = 20,
                chunk_size: int = 64):
     self.bank = bank.replace(params=models.with_temperature(bank.params, temperature))
     self.tok, self.temperature = tok, float(temperature)
@@ -358,7 +358,7 @@ def main(argv=None) -> None:
   host = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
   port = flags.DEFINE_integer("port", 8000, "Port to listen on (0 = any free one).")
   max_batch_rows = flags.DEFINE_integer("max_batch_rows", 256, "Most requests per round.")
-  max_wait_ms = flags.DEFINE_float("max_wait_ms", 2.0,
+  max_wait_ms = flags.DEFINE_float("max_wait_ms", 10.0,
                                    "How long a round's first request waits for others.")
   max_logprobs = flags.DEFINE_integer("max_logprobs", 20, "Largest prompt_logprobs accepted.")
 
