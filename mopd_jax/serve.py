@@ -15,8 +15,9 @@ Batching: requests that arrive while the device is busy (or within `max_wait_s` 
 first) are scored together in one prefill per length bucket: each request's tokens are
 right-padded to the next power of two, the rows laid out [K, b, T] by cell and scored by a
 `vmap` over the stacked teachers (the bank's stratified layout; b is a power of two too, so
-a few shapes compile, each once, the first time a round forms it). Right padding leaves every real position's log-prob unchanged (causal
-attention, padded keys masked), so the server's log-probs equal in-process scoring.
+a few shapes compile, each once, the first time a round forms it). Right padding leaves
+every real position's log-prob unchanged (causal attention, padded keys masked), so the
+server's log-probs equal in-process scoring within float rounding.
 
 Endpoints: `POST /v1/completions`; `GET /health` (200 while serving, 503 once stopping);
 `GET /v1/models` (one model per cell); `GET /v1/metadata` (cells, vocabulary size, tokenizer
