@@ -222,6 +222,8 @@ class HfPaths:
 _MODEL_CHECKS = {"preset": Str(), "hf_path": Str(), "tokenizer_path": Str(),
                  "quant": OneOf(("none", "int8", "int4")), "quant_group": Int(),
                  "remat": OneOf(("none", "block", "dots"))}
+
+
 @dataclasses.dataclass(frozen=True)
 class Endpoints:
   """"domain/effort" -> teacher server URLs: the string
