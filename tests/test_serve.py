@@ -279,7 +279,8 @@ def test_the_mopd_stage_checks_its_servers_at_start(tmp_path):
       if ok:
         mopd_stage.endpoint_scorer(run, top_k=0).close()
         continue
-      with pytest.raises(ValueError, match=f"{srv.url} has tokenizer fingerprint "
+      from mopd_jax.config import ConfigError
+      with pytest.raises(ConfigError, match=f"{srv.url} has tokenizer fingerprint "
                          f"{tokenizer.fingerprint(other)} but the student's is "
                          f"{tokenizer.fingerprint(ctx.tok)}"):
         mopd_stage.endpoint_scorer(run, top_k=0)

@@ -22,8 +22,9 @@ import time
 import jax
 import numpy as np
 
-from mopd_jax import (async_scoring, checkpoint, diagnostics, models, mopd, partial,
-                      placement, rollout, teacher_client, teachers, tokenizer, train)
+from mopd_jax import (async_scoring, checkpoint, config as config_mod, diagnostics, models,
+                      mopd, partial, placement, rollout, teacher_client, teachers, tokenizer,
+                      train)
 from mopd_jax.stages.context import Run
 
 IN_FLIGHT = "_in_flight"  # the data state's entry of the partial-rollout pool (not a domain)
@@ -44,10 +45,14 @@ def endpoint_scorer(ctx: Run, top_k: int) -> teacher_client.EndpointScorer:
   c = ctx.config
   scorer = teacher_client.EndpointScorer(ctx.grid.names, c.teacher.endpoints,
                                          policy=c.teacher.retry_policy(), top_k=top_k)
-  scorer.check(vocab_size=ctx.model_cfg.vocab_size,
-               tokenizer_hash=tokenizer.fingerprint(ctx.tok),
-               temperature=c.mopd.teacher_temperature,
-               probe=(PROBE_TEXT, ctx.tok.encode(PROBE_TEXT)))
+  try:
+    scorer.check(vocab_size=ctx.model_cfg.vocab_size,
+                 tokenizer_hash=tokenizer.fingerprint(ctx.tok),
+                 temperature=c.mopd.teacher_temperature,
+                 probe=(PROBE_TEXT, ctx.tok.encode(PROBE_TEXT)))
+  except ValueError as e:  # a server for another student: one `config error:` line
+    scorer.close()
+    raise config_mod.ConfigError(str(e)) from e
   return scorer
 
 
