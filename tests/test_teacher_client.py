@@ -5,6 +5,7 @@ server down (one line naming cell and URL), and never hands out a partial batch.
 import dataclasses
 import http.server
 import json
+import random
 import socket
 import threading
 import time
@@ -150,7 +151,7 @@ class VllmStandIn:
 
 
 @pytest.fixture
-def standin(request):
+def standin():
   servers = []
 
   def make(**kw):
@@ -264,7 +265,6 @@ def test_retries_with_exponential_backoff_and_jitter(standin):
   assert s.b.requests == 3 and len(waits) == 2
   assert 0.5 <= waits[0] <= 1.5 and 1.0 <= waits[1] <= 3.0  # 1 s then 2 s, +-50 % jitter
   pol = teacher_client.RetryPolicy(backoff_s=1.0, max_backoff_s=4.0, jitter=0.0)
-  import random
   assert [pol.wait_s(a, random.Random(0)) for a in (1, 2, 3, 4, 5)] == [1, 2, 4, 4, 4]
 
 
