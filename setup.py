@@ -28,6 +28,7 @@ setup(
         "math-verify>=0.9.0",  # the math verifier's answer equivalence (LaTeX, fractions, %)
         "pyarrow>=14",  # Parquet data files (mopd_jax.tasks.records); TFDS needs it too
         "grain>=0.2.18",  # record domains' loading: an index sampler sharded by JAX process
+        "tornado>=6.4",  # the teacher server's asyncio HTTP server (mopd_jax.serve)
     ],
     extras_require={
         "test": ["pytest>=9.0", "pytest-xdist>=3.8",  # -n 2: the suite on both cores

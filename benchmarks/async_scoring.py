@@ -1,18 +1,23 @@
-"""Sync vs asynchronous teacher scoring: `python -m benchmarks.async_scoring [--steps 6]`.
+"""Sync vs asynchronous teacher scoring: `python -m benchmarks.async_scoring [--steps 6]
+[--placement disaggregated|server]`.
 
-A student and a bank of deeper teachers on two simulated CPU devices, teachers disaggregated
-(device 1) from the student (device 0). Each MOPD step samples K * b rollouts, has the bank
-score them and updates the student; the benchmark prints the per-step time of each phase
-(sample, time blocked on teachers, train) and of the whole step for staleness 0 (sync) and 1
-(teachers score batch k while the student samples batch k+1). On 2 shared CPU cores the two
-"devices" compete for the same cores, so the overlap gain here is a lower bound of what
-separate accelerators give.
+A student and a bank of deeper teachers, the teachers either disaggregated on a second
+simulated CPU device of the same process (device 1; the student on device 0) or, with
+`--placement server`, in a teacher server process of their own (`mopd_jax.serve`, on
+loopback) scored through `teacher_client.EndpointScorer`. Each MOPD step samples K * b
+rollouts, has the bank score them and updates the student; the benchmark prints the per-step
+time of each phase (sample, time blocked on teachers, train) and of the whole step for
+staleness 0 (sync) and 1 (teachers score batch k while the student samples batch k+1). On 2
+shared CPU cores the student and the teachers compete for the same cores, so the overlap
+gain here is a lower bound of what separate accelerators or hosts give.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
+import sys
 
 if __name__ == "__main__":  # two simulated devices, before JAX starts
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
@@ -22,22 +27,37 @@ if __name__ == "__main__":  # two simulated devices, before JAX starts
 import jax
 import numpy as np
 
-from mopd_jax import async_scoring, models, placement, sampling, teachers, train
+from mopd_jax import (async_scoring, models, placement, sampling, teacher_client, teachers,
+                      train)
+
+
+def teacher_bank(teacher_cfg, num_teachers: int) -> teachers.TeacherBank:
+  """The benchmark's bank: the same params in this process and in a server process."""
+  plist = [models.init_params(teacher_cfg, jax.random.PRNGKey(100 + i))
+           for i in range(num_teachers)]
+  return teachers.build_bank(teacher_cfg, plist,
+                             names=[f"d{i}/e" for i in range(num_teachers)])
 
 
 def build(student_cfg, teacher_cfg, *, num_teachers=3, rows_per_teacher=2, prompt_len=8,
-          new_tokens=16, staleness=0, is_bounds=(0.5, 2.0), devices=None, seed=0):
+          new_tokens=16, staleness=0, is_bounds=(0.5, 2.0), devices=None, seed=0,
+          server_url=None):
   """(initial state, sample, submit, train) for `async_scoring.run` on a disaggregated pair
-  of devices (or one shared device when only one is given)."""
+  of devices (or one shared device when only one is given); `server_url`: the teachers are
+  scored by the teacher server there instead (the student on the first device)."""
   devices = list(jax.devices()[:2] if devices is None else devices)
+  if server_url:
+    devices = devices[:1]
   if len(devices) == 2:
     s_mesh, t_mesh = placement.make_meshes({"data": 1}, {"data": 1}, "disaggregated", devices)
   else:
     s_mesh, t_mesh = placement.make_meshes({"data": 1}, None, "colocated", devices)
   k, b = num_teachers, rows_per_teacher
-  plist = [models.init_params(teacher_cfg, jax.random.PRNGKey(100 + i)) for i in range(k)]
-  bank = teachers.build_bank(teacher_cfg, plist, names=[f"d{i}/e" for i in range(k)])
-  scorer = placement.TeacherScorer(bank, s_mesh, t_mesh)
+  if server_url:
+    names = [f"d{i}/e" for i in range(k)]
+    scorer = teacher_client.EndpointScorer(names, {n: server_url for n in names})
+  else:
+    scorer = placement.TeacherScorer(teacher_bank(teacher_cfg, k), s_mesh, t_mesh)
   loss_cfg = train.LossConfig(kind="mopd", is_bounds=tuple(is_bounds) if staleness else None)
   trainer = train.Trainer(student_cfg, loss_cfg, train.OptimConfig(lr=1e-3, warmup_steps=0),
                           s_mesh)
@@ -68,32 +88,70 @@ def build(student_cfg, teacher_cfg, *, num_teachers=3, rows_per_teacher=2, promp
   return state, sample, submit, train_fn
 
 
+def _configs():
+  student = models.get_preset("toy", vocab_size=256, num_layers=2)
+  teacher = models.get_preset("toy", vocab_size=256, num_layers=6, d_model=256, mlp_dim=768,
+                              num_heads=8, num_kv_heads=4)
+  return student, teacher
+
+
+def _start_server():
+  """This module's bank in a teacher server process of its own: (process, base URL)."""
+  proc = subprocess.Popen([sys.executable, "-m", "benchmarks.async_scoring", "--serve"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env={**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"})
+  line = proc.stdout.readline()
+  while line and "listening on" not in line:
+    line = proc.stdout.readline()
+  if not line:
+    raise RuntimeError("the benchmark's teacher server did not start")
+  return proc, line.split("listening on")[1].strip()
+
+
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--steps", type=int, default=6)
   ap.add_argument("--json", action="store_true")
+  ap.add_argument("--placement", choices=("disaggregated", "server"), default="disaggregated")
+  ap.add_argument("--serve", action="store_true", help="be the teacher server (internal)")
   args = ap.parse_args(argv)
-  student = models.get_preset("toy", vocab_size=256, num_layers=2)
-  teacher = models.get_preset("toy", vocab_size=256, num_layers=6, d_model=256, mlp_dim=768,
-                              num_heads=8, num_kv_heads=4)
-  out = {}
-  for staleness in (0, 1):
-    state, sample, submit, train_fn = build(student, teacher, staleness=staleness,
-                                            rows_per_teacher=4, new_tokens=32)
-    # One untimed step compiles every program.
-    state, _, _ = async_scoring.run(state, 1, sample=sample, submit=submit, train=train_fn)
-    _, hist, times = async_scoring.run(state, args.steps, sample=sample, submit=submit,
-                                       train=train_fn, staleness=staleness)
-    out[f"staleness_{staleness}"] = {**{k: round(v, 4) for k, v in times.per_step().items()},
-                                     "final_loss": float(hist[-1]["loss"])}
+  student, teacher = _configs()
+  if args.serve:
+    from mopd_jax import serve, tokenizer  # pylint: disable=g-import-not-at-top
+    serve.TeacherServer(teacher_bank(teacher, 3), tokenizer.CharTokenizer()).serve(
+        "127.0.0.1", 0)
+    return
+  server, url = _start_server() if args.placement == "server" else (None, None)
+  try:
+    out = _measure(student, teacher, args.steps, url)
+  finally:
+    if server is not None:
+      server.terminate()
+      server.wait(timeout=60)
   if args.json:
     print(json.dumps(out, indent=2))
     return
   print("| mode | sample s | teacher wait s | train s | step s |")
   print("| --- | ---: | ---: | ---: | ---: |")
   for name, r in out.items():
-    print(f"| {name} | {r['sample']:.3f} | {r['teacher_wait']:.3f} | {r['train']:.3f} | "
-          f"{r['step']:.3f} |")
+    print(f"| {args.placement}, {name} | {r['sample']:.3f} | {r['teacher_wait']:.3f} | "
+          f"{r['train']:.3f} | {r['step']:.3f} |")
+
+
+def _measure(student, teacher, steps: int, server_url) -> dict:
+  out = {}
+  for staleness in (0, 1):
+    state, sample, submit, train_fn = build(student, teacher, staleness=staleness,
+                                            rows_per_teacher=4, new_tokens=32,
+                                            server_url=server_url)
+    # Untimed steps compile every program (a teacher server compiles one prefill per rows
+    # and length bucket that the arrival of requests happens to form).
+    state, _, _ = async_scoring.run(state, 3, sample=sample, submit=submit, train=train_fn)
+    _, hist, times = async_scoring.run(state, steps, sample=sample, submit=submit,
+                                       train=train_fn, staleness=staleness)
+    out[f"staleness_{staleness}"] = {**{k: round(v, 4) for k, v in times.per_step().items()},
+                                     "final_loss": float(hist[-1]["loss"])}
+  return out
 
 
 if __name__ == "__main__":

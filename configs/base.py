@@ -65,6 +65,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # whose teacher is trained from a second SFT of `outside_seed`; "" = off.
   c.teacher.outside_cell = ""
   c.teacher.outside_seed = 1
+  # Teacher servers (python -m mopd_jax.serve, or vLLM with --served-model-name CELL): the MOPD
+  # stage scores against them instead of in-process. "gen/low=http://h1:8000|http://h2:8000,
+  # gen/max=..." maps every cell to one URL or several replicas; "" = in-process teachers.
+  c.teacher.endpoints = ""
+  c.teacher.endpoint_timeout_s = 60.0  # per scoring request
+  c.teacher.endpoint_retries = 4  # tries after the first (backoff, failover), then the run stops
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1  # mesh axis sizes; their product must equal the device count

@@ -7,7 +7,9 @@ Errors: a bad flag (an unknown field, a value of the wrong type, a config file t
 load), a bad config value (mopd_jax/config.py checks every field before any stage starts)
 or a missing `--workdir` prints one `config error:` line naming the field, the value and
 what is allowed, and exits with status 2; `--verbosity=1` adds the traceback. A preempted run exits with
-`checkpoint.PREEMPTED_EXIT_CODE`; the same command resumes it.
+`checkpoint.PREEMPTED_EXIT_CODE`; the same command resumes it. A teacher server
+(`teacher.endpoints`) down past its retries prints one `teacher error:` line naming the cell
+and URL and exits with status 3; the same command resumes once the server is back.
 """
 import logging as pylogging
 import sys
@@ -18,6 +20,7 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and reports.")
+TEACHER_EXIT_CODE = 3  # a teacher server stayed down: the last finished step is checkpointed
 
 
 class _QuietOrbax(pylogging.Filter):
@@ -42,7 +45,7 @@ def main(argv):
     sys.exit(2)
   import jax
 
-  from mopd_jax import checkpoint, config as config_mod, distributed, pipeline
+  from mopd_jax import checkpoint, config as config_mod, distributed, pipeline, teacher_client
   try:
     # Multi-host: start jax.distributed (config.distributed or JAX_* environment variables)
     # before the first device query below initialises a backend.
@@ -59,6 +62,9 @@ def main(argv):
       raise
     print(f"config error: {e}", file=sys.stderr, flush=True)
     sys.exit(2)
+  except teacher_client.TeacherUnavailable as e:  # a teacher server down past its retries
+    print(f"teacher error: {e}", file=sys.stderr, flush=True)
+    sys.exit(TEACHER_EXIT_CODE)
   except checkpoint.Preempted as e:
     # Non-zero so a scheduler knows the run is unfinished; re-running resumes.
     logging.error("preempted: %s", e)

@@ -23,6 +23,7 @@ import ml_collections
 
 from mopd_jax import grid as grid_mod
 from mopd_jax import lanes, mopd, partial, placement, profiling, rl, sft, sharding, storage
+from mopd_jax import teacher_client
 from mopd_jax import tokenizer as tokenizer_mod
 from mopd_jax.tasks import base as task_base
 
@@ -177,16 +178,24 @@ class ModelSpec:
 @dataclasses.dataclass(frozen=True)
 class TeacherSpec:
   """The `teacher` block: Hugging Face teachers ("domain/effort" -> checkpoint directory,
-  one per cell) with their model overrides, the outside-teacher ablation, and whether the
-  teachers see the effort in their prompts."""
+  one per cell) with their model overrides, the outside-teacher ablation, whether the
+  teachers see the effort in their prompts, and teacher servers to score against
+  (`endpoints`: "domain/effort" -> URLs, mopd_jax/teacher_client.py; {} = in-process)."""
   hf_paths: dict
   outside_cell: str
   outside_seed: int
   effort_in_prompt: bool
+  endpoints: dict  # "domain/effort" -> (url, ...): replicas of that cell's teacher server
+  endpoint_timeout_s: float  # per scoring request
+  endpoint_retries: int  # tries after the first, with backoff, before the run stops
   model: dict  # preset and ModelConfig overrides of Hugging Face teachers
 
   def mapping(self) -> dict:
     return dict(self.model)
+
+  def retry_policy(self) -> teacher_client.RetryPolicy:
+    return teacher_client.RetryPolicy(timeout_s=self.endpoint_timeout_s,
+                                      retries=self.endpoint_retries)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,8 +223,23 @@ class HfPaths:
 _MODEL_CHECKS = {"preset": Str(), "hf_path": Str(), "tokenizer_path": Str(),
                  "quant": OneOf(("none", "int8", "int4")), "quant_group": Int(),
                  "remat": OneOf(("none", "block", "dots"))}
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoints:
+  """"domain/effort" -> teacher server URLs: the string
+  "gen/low=http://h1:8000|http://h2:8000,gen/max=http://h3:8000" or a mapping of a cell to a
+  URL or a list of them; "" = none. Checked against the grid by build."""
+
+  def __call__(self, name: str, v):
+    if isinstance(v, ml_collections.ConfigDict):
+      v = v.to_dict()
+    return teacher_client.parse_endpoints(v)
+
+
 _TEACHER_CHECKS = {"hf_paths": HfPaths(), "outside_cell": Str(), "outside_seed": Int(0),
-                   "effort_in_prompt": Bool()}
+                   "effort_in_prompt": Bool(), "endpoints": Endpoints(),
+                   "endpoint_timeout_s": Num(strict=True), "endpoint_retries": Int(0)}
 
 
 def _split(value, name: str, checks: Mapping) -> tuple:
@@ -625,6 +649,13 @@ def _cross_checks(c: RunConfig, num_devices: int) -> None:
     if missing or extra:
       raise ValueError(f"teacher.hf_paths must map every cell of the grid {grid.names} to a "
                        f"checkpoint directory" + (f"; missing {missing}" if missing else "") +
+                       (f"; not cells of the grid: {extra}" if extra else ""))
+  if t.endpoints:
+    missing = [n for n in grid.names if n not in t.endpoints]
+    extra = sorted(set(t.endpoints) - set(grid.names))
+    if missing or extra:
+      raise ValueError(f"teacher.endpoints must map every cell of the grid {grid.names} to "
+                       "teacher server URLs" + (f"; missing {missing}" if missing else "") +
                        (f"; not cells of the grid: {extra}" if extra else ""))
   if c.prompt.effort_format != "token" and not c.model.tokenizer_path:
     raise ValueError(f"prompt.effort_format={c.prompt.effort_format!r} needs a Hugging Face "

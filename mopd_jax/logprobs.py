@@ -25,12 +25,17 @@ class TokenStats(NamedTuple):
   entropy: Optional[jax.Array] = None  # [B, T] entropy of the predictive distribution
   topk_logprobs: Optional[jax.Array] = None  # [B, T, k]
   topk_ids: Optional[jax.Array] = None  # [B, T, k]
+  # [B, T] int32 1-based rank of each given token in its predictive distribution (1 = the
+  # most likely; ties share the better rank), 0 at t = 0.
+  rank: Optional[jax.Array] = None
 
 
-def _chunk_stats(cfg, params, h_BxCxD, tgt_BxC, *, with_entropy, top_k, topk_ids_BxCxK):
+def _chunk_stats(cfg, params, h_BxCxD, tgt_BxC, *, with_entropy, top_k, topk_ids_BxCxK,
+                 with_rank=False):
   logits = models.logits_from_hidden(cfg, params, h_BxCxD)  # float32 [B, C, V]
   lse = jax.nn.logsumexp(logits, axis=-1)
-  lp = jnp.take_along_axis(logits, tgt_BxC[..., None], axis=-1)[..., 0] - lse
+  tgt_logit = jnp.take_along_axis(logits, tgt_BxC[..., None], axis=-1)[..., 0]
+  lp = tgt_logit - lse
   out = [lp]
   if with_entropy:
     p = jnp.exp(logits - lse[..., None])
@@ -42,6 +47,8 @@ def _chunk_stats(cfg, params, h_BxCxD, tgt_BxC, *, with_entropy, top_k, topk_ids
       ids = topk_ids_BxCxK
       vals = jnp.take_along_axis(logits, ids, axis=-1)
     out += [vals - lse[..., None], ids.astype(jnp.int32)]
+  if with_rank:
+    out.append(1 + jnp.sum(logits > tgt_logit[..., None], axis=-1, dtype=jnp.int32))
   return tuple(out)
 
 
@@ -59,7 +66,7 @@ def _chunking(b: int, n: int, chunk_size: int):
 
 def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, *,
                             chunk_size: int = 64, with_entropy: bool = False, top_k: int = 0,
-                            topk_ids_BxTxK=None) -> TokenStats:
+                            topk_ids_BxTxK=None, with_rank: bool = False) -> TokenStats:
   """Stats of each next token from final hidden states; see module docstring."""
   cfg, params = models.materialize(cfg, params)
   b, t, d = hidden_BxTxD.shape
@@ -73,7 +80,7 @@ def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, 
   @functools.partial(jax.checkpoint, prevent_cse=False)
   def chunk(params, h_c, tgt_c, ids_c):
     return _chunk_stats(cfg, params, h_c, tgt_c, with_entropy=with_entropy, top_k=top_k,
-                        topk_ids_BxCxK=ids_c)
+                        topk_ids_BxCxK=ids_c, with_rank=with_rank)
 
   def step(carry, x):
     return carry, chunk(params, *x)
@@ -87,8 +94,9 @@ def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, 
   ys = [unchunk(y) for y in ys]
   lp = ys.pop(0)
   ent = ys.pop(0) if with_entropy else None
-  tk_lp, tk_ids = (ys[0], ys[1]) if top_k else (None, None)
-  return TokenStats(lp, ent, tk_lp, tk_ids)
+  tk_lp, tk_ids = (ys.pop(0), ys.pop(0)) if top_k else (None, None)
+  rank = ys.pop(0) if with_rank else None
+  return TokenStats(lp, ent, tk_lp, tk_ids, rank)
 
 
 def kl_from_hidden(cfg_p: ModelConfig, params_p, hidden_p_BxTxD, cfg_q: ModelConfig, params_q,
@@ -117,13 +125,13 @@ def kl_from_hidden(cfg_p: ModelConfig, params_p, hidden_p_BxTxD, cfg_q: ModelCon
 
 def token_stats(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None, positions=None,
                 chunk_size: int = 64, with_entropy: bool = False, top_k: int = 0,
-                topk_ids_BxTxK=None) -> TokenStats:
-  """Teacher-forced per-token log-probs (and optionally entropy, top-k) of `tokens`."""
+                topk_ids_BxTxK=None, with_rank: bool = False) -> TokenStats:
+  """Teacher-forced per-token log-probs (and optionally entropy, top-k, rank) of `tokens`."""
   cfg, params = models.materialize(cfg, params)  # QAT: quantise once for trunk and head
   h = models.hidden_states(cfg, params, tokens_BxT, input_mask=input_mask, positions=positions)
   return token_stats_from_hidden(cfg, params, h, tokens_BxT, chunk_size=chunk_size,
                                  with_entropy=with_entropy, top_k=top_k,
-                                 topk_ids_BxTxK=topk_ids_BxTxK)
+                                 topk_ids_BxTxK=topk_ids_BxTxK, with_rank=with_rank)
 
 
 def token_logprobs(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None, positions=None,

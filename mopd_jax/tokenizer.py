@@ -90,6 +90,10 @@ class CharTokenizer:
     ids = [self.bos_id] + self.encode(text + "\n")
     return ids if effort is None else ids + [self.effort_id(effort)]
 
+  def token_table(self) -> list:
+    """[(id, token string)] of every id."""
+    return sorted(self._inverse.items())
+
   def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
     out = []
     for i in ids:
@@ -295,6 +299,10 @@ class HFTokenizer:
       raise ValueError(f"text is not valid UTF-8: {e}") from None
     return list(self._tok.encode(text, add_special_tokens=False).ids)
 
+  def token_table(self) -> list:
+    """[(id, token string)] of every id: the file's vocabulary with the added specials."""
+    return sorted((i, t) for t, i in self._tok.get_vocab(with_added_tokens=True).items())
+
   def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
     ids = [int(i) for i in ids]
     n = self.vocab_size
@@ -326,3 +334,20 @@ def load_tokenizer(spec: str = "char", efforts=DEFAULT_EFFORTS, **kwargs):
                                 os.path.isfile(os.path.join(spec, "tokenizer.json"))):
     return HFTokenizer(spec, efforts=efforts, **kwargs)
   raise ValueError(f"unknown tokenizer {spec!r}: expected 'char' or a path to a tokenizer.json")
+
+
+_SPECIAL_ATTRS = ("pad_id", "bos_id", "eos_id", "call_id", "call_end_id", "obs_id", "obs_end_id")
+
+
+def fingerprint(tok) -> str:
+  """A hex digest of what a token id means to `tok`: every id's token string, the special
+  ids and the effort tokens. Two processes exchanging token ids (a trainer and a teacher
+  server) agree on the ids' meaning exactly when their fingerprints are equal."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  table = tok.token_table()
+  efforts = {e: (tok.effort_id(e) if getattr(tok, "effort_format", "token") == "token"
+                 else None) for e in tok.efforts}
+  blob = json.dumps({"table": table, "specials": {a: getattr(tok, a) for a in _SPECIAL_ATTRS},
+                     "efforts": efforts}, sort_keys=True, ensure_ascii=True)
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]

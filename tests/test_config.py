@@ -45,6 +45,12 @@ CASES = [
     ("c.teacher.hf_paths = 'gen/low'", "is not 'domain/effort=directory'"),
     ("c.teacher.hf_paths = ','.join(f'{d}/{e}=/x' for d in ('gen', 'agt', 'cod') "
      "for e in ('low', 'high', 'max')) + ',gen/mid=/y'", "not cells of the grid: ['gen/mid']"),
+    ("c.teacher.endpoints = 'gen/low=http://127.0.0.1:1'", "teacher.endpoints must map every "
+     "cell of the grid"),
+    ("c.teacher.endpoints = 'gen/low=ftp://a'", "must be http(s) URLs"),
+    ("c.teacher.endpoints = 'gen/low'", "is not 'domain/effort=URL[|URL...]'"),
+    ("c.teacher.endpoint_timeout_s = 0.0", "teacher.endpoint_timeout_s must be a finite number"),
+    ("c.teacher.endpoint_retries = -1", "teacher.endpoint_retries must be an int >= 0"),
     ("c.tasks.gen.train = 'x.jsonl'", "tasks.gen has field(s) ['train']; a domain of task "
      "'gen' takes only 'task'"),
     ("c.tasks.gen.task = 'records'", "tasks.gen lacks"),
@@ -136,6 +142,12 @@ def test_run_config_is_typed_and_frozen():
   rc = config.build(toy.get_config(), 1)
   assert rc.sft.steps == 1040 and rc.mopd.prompts_across_efforts == "shared"
   assert rc.model.mapping()["num_layers"] == 4 and rc.teacher.hf_paths == {}
+  assert rc.teacher.endpoints == {} and rc.teacher.retry_policy().retries == 4
+  c = toy.get_config()
+  c.teacher.endpoints = ",".join(f"{n}=http://127.0.0.1:8000|http://127.0.0.1:8001/"
+                                 for n in rc.grid.names)
+  urls = config.build(c, 1).teacher.endpoints
+  assert urls == {n: ("http://127.0.0.1:8000", "http://127.0.0.1:8001") for n in rc.grid.names}
 
 
 def test_unknown_key_and_wrong_type_are_rejected():

@@ -45,6 +45,20 @@ def test_entropy_and_topk(setup):
   np.testing.assert_allclose(other.topk_logprobs, st.topk_logprobs, atol=1e-6)
 
 
+def test_rank_of_the_given_token(setup):
+  """`with_rank`: 1 + how many tokens the model finds likelier than the given one (vLLM's
+  `rank`), chunked like the log-probs; the log-probs themselves unchanged."""
+  params, tokens, mask = setup
+  st = logprobs.token_stats(CFG, params, tokens, input_mask=mask, chunk_size=8, with_rank=True)
+  lsm = np.asarray(jax.nn.log_softmax(models.forward(CFG, params, tokens, input_mask=mask)[:, :-1],
+                                      axis=-1))
+  given = np.take_along_axis(lsm, np.asarray(tokens)[:, 1:, None], axis=-1)
+  np.testing.assert_array_equal(st.rank[:, 1:], 1 + (lsm > given).sum(-1))
+  assert st.rank.dtype == jnp.int32 and not np.asarray(st.rank[:, 0]).any()
+  np.testing.assert_array_equal(st.logprobs, logprobs.token_stats(
+      CFG, params, tokens, input_mask=mask, chunk_size=8).logprobs)
+
+
 def test_gradients_match_full(setup):
   params, tokens, mask = setup
   w = jax.random.normal(jax.random.PRNGKey(2), tokens.shape)

@@ -147,6 +147,129 @@ def test_mopd_stage_with_partial_rollouts_resumes_exactly(workdir, tmp_path):
   assert all(np.array_equal(again[k], final[k]) for k in final)
 
 
+class _FailingProxy:
+  """A loopback proxy to a teacher server that forwards `forward` scoring requests, then
+  answers every later one with 503 (a server gone away); other requests always pass."""
+
+  def __init__(self, target: str, forward: int):
+    import http.server
+    import threading
+    import urllib.error
+    import urllib.request
+    count, lock = [0], threading.Lock()
+
+    class H(http.server.BaseHTTPRequestHandler):
+      def log_message(self, *a):
+        pass
+
+      def relay(self, body=None):
+        if body is not None and self.path == "/v1/completions":
+          with lock:
+            count[0] += 1
+            if count[0] > forward:
+              return self.answer(503, b'{"object": "error", "message": "gone", "code": 503}')
+        req = urllib.request.Request(target + self.path, data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+          with urllib.request.urlopen(req, timeout=60) as r:
+            self.answer(r.status, r.read())
+        except urllib.error.HTTPError as e:
+          self.answer(e.code, e.read())
+
+      def answer(self, status, data):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+      def do_GET(self):
+        self.relay()
+
+      def do_POST(self):
+        self.relay(self.rfile.read(int(self.headers["Content-Length"])))
+
+    self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+    threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+  def close(self):
+    self.httpd.shutdown()
+    self.httpd.server_close()
+
+
+@pytest.mark.slow
+def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
+  """`teacher.endpoints` through the real stage: a server started from the run's own
+  teachers.json (loopback) scores every step; staleness 0 follows the co-located run's
+  history to float rounding (the server's log-probs agree within 1e-5, not bitwise) and
+  staleness 1 runs."""
+  import sys
+  server = subprocess.Popen(
+      [sys.executable, "-m", "mopd_jax.serve", "--config", "configs/toy.py:tiny",
+       "--teachers", os.path.join(workdir, "teachers.json"), "--port", "0"],
+      cwd=suite_cli.ROOT, env=suite_cli.env(), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True)
+  try:
+    line = server.stdout.readline()
+    while line and "listening on" not in line:
+      line = server.stdout.readline()
+    url = line.split("listening on")[1].strip()
+    manifest = json.load(open(os.path.join(workdir, "teachers.json")))
+    endpoints = ",".join(f"{cell}={url}" for cell in manifest["teachers"])
+    sync = json.load(open(os.path.join(workdir, "mopd", "history.json")))
+    for staleness in (0, 1):
+      wd = str(tmp_path / f"served{staleness}")
+      shutil.copytree(workdir, wd)
+      shutil.rmtree(os.path.join(wd, "mopd"))
+      proc = _run_cli(wd, "--config.stages=mopd", f"--config.teacher.endpoints={endpoints}",
+                      f"--config.mopd.staleness={staleness}")
+      assert proc.returncode == 0, proc.stderr[-3000:]
+      served = json.load(open(os.path.join(wd, "mopd", "history.json")))
+      assert len(served) == len(sync) == 3
+      if staleness == 0:
+        for a, b in zip(served, sync):
+          for key in ("loss", "kl", "accuracy", "length"):
+            assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-4), (key, a, b)
+      else:
+        assert all("is_weight_mean" in h for h in served)
+    # The server goes away after step 0's 9 requests: the run stops with step 1 saved
+    # (checkpoints otherwise every 10 steps), and the same command, the server back, resumes.
+    wd = str(tmp_path / "interrupted")
+    shutil.copytree(workdir, wd)
+    shutil.rmtree(os.path.join(wd, "mopd"))
+    proxy = _FailingProxy(url, forward=9)
+    cut = ",".join(f"{cell}={proxy.url}" for cell in manifest["teachers"])
+    args = ("--config.stages=mopd", "--config.checkpoint.every=10",
+            "--config.teacher.endpoint_retries=1")
+    try:
+      proc = _run_cli(wd, *args, f"--config.teacher.endpoints={cut}")
+    finally:
+      proxy.close()
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("teacher error:")]
+    assert proc.returncode == 3 and len(lines) == 1, proc.stderr[-3000:]
+    assert proxy.url in lines[0] and "last checkpoint: step 1" in lines[0], lines[0]
+    proc = _run_cli(wd, *args, f"--config.teacher.endpoints={endpoints}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming from checkpoint step 1" in proc.stdout + proc.stderr
+    resumed = json.load(open(os.path.join(wd, "mopd", "history.json")))
+    for a, b in zip(resumed, sync):
+      for key in ("loss", "kl", "accuracy", "length"):
+        assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-4), (key, a, b)
+    # A server that is not there: one `teacher error:` line naming a cell and the URL, exit 3.
+    server.terminate()
+    assert server.wait(timeout=60) == 0
+    shutil.rmtree(os.path.join(tmp_path, "served0", "mopd"))
+    proc = _run_cli(str(tmp_path / "served0"), "--config.stages=mopd",
+                    "--config.teacher.endpoint_retries=1",
+                    f"--config.teacher.endpoints={endpoints}")
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("teacher error:")]
+    assert proc.returncode == 3 and len(lines) == 1 and url in lines[0], proc.stderr[-3000:]
+  finally:
+    server.terminate()
+    assert server.wait(timeout=60) == 0
+
+
 def test_unknown_stage_is_an_error(workdir):
   proc = _run_cli(workdir, "--config.stages=sft,distill")
   assert proc.returncode == 2 and "config error: unknown stage(s) ['distill']" in proc.stderr

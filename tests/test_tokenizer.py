@@ -253,6 +253,20 @@ def test_tool_markers_and_eos_reuse_existing_tokens(hf_path, tmp_path):
   assert base_vocab > 0
 
 
+def test_fingerprint_tells_tokenizers_apart(hf_path):
+  """Equal for the same ids -> tokens; different when a token, a special id or the efforts
+  differ (what a teacher server and its trainer compare at start)."""
+  fp = tok_lib.fingerprint
+  char = CharTokenizer()
+  assert fp(char) == fp(CharTokenizer()) and len(fp(char)) == 16
+  assert fp(char) != fp(CharTokenizer(charset=tok_lib.CHARSET[:-1] + "@"))
+  assert fp(char) != fp(CharTokenizer(efforts=("low", "high", "xhigh")))
+  hf = HFTokenizer(hf_path)
+  assert fp(hf) == fp(HFTokenizer(hf_path)) and fp(hf) != fp(char)
+  assert fp(hf) != fp(HFTokenizer(hf_path, eos_token="<|endoftext|>"))  # another EOS id
+  assert len(hf.token_table()) == hf.vocab_size
+
+
 # --- the tokenizers of four model families (tests/chat_families.py) ---------------------------
 import chat_families  # noqa: E402  (a helper module of the tests)
 from mopd_jax import tokenizer_files  # noqa: E402

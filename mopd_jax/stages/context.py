@@ -173,14 +173,15 @@ class Run:
       return params
     return checkpoint.load_params(entry["path"], self.params_like())
 
-  def load_bank(self) -> teachers.TeacherBank:
-    """The grid's teachers from the manifest, checked against the run, stacked and placed
-    once on the teachers' mesh (placement.TeacherScorer then holds no second copy)."""
+  def load_bank(self, manifest: Optional[str] = None) -> teachers.TeacherBank:
+    """The grid's teachers from the manifest (default: the workdir's teachers.json),
+    checked against the run, stacked and placed once on the teachers' mesh
+    (placement.TeacherScorer then holds no second copy)."""
     shard = sharding.param_shardings(self.teacher_cfg, self.teacher_mesh,
                                      num_stacked=len(self.grid.names))
-    return teachers.load_bank(self.path("teachers.json"), self.grid, self.model_cfg,
-                              self.teacher_cfg, self.load_teacher, self.resolve_teacher_hf,
-                              sharding=shard)
+    return teachers.load_bank(manifest or self.path("teachers.json"), self.grid,
+                              self.model_cfg, self.teacher_cfg, self.load_teacher,
+                              self.resolve_teacher_hf, sharding=shard)
 
   def params_like(self):
     """Shapes, dtypes and the student mesh's shardings of the params: the target every

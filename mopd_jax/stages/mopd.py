@@ -6,6 +6,13 @@ teacher of its (domain, effort) cell.
 batch k while the student samples batch k+1, and the stale batch is importance-weighted.
 The student checkpoint holds only the student's TrainState: teachers are loaded from the
 manifest on every (re)start and never saved with it.
+
+`teacher.endpoints` scores against teacher servers instead (`mopd_jax/teacher_client.py`;
+`python -m mopd_jax.serve`, or vLLM): each server is checked at start (vocabulary, tokenizer
+fingerprint, temperature, cells), a step's requests go out when its rollouts are ready, and
+a server that stays down stops the run (`TeacherUnavailable`) with the last checkpoint kept.
+The bank's params are then loaded only for what runs in this process: the teacher-SFT
+initialisation's teacher rollouts and the exact-KL diagnostic (co-located placement).
 """
 from __future__ import annotations
 
@@ -15,8 +22,9 @@ import time
 import jax
 import numpy as np
 
-from mopd_jax import (async_scoring, checkpoint, diagnostics, models, mopd, partial,
-                      placement, rollout, teachers, train)
+from mopd_jax import (async_scoring, checkpoint, config as config_mod, diagnostics, models,
+                      mopd, partial, placement, rollout, teacher_client, teachers, tokenizer,
+                      train)
 from mopd_jax.stages.context import Run
 
 IN_FLIGHT = "_in_flight"  # the data state's entry of the partial-rollout pool (not a domain)
@@ -25,9 +33,41 @@ IN_FLIGHT = "_in_flight"  # the data state's entry of the partial-rollout pool (
 START = "start.json"
 
 
+# A text every tokenizer can encode: a vLLM server is checked by tokenizing it.
+PROBE_TEXT = "12+30=42"
+
+
+def endpoint_scorer(ctx: Run, top_k: int) -> teacher_client.EndpointScorer:
+  """The client of `teacher.endpoints`, its servers checked against the student."""
+  if jax.process_count() > 1:
+    raise ValueError("teacher.endpoints scores from a single process; run the trainer as one "
+                     "process or use placement.teachers")
+  c = ctx.config
+  scorer = teacher_client.EndpointScorer(ctx.grid.names, c.teacher.endpoints,
+                                         policy=c.teacher.retry_policy(), top_k=top_k)
+  try:
+    scorer.check(vocab_size=ctx.model_cfg.vocab_size,
+                 tokenizer_hash=tokenizer.fingerprint(ctx.tok),
+                 temperature=c.mopd.teacher_temperature,
+                 probe=(PROBE_TEXT, ctx.tok.encode(PROBE_TEXT)))
+  except ValueError as e:  # a server for another student: one `config error:` line
+    scorer.close()
+    raise config_mod.ConfigError(str(e)) from e
+  return scorer
+
+
 def run(ctx: Run) -> None:
   c, grid = ctx.config.mopd, ctx.grid
-  bank = ctx.load_bank()
+  served = bool(ctx.config.teacher.endpoints)
+  colocated = ctx.config.placement.teachers == "colocated"
+  top_k = c.top_k if c.loss == "topk" else 0
+  # With teacher servers this process reads the teachers' params only for what runs here:
+  # the teacher-SFT init's rollouts and the exact-KL diagnostic.
+  if served and c.init != "teacher_sft" and not (c.exact_kl_every and colocated):
+    bank = teachers.TeacherBank(params={}, model_cfg=ctx.teacher_cfg,
+                                router=teachers.Router(grid.names))  # the router alone
+  else:
+    bank = ctx.load_bank()
   staleness = c.staleness
   # Partial rollouts: the in-flight trajectories, carried across steps and checkpoints.
   pool = partial.RolloutPool(c.partial_rollout_tokens) if c.partial_rollout_tokens else None
@@ -48,9 +88,12 @@ def run(ctx: Run) -> None:
   # The teachers score at `mopd.teacher_temperature`, and sample the teacher_sft init's
   # trajectories at it: the student is initialised on, and distilled from, the same
   # distribution.
-  scoring = bank.replace(params=models.with_temperature(bank.params, c.teacher_temperature))
-  scorer = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh,
-                                   top_k=c.top_k if c.loss == "topk" else 0)
+  scoring = bank if not bank.params else bank.replace(
+      params=models.with_temperature(bank.params, c.teacher_temperature))
+  if served:
+    scorer = endpoint_scorer(ctx, top_k)
+  else:
+    scorer = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k)
   log = ctx.logger("mopd")
   t0 = time.time()
   # Iterator positions before each step's prompts were drawn: with staleness 1 the next
@@ -87,7 +130,7 @@ def run(ctx: Run) -> None:
     return scorer.submit(sampled.tokens, sampled.input_mask)
 
   # The exact KL diagnostic needs the student and the teachers on the same devices.
-  every = c.exact_kl_every if ctx.config.placement.teachers == "colocated" else 0
+  every = c.exact_kl_every if colocated else 0
   if c.exact_kl_every and not every:
     print("[mopd] mopd.exact_kl_every: the exact KL needs co-located teachers; only the "
           "sampled-token KL estimate is reported")
@@ -158,10 +201,24 @@ def run(ctx: Run) -> None:
       log.scalars(step, rec.metrics)
       for name, cm in rec.cells.items():
         log.scalars(step, cm, prefix=f"{name}/")
+      latest.update(done=step + 1, state=state)
 
-    state, _, times = async_scoring.run(state, c.steps, sample=sample, submit=submit,
-                                        train=train_fn, staleness=staleness, on_step=on_step,
-                                        start_step=loop.start_step)
+    latest = {}  # the state after the last finished step: saved if the teachers go away
+    try:
+      state, _, times = async_scoring.run(state, c.steps, sample=sample, submit=submit,
+                                          train=train_fn, staleness=staleness,
+                                          on_step=on_step, start_step=loop.start_step)
+    except teacher_client.TeacherUnavailable as e:
+      # The failed step never trained; the last finished one is kept, so the same command
+      # continues once the server is back.
+      if latest:
+        loop.save(latest["done"], latest["state"])
+      raise teacher_client.TeacherUnavailable(
+          f"{e}; last checkpoint: step {loop.last_saved} in {loop.directory}; restart the "
+          "server and run the same command to continue") from None
+    finally:
+      if served:
+        scorer.close()
     history = loop.history
   log.close()
   checkpoint.save_params(ctx.path("mopd", "params"), state.params)

@@ -1,0 +1,333 @@
+"""The teacher server (mopd_jax/serve.py) on loopback: its log-probs equal in-process scoring
+of the same params for every cell over mixed lengths (through the client), its answers follow
+vLLM's `prompt_logprobs` schema, concurrent requests share prefills, and it stops cleanly
+(in the background and on SIGTERM)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import jax
+import numpy as np
+import pytest
+
+from mopd_jax import logprobs, models, serve, teacher_client, teachers, tokenizer
+
+TOK = tokenizer.CharTokenizer()
+CFG = models.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=1, num_heads=4,
+                         num_kv_heads=2, head_dim=8, mlp_dim=64, max_seq_len=64, qk_norm=True)
+NAMES = ("gen/low", "gen/max", "agt/max")
+K, B, T = len(NAMES), 3, 24
+
+
+def _bank():
+  plist = [models.init_params(CFG, jax.random.PRNGKey(10 + k)) for k in range(K)]
+  return teachers.build_bank(CFG, plist, names=NAMES)
+
+
+@pytest.fixture(scope="module")
+def server():
+  srv = serve.TeacherServer(_bank(), TOK, temperature=0.7, max_wait_s=0.02)
+  srv.start()
+  yield srv
+  srv.stop()
+
+
+def _batch(seed=0):
+  r = np.random.RandomState(seed)
+  tokens = r.randint(0, CFG.vocab_size, (K, B, T)).astype(np.int32)
+  lengths = r.randint(1, T + 1, (K, B))
+  lengths[0, 0], lengths[1, 1], lengths[2, 2] = T, 1, 0  # full, one token, a padding row
+  mask = np.arange(T) < lengths[..., None]
+  return tokens, mask
+
+
+def _post(url, body):
+  req = urllib.request.Request(url, json.dumps(body).encode(), method="POST",
+                               headers={"Content-Type": "application/json"})
+  try:
+    with urllib.request.urlopen(req, timeout=30) as r:
+      return r.status, json.loads(r.read())
+  except urllib.error.HTTPError as e:
+    return e.code, json.loads(e.read())
+
+
+def _get(url):
+  with urllib.request.urlopen(url, timeout=30) as r:
+    return r.status, r.read()
+
+
+@pytest.mark.parametrize("top_k", [0, 4])
+def test_server_equals_in_process_scoring(server, top_k):
+  tokens, mask = _batch()
+  hot = server.bank  # the params at the server's temperature, as the MOPD stage scores
+  ref = jax.jit(teachers.score_stratified, static_argnames="top_k")(hot, tokens, mask,
+                                                                    top_k=top_k)
+  scorer = teacher_client.EndpointScorer(NAMES, {n: server.url for n in NAMES}, top_k=top_k)
+  try:
+    got = scorer(tokens, mask)
+  finally:
+    scorer.close()
+  if top_k:
+    got, got_lp, got_ids = got
+    ref, ref_lp, ref_ids = (np.asarray(x) for x in ref)
+    m = mask[..., None] & (np.arange(T) > 0)[:, None]  # position 0: nothing predicts it
+    np.testing.assert_array_equal(np.where(m, got_ids, 0), np.where(m, ref_ids, 0))
+    np.testing.assert_allclose(np.where(m, got_lp, 0), np.where(m, ref_lp, 0), atol=1e-5)
+  ref = np.asarray(ref)
+  assert got.shape == (K, B, T) and got.dtype == np.float32
+  np.testing.assert_allclose(got[mask], ref[mask], atol=1e-5)
+  assert not got[~mask].any()  # padding (and the all-padding row) scores 0, sends nothing
+  # Every cell was scored by its own teacher: teachers differ, so swapping them would not fit.
+  assert np.abs(got[0][mask[0]] - np.asarray(teachers.score_stratified(
+      hot, tokens[[1, 0, 2]], mask[[1, 0, 2]]))[1][mask[0]]).max() > 1e-3
+
+
+def test_answer_schema_is_vllms(server):
+  ids = [TOK.bos_id] + TOK.encode("12+3=15")
+  status, body = _post(server.url + "/v1/completions",
+                       {"model": "gen/max", "prompt": ids, "max_tokens": 1,
+                        "prompt_logprobs": 3})
+  assert status == 200
+  assert body["object"] == "text_completion" and body["model"] == "gen/max"
+  plp = body["choices"][0]["prompt_logprobs"]
+  assert len(plp) == len(ids) and plp[0] is None
+  gen_max = jax.tree.map(lambda x: x[1], server.bank.params)  # at the server's temperature
+  full = np.asarray(jax.nn.log_softmax(models.forward(CFG, gen_max, np.asarray([ids]))[0],
+                                       axis=-1))
+  for t in range(1, len(ids)):
+    entry = plp[t]
+    assert str(ids[t]) in entry and len(entry) in (3, 4)
+    for tid, v in entry.items():
+      assert set(v) == {"logprob", "rank", "decoded_token"}
+      assert v["decoded_token"] == TOK.decode([int(tid)])
+      row = full[t - 1]
+      assert abs(v["logprob"] - row[int(tid)]) < 1e-5
+      assert v["rank"] == 1 + int((row > row[int(tid)]).sum())
+    assert sorted(v["rank"] for v in entry.values())[:3] == [1, 2, 3]
+
+
+def test_endpoints_and_refusals(server):
+  assert _get(server.url + "/health")[0] == 200
+  models_ = json.loads(_get(server.url + "/v1/models")[1])
+  assert [m["id"] for m in models_["data"]] == list(NAMES)
+  meta = json.loads(_get(server.url + "/v1/metadata")[1])
+  assert meta["cells"] == list(NAMES) and meta["vocab_size"] == CFG.vocab_size
+  assert meta["tokenizer_hash"] == tokenizer.fingerprint(TOK)
+  assert meta["temperature"] == 0.7 and meta["model_config"]["d_model"] == 32
+  status, body = _post(server.url + "/v1/completions",
+                       {"model": "cod/low", "prompt": [1, 2], "prompt_logprobs": 0})
+  assert status == 404 and "gen/low" in body["message"] and body["object"] == "error"
+  for bad, what in [({"max_tokens": 5}, "max_tokens"), ({"prompt": []}, "prompt"),
+                    ({"prompt": [1, CFG.vocab_size]}, "outside the vocabulary"),
+                    ({"prompt": list(range(1, 66))}, "max_model_len"),
+                    ({"prompt_logprobs": 50}, "max_logprobs")]:
+    status, body = _post(server.url + "/v1/completions",
+                         {"model": "gen/low", "prompt": [1, 2], "prompt_logprobs": 0, **bad})
+    assert status == 400 and what in body["message"], (bad, body)
+
+
+def test_concurrent_requests_share_prefills(server, monkeypatch):
+  calls = []
+  real = serve.prefill
+
+  def counted(bank, requests, **kw):
+    calls.append(len(requests))
+    return real(bank, requests, **kw)
+
+  monkeypatch.setattr(serve, "prefill", counted)
+  tokens, mask = _batch(seed=1)
+  scorer = teacher_client.EndpointScorer(NAMES, {n: server.url for n in NAMES})
+  try:
+    scorer(tokens, mask)
+  finally:
+    scorer.close()
+  rows = int((mask.sum(-1) > 0).sum())
+  assert sum(calls) == rows and len(calls) < rows  # batched: fewer prefills than requests
+
+
+def test_stop_answers_requests_already_in():
+  srv = serve.TeacherServer(_bank(), TOK, max_wait_s=0.2)
+  url = srv.start()
+  out = []
+  ids = [TOK.bos_id] + TOK.encode("7*6")
+  th = [threading.Thread(target=lambda: out.append(_post(
+      url + "/v1/completions", {"model": "gen/low", "prompt": ids, "prompt_logprobs": 0})))
+        for _ in range(3)]
+  for t in th:
+    t.start()
+  time.sleep(0.1)  # the requests are in, waiting for the round's prefill
+  srv.stop()
+  for t in th:
+    t.join()
+  assert [s for s, _ in out] == [200, 200, 200]
+  with pytest.raises(urllib.error.URLError):
+    _get(url + "/health")
+
+
+def test_command_line_serves_a_checkpoint_and_stops_on_sigterm(tmp_path):
+  """`python -m mopd_jax.serve --hf_path DIR --cell gen/max` serves the checkpoint at the
+  config's teacher temperature; SIGTERM ends it with status 0."""
+  from configs import toy
+  from mopd_jax import config as config_mod, hf
+  cfg = config_mod.model_config(toy.get_config("tiny"), TOK.vocab_size)
+  params = models.init_params(cfg, jax.random.PRNGKey(5))
+  hf.save_checkpoint(cfg, params, str(tmp_path / "ckpt"))
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "mopd_jax.serve", "--config", "configs/toy.py:tiny",
+       "--hf_path", str(tmp_path / "ckpt"), "--cell", "gen/max", "--port", "0"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  try:
+    lines = []
+    while not lines or "listening on" not in lines[-1]:
+      lines.append(proc.stdout.readline())
+      assert lines[-1], "".join(lines)
+    url = lines[-1].split("listening on")[1].strip()
+    meta = json.loads(_get(url + "/v1/metadata")[1])
+    temperature = toy.get_config("tiny").mopd.teacher_temperature
+    assert meta["cells"] == ["gen/max"] and meta["temperature"] == temperature
+    ids = [TOK.bos_id] + TOK.encode("3+4=7")
+    status, body = _post(url + "/v1/completions",
+                         {"model": "gen/max", "prompt": ids, "prompt_logprobs": 0})
+    hot = models.with_temperature(params, temperature)
+    ref = np.asarray(jax.jit(lambda p, t: logprobs.token_logprobs(cfg, p, t))(
+        hot, np.asarray([ids])))[0]
+    got = [e[str(i)]["logprob"] for e, i in zip(body["choices"][0]["prompt_logprobs"][1:],
+                                                 ids[1:])]
+    np.testing.assert_allclose(got, ref[1:], atol=1e-5)
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=60)[0]
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 0 and "[serve] stopped" in rest, rest[-2000:]
+
+
+def test_mopd_step_scored_by_the_server_equals_in_process():
+  """One MOPD update (mopd.mopd_step) with the server's scores through the client's score_fn
+  equals the update with the in-process co-located scorer."""
+  from mopd_jax import mopd, placement, rollout, sharding, train
+  from mopd_jax.tasks import TOY_DOMAINS, get_task
+  cfg = models.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=1, num_heads=4,
+                           num_kv_heads=2, head_dim=8, mlp_dim=64, max_seq_len=128)
+  names = teachers.DEFAULT_NAMES
+  bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(20 + k))
+                                   for k in range(len(names))], names=names)
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  trainer = train.Trainer(cfg, train.LossConfig(kind="mopd"), train.OptimConfig(lr=1e-2), mesh)
+  tasks = {d: get_task(d) for d in TOY_DOMAINS}
+  cells = [tuple(n.split("/")) for n in names]
+  per_cell = [tasks[d].generate(seed=i, n=2) for i, (d, _) in enumerate(cells)]
+  engine = rollout.RolloutEngine(cfg, TOK, max_response_tokens=10, max_turns=1)
+  taus = {"max": 1.0, "high": 0.55, "low": 0.25}
+  student = models.init_params(cfg, jax.random.PRNGKey(0))
+  local = placement.TeacherScorer(bank, mesh, mesh)
+  srv = serve.TeacherServer(bank, TOK)
+  url = srv.start()
+  remote = teacher_client.EndpointScorer(names, {n: url for n in names})
+  try:
+    remote.check(vocab_size=cfg.vocab_size, tokenizer_hash=tokenizer.fingerprint(TOK),
+                 temperature=1.0)
+    out = {}
+    for name, score_fn in (("local", lambda b, t, m: local(t, m)),
+                           ("server", remote.score_fn)):
+      state, rec = mopd.mopd_step(trainer, trainer.init(student), bank, engine, tasks, cells,
+                                  per_cell, taus, jax.random.PRNGKey(3), r_max=5.0,
+                                  score_fn=score_fn)
+      out[name] = (jax.device_get(state.params), rec)
+  finally:
+    remote.close()
+    srv.stop()
+  (p_local, r_local), (p_server, r_server) = out["local"], out["server"]
+  assert r_server.metrics["kl"] == pytest.approx(r_local.metrics["kl"], abs=1e-5)
+  assert r_server.metrics["loss"] == pytest.approx(r_local.metrics["loss"], abs=1e-5)
+  assert abs(r_local.metrics["kl"]) > 1e-3  # the teachers differ from the student
+  for cell, m in r_local.cells.items():
+    assert r_server.cells[cell]["kl"] == pytest.approx(m["kl"], abs=1e-5)
+  for a, b in zip(jax.tree.leaves(p_local), jax.tree.leaves(p_server)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_the_mopd_stage_checks_its_servers_at_start(tmp_path):
+  """The stage's client (`teacher.endpoints` of a tiny toy config) accepts a server of the
+  run's tokenizer and vocabulary and refuses one whose tokenizer differs, naming both."""
+  import dataclasses
+  from configs import toy
+  from mopd_jax.stages import context, mopd as mopd_stage
+  c = toy.get_config("tiny")
+  c.mesh.data = jax.device_count()  # the suite's simulated devices
+  c.mopd.prompts_per_cell = jax.device_count()
+  ctx = context.Run(c, str(tmp_path))
+  cfg = dataclasses.replace(CFG, vocab_size=ctx.model_cfg.vocab_size)
+  bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(0))] *
+                             len(ctx.grid.names), names=ctx.grid.names)
+  other = tokenizer.CharTokenizer(charset=tokenizer.CHARSET[:-1] + "@")  # same size
+  servers = [serve.TeacherServer(bank, tok, temperature=c.mopd.teacher_temperature)
+             for tok in (ctx.tok, other)]
+  try:
+    for srv, ok in zip(servers, (True, False)):
+      url = srv.start()
+      c.teacher.endpoints = ",".join(f"{n}={url}" for n in ctx.grid.names)
+      run = context.Run(c, str(tmp_path))
+      if ok:
+        mopd_stage.endpoint_scorer(run, top_k=0).close()
+        continue
+      from mopd_jax.config import ConfigError
+      with pytest.raises(ConfigError, match=f"{srv.url} has tokenizer fingerprint "
+                         f"{tokenizer.fingerprint(other)} but the student's is "
+                         f"{tokenizer.fingerprint(ctx.tok)}"):
+        mopd_stage.endpoint_scorer(run, top_k=0)
+  finally:
+    for srv in servers:
+      srv.stop()
+
+
+def test_a_rows_scores_do_not_depend_on_its_batch_companions():
+  """A row's log-probs do not depend on which requests share its prefill (nothing leaks
+  between rows or cells) beyond float rounding: the batch's shape changes XLA's reductions, so
+  they are not bitwise equal."""
+  import types
+  bank = _bank()
+  r = np.random.RandomState(3)
+  req = lambda cell, n: types.SimpleNamespace(cell=cell, ids=list(r.randint(0, CFG.vocab_size, n)),
+                                              top_k=0)
+  row = req(1, 40)
+  alone = serve.prefill(bank, [row])[0][0]
+  crowd = serve.prefill(bank, [req(0, 33), row, req(1, 60), req(1, 9), req(2, 64)])[1][0]
+  np.testing.assert_allclose(alone, crowd, atol=1e-5)
+  by_another = types.SimpleNamespace(**{**vars(row), "cell": 0})  # another teacher: differs
+  assert np.abs(alone - serve.prefill(bank, [by_another])[0][0]).max() > 1e-3
+
+
+def test_a_server_restarted_between_steps_is_waited_for():
+  """The server stops after one batch and comes back on the same port a moment later: the
+  client's retries (backoff, the replica marked down then tried again) carry the next batch
+  across the gap, and its scores equal the first server's."""
+  bank = _bank()
+  first = serve.TeacherServer(bank, TOK)
+  url = first.start()
+  port = int(url.rsplit(":", 1)[1])
+  policy = teacher_client.RetryPolicy(timeout_s=10, retries=8, backoff_s=0.1, down_s=0.05)
+  scorer = teacher_client.EndpointScorer(NAMES, {n: url for n in NAMES}, policy=policy)
+  second = serve.TeacherServer(bank, TOK)
+  tokens, mask = _batch(seed=4)
+  try:
+    before = scorer(tokens, mask)
+    first.stop()
+    with pytest.raises(urllib.error.URLError):
+      _get(url + "/health")
+    restart = threading.Timer(0.5, lambda: second.start(port=port))
+    restart.start()
+    after = scorer(tokens, mask)
+    restart.join()
+  finally:
+    scorer.close()
+    second.stop()
+  np.testing.assert_allclose(after[mask], before[mask], atol=1e-5)
