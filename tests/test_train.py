@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks import memory_plan
 from configs import qwen3_mopd
-from mopd_jax import hf, models, mopd, placement, rollout, sharding, teachers, train
+from mopd_jax import hf, loss_kinds, models, mopd, placement, rollout, sharding, teachers, train
 from mopd_jax.tasks import TOY_DOMAINS as DOMAINS, get_task
 from mopd_jax.tokenizer import DEFAULT_EFFORTS as EFFORTS, CharTokenizer
 
@@ -65,7 +65,7 @@ def test_every_dtype_mix_trains(param_dtype, dtype, tie, fused):
   # rather than 18: a third of the compile time).
   mix = (param_dtype, dtype, tie, fused)
   shift = (_EVEN if mix in _EVEN else _ODD).index(mix)
-  cells = [(QUANTS[(i + shift) % len(QUANTS)], kind) for i, kind in enumerate(train.LOSSES)]
+  cells = [(QUANTS[(i + shift) % len(QUANTS)], kind) for i, kind in enumerate(loss_kinds.LOSSES)]
   params = models.init_params(_cfg(param_dtype, dtype, tie), jax.random.PRNGKey(0))
 
   def all_cells(params):
