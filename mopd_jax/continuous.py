@@ -68,12 +68,14 @@ def _empty_state(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, slots: i
 
 
 def _insert(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: SlotState,
-            slot, prompt, mask, key, limit) -> SlotState:
-  """Prefill one left-aligned prompt [1, P] into `slot` and draw its first token.
+            row: tuple) -> SlotState:
+  """Prefill one left-aligned prompt [1, P] into a slot and draw its first token. `row`:
+  (slot, prompt [1, P], its mask, the row's key, its token limit).
 
   `sampling.prefill` (what the static sampler runs) fills a one-row cache; its first P
   slots and its validity (none past P) then replace the slot's row, so the previous row's
   k/v left beyond P are masked."""
+  slot, prompt, mask, key, limit = row
   n = scfg.max_new_tokens
   b, p = prompt.shape
   own = models.init_cache(model_cfg, 1, p, state.cache.layers[0]["k"].dtype)
@@ -98,10 +100,12 @@ def _insert(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state
 
 
 def _fill(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: SlotState,
-          prompts, mask, keys, limits, live) -> SlotState:
+          rows: tuple) -> SlotState:
   """Prefill S prompts [S, P] into the S (empty) slots at once: the start of every queue,
-  one batched prefill like the static sampler's instead of S inserts. Slots where `live`
-  [S] is False (a queue shorter than the slots; their rows are copies) start done."""
+  one batched prefill like the static sampler's instead of S inserts. `rows`: (prompts,
+  their mask, the rows' keys, their token limits, live [S]); slots where `live` is False (a
+  queue shorter than the slots; their rows are copies) start done."""
+  prompts, mask, keys, limits, live = rows
   n = scfg.max_new_tokens
   s = prompts.shape[0]
   hidden, cache = sampling.prefill(model_cfg, params, prompts, mask, state.cache)
@@ -243,15 +247,15 @@ class ContinuousSampler:
     # row, left done, in slots a short queue does not fill).
     k = min(q, slots)
     first = np.concatenate([queue[:k], np.repeat(queue[:1], slots - k)])
-    state = self._fill(dparams, state, *put(tokens[first], mask[first], row_keys[first],
-                                            limits[first].astype(np.int32),
-                                            np.arange(slots) < k))
+    state = self._fill(dparams, state, put(tokens[first], mask[first], row_keys[first],
+                                           limits[first].astype(np.int32),
+                                           np.arange(slots) < k))
     slot_row, nxt = [int(r) for r in queue[:k]] + [-1] * (slots - k), k
     while True:
       for sl in range(slots):
         if slot_row[sl] < 0 and nxt < q:
           r = int(queue[nxt])
-          state = self._insert(dparams, state, *put(
+          state = self._insert(dparams, state, put(
               np.int32(sl), tokens[r:r + 1], mask[r:r + 1], row_keys[r], np.int32(limits[r])))
           slot_row[sl], nxt = r, nxt + 1
       if all(r < 0 for r in slot_row):
