@@ -4,15 +4,12 @@ properties `accumulate_gradients` and the fused head need (`LossKind`)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
 from mopd_jax import logprobs, losses
-
-if TYPE_CHECKING:
-  from mopd_jax.train import LossConfig, TrainBatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +46,9 @@ def register_loss(name: str, **properties):
   return deco
 
 
-def loss_from_stats(loss_cfg: LossConfig, st: logprobs.TokenStats, batch: TrainBatch):
-  """(loss, metrics) of the configured kind from the student's per-token stats."""
+def loss_from_stats(loss_cfg, st: logprobs.TokenStats, batch):
+  """(loss, metrics) of the kind `loss_cfg` (a `train.LossConfig`) names, from the student's
+  per-token stats and the `train.TrainBatch`."""
   return LOSS_KINDS[loss_cfg.kind].fn(loss_cfg, st, batch)
 
 
@@ -134,7 +132,7 @@ def _topk_loss(loss_cfg, st, batch):
 LOSSES = tuple(LOSS_KINDS)  # the registered names: sft, mopd, pg, pmd, grpo, topk
 
 
-def _outcome_term(lp, batch: TrainBatch, loss_cfg: LossConfig):
+def _outcome_term(lp, batch, loss_cfg):
   """alpha * A_outcome on every generated token, plain REINFORCE (ratio 1 at the current
   params); 0 when the batch carries no advantages (alpha = 0)."""
   if batch.advantages is None:

@@ -8,19 +8,15 @@ function of (row key, sequence position of the token).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
-
-if TYPE_CHECKING:
-  from mopd_jax.sampling import SamplingConfig
 
 _CDF_BLOCK = 128
 
 
-def process_logits(logits, scfg: SamplingConfig):
-  """Logits of the distribution actually sampled from (temperature, top-k, top-p)."""
+def process_logits(logits, scfg):
+  """Logits of the distribution actually sampled from (temperature, top-k, top-p of the
+  `sampling.SamplingConfig` `scfg`)."""
   logits = logits.astype(jnp.float32)
   if scfg.temperature != 1.0 and not scfg.is_greedy:
     logits = logits / scfg.temperature
@@ -73,10 +69,11 @@ def uniform_table(row_keys, first_positions, n: int):
   return jax.vmap(row_uniforms, in_axes=(None, 1), out_axes=1)(row_keys, cols)
 
 
-def sample_token(logits, u, scfg: SamplingConfig):
+def sample_token(logits, u, scfg):
   """One token per row and its log-prob under the sampled-from distribution.
 
-  `u` [B]: each row's uniform draw in (0, 1) (see `row_uniforms`).
+  `u` [B]: each row's uniform draw in (0, 1) (see `row_uniforms`); `scfg`: the
+  `sampling.SamplingConfig`.
   """
   if scfg.is_greedy:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.zeros(logits.shape[:1], jnp.float32)
