@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import continuous, logprobs, models, sampling, sharding, teachers, train
+from mopd_jax import continuous, logprobs, models, sampling, sharding, teachers, token_draw, train
 
 
 def _time(fn, *args, repeats=5, warmup=1):
@@ -80,7 +80,7 @@ def decode_benchmark(cfg, params, batch=8, prompt_len=64, new_tokens=128):
     logits = models.forward(cfg, params, tokens, input_mask=mask)
     last = jnp.take_along_axis(logits, (length - 1)[:, None, None], axis=1)[:, 0]
     u = jax.random.uniform(key, (batch,), minval=1e-7)
-    tok, _ = sampling.sample_token(last, u, scfg)
+    tok, _ = token_draw.sample_token(last, u, scfg)
     return tokens.at[jnp.arange(batch), length].set(tok)
 
   buf = jnp.asarray(np.pad(prompts, ((0, 0), (0, new_tokens))), jnp.int32)
@@ -90,8 +90,8 @@ def decode_benchmark(cfg, params, batch=8, prompt_len=64, new_tokens=128):
 
   # Share of one decode step spent drawing the token from the 32k vocabulary.
   logits = jax.random.normal(rng, (batch, cfg.vocab_size))
-  draw = jax.jit(lambda l, k: sampling.sample_token(
-      l, sampling.row_uniforms(jax.random.split(k, batch), jnp.zeros((batch,), jnp.int32)), scfg))
+  draw = jax.jit(lambda l, k: token_draw.sample_token(
+      l, token_draw.row_uniforms(jax.random.split(k, batch), jnp.zeros((batch,), jnp.int32)), scfg))
   t_draw = _time(draw, logits, rng, repeats=50)
   decode_step = (t_decode - t_prefill) / (new_tokens - 1)
   return {

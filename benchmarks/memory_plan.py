@@ -118,7 +118,7 @@ def sampler_programs(cfg, mesh, batch: int, prompt_len: int, new_tokens: int) ->
   import jax
   import jax.numpy as jnp
 
-  from mopd_jax import models, sampling, sharding
+  from mopd_jax import models, sampling, sharding, token_draw
   p_sh = sharding.param_shardings(cfg, mesh)
   params = _abstract(jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0))),
                      p_sh)
@@ -143,7 +143,7 @@ def sampler_programs(cfg, mesh, batch: int, prompt_len: int, new_tokens: int) ->
     hidden, cache = models.forward_at_slots(qcfg, qparams, token[:, None], positions[:, None],
                                             live[:, None], cache, write_at)
     logits = models.logits_from_hidden(qcfg, qparams, hidden[:, 0])
-    return cache, sampling.sample_token(logits, u, scfg)
+    return cache, token_draw.sample_token(logits, u, scfg)
 
   sds = lambda shape, dt, s: jax.ShapeDtypeStruct(shape, dt, sharding=s)
   dec = f"B={batch}, cache {prompt_len + new_tokens} slots"

@@ -14,7 +14,7 @@ What it does:
      INT4 QAT) from scratch with SFT, one domain per step following `--schedule` (default
      gen,agt,cod,cod: cod's longer trace needs about 400 updates; each batch is padded
      only to its own longest sequence, rounded up to a multiple of 16). Effort tokens are
-     tagged by style (`sft.sft_batch(..., effort_mode="style")`): full -> <max>,
+     tagged by style (`sft.sft_batch(..., draw=sft.SftDraw("style"))`): full -> <max>,
      brief -> <high>, direct -> <low>, each style drawn uniformly per example.
   3. Evaluates every (domain, style) cell greedily on the test examples, asking for the style
      with its effort token and a generous budget of `max_response_tokens` (so no style is cut
@@ -141,7 +141,7 @@ def make_batch(tok, examples, rng, multiple: int = 16):
   from mopd_jax import sft  # pylint: disable=g-import-not-at-top
   bound = max(sequence_tokens(tok, e, "full") for e in examples)  # full is the longest style
   bound = -(-bound // multiple) * multiple
-  batch = sft.sft_batch(tok, examples, rng, effort_mode="style", width=bound)
+  batch = sft.sft_batch(tok, examples, rng, width=bound, draw=sft.SftDraw("style"))
   longest = int(np.asarray(batch.input_mask).sum(axis=1).max())
   width = -(-longest // multiple) * multiple
   if width < bound:
@@ -220,7 +220,7 @@ def main(argv=None) -> dict:
 
   t_eval = time.time()
   engine = rollout.RolloutEngine(cfg, tok, max_response_tokens=args.max_response_tokens,
-                                 temperature=0.0)
+                                 decode=rollout.DecodeOptions(temperature=0.0))
   results = {}
   for d, (_, test) in data.items():
     task = get_task(d)

@@ -3,7 +3,7 @@
 
 Runs `experiments.run` once per seed, each in its own workdir `DIR/seed_<s>` (so a sweep
 resumes: a seed's finished stages are skipped, an interrupted one continues), one after
-another, then writes `DIR/sweep.json` and `DIR/sweep.md` (mopd_jax.report.sweep: every
+another, then writes `DIR/sweep.json` and `DIR/sweep.md` (mopd_jax.sweep_report.sweep: every
 cell's accuracy and length as mean and standard deviation over the seeds, each seed's KL
 curve, and which seeds meet each expected result of report.md). `--summarize-only` writes the
 summary of the seeds that have a report without running anything. Config overrides are
@@ -19,7 +19,7 @@ import argparse
 import subprocess
 import sys
 
-from mopd_jax import checkpoint, report, storage
+from mopd_jax import checkpoint, storage, sweep_report
 
 
 def parse(argv) -> tuple:
@@ -51,9 +51,9 @@ def seed_dir(workdir: str, seed: int) -> str:
 def summarize(workdir: str, seeds) -> dict:
   reports = {s: checkpoint.read_json(storage.join(seed_dir(workdir, s), "report.json"))
              for s in seeds if storage.exists(storage.join(seed_dir(workdir, s), "report.json"))}
-  sw = report.sweep(reports)
+  sw = sweep_report.sweep(reports)
   storage.write_json(storage.join(workdir, "sweep.json"), sw)
-  storage.write_text(storage.join(workdir, "sweep.md"), report.sweep_markdown(sw))
+  storage.write_text(storage.join(workdir, "sweep.md"), sweep_report.sweep_markdown(sw))
   print(f"sweep of seeds {sw['seeds']}: {storage.join(workdir, 'sweep.md')}", flush=True)
   return sw
 

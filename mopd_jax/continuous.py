@@ -12,7 +12,7 @@ goes on, so the batch stays full until the queue is empty.
 Exactness: a slot holds its row exactly as the static sampler lays it out (the prompt
 left-aligned to the queue's bucket P at cache slots [0, P), generated token j at P + j,
 RoPE positions from the prompt's own length), the draws are `fold_in(row key, position)`
-(`sampling.row_uniforms`), and attention masks every slot a row does not own. A row's
+(`token_draw.row_uniforms`), and attention masks every slot a row does not own. A row's
 tokens are therefore those of `sampling.Sampler` for the same row key, and its log-probs
 equal them up to float reassociation, whatever the order in which rows finish.
 
@@ -36,7 +36,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mopd_jax import distributed, models, sampling, sharding
+from mopd_jax import distributed, models, sampling, sharding, token_draw
 from mopd_jax.models import KVCache, ModelConfig
 
 
@@ -68,12 +68,14 @@ def _empty_state(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, slots: i
 
 
 def _insert(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: SlotState,
-            slot, prompt, mask, key, limit) -> SlotState:
-  """Prefill one left-aligned prompt [1, P] into `slot` and draw its first token.
+            row: tuple) -> SlotState:
+  """Prefill one left-aligned prompt [1, P] into a slot and draw its first token. `row`:
+  (slot, prompt [1, P], its mask, the row's key, its token limit).
 
   `sampling.prefill` (what the static sampler runs) fills a one-row cache; its first P
   slots and its validity (none past P) then replace the slot's row, so the previous row's
   k/v left beyond P are masked."""
+  slot, prompt, mask, key, limit = row
   n = scfg.max_new_tokens
   b, p = prompt.shape
   own = models.init_cache(model_cfg, 1, p, state.cache.layers[0]["k"].dtype)
@@ -81,8 +83,8 @@ def _insert(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state
   hidden, one = sampling.prefill(model_cfg, params, prompt, mask, own)
   one = one.replace(valid=jnp.pad(one.valid, ((0, 0), (0, state.cache.num_slots - p))))
   logits = models.decode_logits(model_cfg, params, hidden[:, -1])
-  uniforms = sampling.uniform_table(key[None], prompt_len, n + 1)  # [1, N + 1]
-  tok, lp = sampling.sample_token(logits, uniforms[:, 0], scfg)
+  uniforms = token_draw.uniform_table(key[None], prompt_len, n + 1)  # [1, N + 1]
+  tok, lp = token_draw.sample_token(logits, uniforms[:, 0], scfg)
   put = lambda big, small: jax.lax.dynamic_update_slice(
       big, small.astype(big.dtype), (slot,) + (0,) * (big.ndim - 1))
   layers = tuple({k: put(big[k], small[k]) for k in big}
@@ -98,17 +100,19 @@ def _insert(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state
 
 
 def _fill(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: SlotState,
-          prompts, mask, keys, limits, live) -> SlotState:
+          rows: tuple) -> SlotState:
   """Prefill S prompts [S, P] into the S (empty) slots at once: the start of every queue,
-  one batched prefill like the static sampler's instead of S inserts. Slots where `live`
-  [S] is False (a queue shorter than the slots; their rows are copies) start done."""
+  one batched prefill like the static sampler's instead of S inserts. `rows`: (prompts,
+  their mask, the rows' keys, their token limits, live [S]); slots where `live` is False (a
+  queue shorter than the slots; their rows are copies) start done."""
+  prompts, mask, keys, limits, live = rows
   n = scfg.max_new_tokens
   s = prompts.shape[0]
   hidden, cache = sampling.prefill(model_cfg, params, prompts, mask, state.cache)
   logits = models.decode_logits(model_cfg, params, hidden[:, -1])
   prompt_len = jnp.sum(mask, axis=-1).astype(jnp.int32)
-  uniforms = sampling.uniform_table(keys, prompt_len, n + 1)
-  tok, lp = sampling.sample_token(logits, uniforms[:, 0], scfg)
+  uniforms = token_draw.uniform_table(keys, prompt_len, n + 1)
+  tok, lp = token_draw.sample_token(logits, uniforms[:, 0], scfg)
   return SlotState(cache=cache, token=tok, logprob=lp, count=jnp.zeros((s,), jnp.int32),
                    limit=limits, done=~live, positions=prompt_len,
                    uniforms=uniforms, tokens=jnp.full((s, n), scfg.pad_id, jnp.int32),
@@ -145,7 +149,7 @@ def _decode(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state
                                             write_at)
     logits = models.decode_logits(model_cfg, params, hidden[:, 0])
     u = jnp.take_along_axis(s.uniforms, jnp.minimum(s.count + 1, n)[:, None], axis=1)[:, 0]
-    nxt, nlp = sampling.sample_token(logits, u, scfg)
+    nxt, nlp = token_draw.sample_token(logits, u, scfg)
     return s.replace(cache=cache, token=nxt, logprob=nlp, count=s.count + live, done=done,
                      positions=s.positions + live, tokens=tokens, logprobs=logprobs)
 
@@ -243,15 +247,15 @@ class ContinuousSampler:
     # row, left done, in slots a short queue does not fill).
     k = min(q, slots)
     first = np.concatenate([queue[:k], np.repeat(queue[:1], slots - k)])
-    state = self._fill(dparams, state, *put(tokens[first], mask[first], row_keys[first],
-                                            limits[first].astype(np.int32),
-                                            np.arange(slots) < k))
+    state = self._fill(dparams, state, put(tokens[first], mask[first], row_keys[first],
+                                           limits[first].astype(np.int32),
+                                           np.arange(slots) < k))
     slot_row, nxt = [int(r) for r in queue[:k]] + [-1] * (slots - k), k
     while True:
       for sl in range(slots):
         if slot_row[sl] < 0 and nxt < q:
           r = int(queue[nxt])
-          state = self._insert(dparams, state, *put(
+          state = self._insert(dparams, state, put(
               np.int32(sl), tokens[r:r + 1], mask[r:r + 1], row_keys[r], np.int32(limits[r])))
           slot_row[sl], nxt = r, nxt + 1
       if all(r < 0 for r in slot_row):

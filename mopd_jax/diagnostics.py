@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mopd_jax import distributed, logprobs, models, rollout, train
+from mopd_jax import distributed, logprobs, loss_kinds, models, rollout, train
 from mopd_jax.grid import Grid
 
 EFFORT_KL_PREFIX = "effort_kl/"
@@ -181,7 +181,7 @@ def _cell_grad_norms(model_cfg, loss_cfg, params, *, batch, rows_Kxb, scale_Kxbx
   row, gives that cell's part of the whole batch's gradient at the cost of its own rows: in
   all, one forward and two backward passes of the batch (a `lax.scan` over the cells, which
   also sums their gradients into the whole batch's)."""
-  ids = batch.teacher_topk_ids if train.LOSS_KINDS[loss_cfg.kind].topk else None
+  ids = batch.teacher_topk_ids if loss_kinds.LOSS_KINDS[loss_cfg.kind].topk else None
 
   def cell(acc, xs):
     rows, scale = xs
@@ -200,7 +200,7 @@ def _cell_grad_norms(model_cfg, loss_cfg, params, *, batch, rows_Kxb, scale_Kxbx
     def loss(s):
       st = (logprobs.TokenStats(s[0]) if ids is None else
             logprobs.TokenStats(s[0], None, s[1], sub_ids))
-      return train.loss_from_stats(loss_cfg, st, sub)[0]
+      return loss_kinds.loss_from_stats(loss_cfg, st, sub)[0]
 
     s, pullback = jax.vjp(stats, params)
     ct = jax.grad(loss)(s)
@@ -228,7 +228,7 @@ def loss_shares(model_cfg: models.ModelConfig, loss_cfg: train.LossConfig, param
   loss on a cell's N_k rows is normalised by N_k: its row parts are rescaled by N_k / N,
   or by N_k n_i / M for the token mean. Memory: one cell's activations at a time and two
   float32 gradient sums (the whole batch's under each normalisation)."""
-  kind = train.LOSS_KINDS[loss_cfg.kind]
+  kind = loss_kinds.LOSS_KINDS[loss_cfg.kind]
   if kind.weighting != "rows" or kind.groups:
     raise ValueError(f"loss shares need a row-normalised loss; {loss_cfg.kind!r} weighs "
                      f"{'groups' if kind.groups else kind.weighting}")

@@ -124,14 +124,13 @@ def kl_from_hidden(cfg_p: ModelConfig, params_p, hidden_p_BxTxD, cfg_q: ModelCon
 
 
 def token_stats(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None, positions=None,
-                chunk_size: int = 64, with_entropy: bool = False, top_k: int = 0,
-                topk_ids_BxTxK=None, with_rank: bool = False) -> TokenStats:
-  """Teacher-forced per-token log-probs (and optionally entropy, top-k, rank) of `tokens`."""
+                **options) -> TokenStats:
+  """Teacher-forced per-token log-probs (and optionally entropy, top-k, rank) of `tokens`.
+  `options`: those of `token_stats_from_hidden` (chunk_size, with_entropy, top_k,
+  topk_ids_BxTxK, with_rank)."""
   cfg, params = models.materialize(cfg, params)  # QAT: quantise once for trunk and head
   h = models.hidden_states(cfg, params, tokens_BxT, input_mask=input_mask, positions=positions)
-  return token_stats_from_hidden(cfg, params, h, tokens_BxT, chunk_size=chunk_size,
-                                 with_entropy=with_entropy, top_k=top_k,
-                                 topk_ids_BxTxK=topk_ids_BxTxK, with_rank=with_rank)
+  return token_stats_from_hidden(cfg, params, h, tokens_BxT, **options)
 
 
 def token_logprobs(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None, positions=None,

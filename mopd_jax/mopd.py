@@ -95,9 +95,11 @@ class StepRecord:
   cells: dict  # "d/e" -> {kl, reward, clip_frac, accuracy, length, over_budget}
 
 
-def cell_diagnostics(names, index_Kxb, lp_s_KxbxT, lp_t_KxbxT, mask_KxbxT, r_max,
-                     accuracy_B, length_B, over_B) -> dict:
-  """Per-cell host-side diagnostics from one stratified batch."""
+def cell_diagnostics(names, index_Kxb, lp_s_KxbxT, *, lp_t_KxbxT, mask_KxbxT, r_max,
+                     sampled: "SampledBatch") -> dict:
+  """Per-cell host-side diagnostics from one stratified batch (`sampled`'s accuracy, lengths
+  and over-budget flags per row)."""
+  accuracy_B, length_B, over_B = sampled.accuracy, sampled.lengths, sampled.over
   out = {}
   for k, name in enumerate(names):
     rows = index_Kxb[k] >= 0
@@ -116,13 +118,15 @@ def cell_diagnostics(names, index_Kxb, lp_s_KxbxT, lp_t_KxbxT, mask_KxbxT, r_max
   return out
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2, 9))
-def _exact_kl_stratified(student_cfg, student_params, teacher_cfg, teacher_params_K,
-                         tokens_BxT, mask_BxT, t_tokens_KxbxT, t_mask_KxbxT, shift_Kxb,
-                         chunk_size, rows_Kxb):
+@functools.partial(jax.jit, static_argnums=(0, 2, 5))
+def _exact_kl_stratified(student_cfg, student_params, teacher_cfg, teacher_params_K, arrays,
+                         chunk_size):
   """[K, b, T'] exact KL(student || teacher k) of each next token on the teachers' layout:
   the student's hidden states, gathered into the stratified layout and shifted from its
-  positions to the teacher's, meet each teacher's own on its rows."""
+  positions to the teacher's, meet each teacher's own on its rows. `arrays`: (tokens [B, T],
+  mask [B, T], teacher tokens [K, b, T'], teacher mask [K, b, T'], shift [K, b], rows
+  [K, b])."""
+  tokens_BxT, mask_BxT, t_tokens_KxbxT, t_mask_KxbxT, shift_Kxb, rows_Kxb = arrays
   s_cfg, s_params = models.materialize(student_cfg, student_params)
   h = models.hidden_states(s_cfg, s_params, tokens_BxT, input_mask=mask_BxT)  # [B, T, D]
   hs = h[jnp.maximum(rows_Kxb, 0)]  # [K, b, T, D]
@@ -156,9 +160,8 @@ def exact_kl_rows(student_cfg, student_params, bank: teachers.TeacherBank,
     rep = jax.sharding.NamedSharding(distributed.mesh_of(student_params),
                                      jax.sharding.PartitionSpec())
     host = distributed.to_global(host, rep)
-  tokens, mask, t_tokens, t_mask, shift, rows = host
-  kl = _exact_kl_stratified(student_cfg, student_params, bank.model_cfg, bank.params, tokens,
-                            mask, t_tokens, t_mask, shift, chunk_size, rows)
+  kl = _exact_kl_stratified(student_cfg, student_params, bank.model_cfg, bank.params, host,
+                            chunk_size)
   rows = teachers.scatter_stratified(np.asarray(distributed.gather(kl)), index,
                                      sampled.arr["tokens"].shape[0])
   return sampled.student_layout(rows) * np.asarray(sampled.arr["loss_mask"], np.float32)
@@ -260,6 +263,22 @@ def teacher_view(tok, trajs: Sequence[rollout.Trajectory], examples: Sequence,
   return arr, spans
 
 
+@dataclasses.dataclass(frozen=True)
+class StepSetup:
+  """The fixed parts of a run's MOPD steps: the teacher `bank` (its router names each
+  cell's teacher), the student's rollout `engine`, the `tasks` by domain that verify the
+  rollouts, the grid's (domain, effort) `cells` in order, each effort's budget multiple
+  `taus`, the padded width's multiple, and the `view` that gives the student's and the
+  teachers' prompts."""
+  bank: teachers.TeacherBank
+  engine: rollout.RolloutEngine
+  tasks: dict
+  cells: Sequence[tuple]
+  taus: dict
+  width_multiple: int = 32
+  view: views.PromptView = views.EFFORT_EVERYWHERE
+
+
 def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngine,
                  tasks: dict, cells: Sequence[tuple], examples_per_cell: Sequence[list],
                  taus: dict, rng, *, width_multiple: int = 32,
@@ -277,6 +296,7 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
   rows, every incomplete row decodes one more segment, and the batch is the complete rows
   (at most b per cell, oldest first), padded with empty rows to K x b so that the update
   keeps one shape."""
+  setup = StepSetup(bank, engine, tasks, cells, taus, width_multiple, view)
   rows, efforts = [], []
   for (d, e), exs in zip(cells, examples_per_cell):
     rows += list(exs)
@@ -295,8 +315,8 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
     rows, efforts = [r.example for r in taken], [r.effort for r in taken]
     trajs = [r.traj for r in taken]
     texts = [engine.tok.decode(t.ids) for t in trajs]
-    return _assemble(bank, engine.tok, tasks, cells, rows, efforts, trajs, texts, taus, b,
-                     width_multiple, view, pad_to=bank.num_teachers * b)
+    return _assemble(setup, rows, efforts, trajs=trajs, texts=texts, rows_per_teacher=b,
+                     pad_to=bank.num_teachers * b)
   # Student rollouts: one per prompt, capped by the rollout length only (the teacher's
   # log-probs, not a budget penalty, teach the student how long each effort should be).
   res_by_domain = {}
@@ -311,15 +331,19 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
   for d, (idx, res) in res_by_domain.items():
     for j, i in enumerate(idx):
       trajs[i], texts[i] = res.trajectories[j], res.texts[j]
-  return _assemble(bank, engine.tok, tasks, cells, rows, efforts, trajs, texts, taus, b,
-                   width_multiple, view)
+  return _assemble(setup, rows, efforts, trajs=trajs, texts=texts, rows_per_teacher=b)
 
 
-def _assemble(bank, tok, tasks, cells, rows, efforts, trajs, texts, taus, b, width_multiple,
-              view: views.PromptView, pad_to: int = 0) -> SampledBatch:
-  """The SampledBatch of rollouts: verified, padded, stratified by teacher. `pad_to`: the
-  student's batch gets empty rows (no loss tokens; weight 0 in every row-normalised loss)
-  up to this many rows; the per-row diagnostics keep only the real rows."""
+def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher: int,
+              pad_to: int = 0) -> SampledBatch:
+  """The SampledBatch of rollouts `trajs` (decoded `texts`) of `rows` (examples) at
+  `efforts`: verified, padded, stratified by teacher into `rows_per_teacher` rows each.
+  `pad_to`: the student's batch gets empty rows (no loss tokens; weight 0 in every
+  row-normalised loss) up to this many rows; the per-row diagnostics keep only the real
+  rows."""
+  bank, tok, tasks, cells, taus = (setup.bank, setup.engine.tok, setup.tasks, setup.cells,
+                                   setup.taus)
+  b, width_multiple, view = rows_per_teacher, setup.width_multiple, setup.view
   domains = [ex.domain for ex in rows]
   teacher_ids = [bank.router.index(d, e) for d, e in zip(domains, efforts)]
   budgets = np.asarray([task_base.budget(ex, taus[e]) for ex, e in zip(rows, efforts)])
@@ -383,8 +407,8 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
   m = {k: float(v) for k, v in jax.device_get(m).items()}
   cells_diag = cell_diagnostics(
       bank.router.names, index, teachers.gather_stratified(arr["sampler_logprobs"], index),
-      lp_t, teachers.gather_stratified(arr["loss_mask"], index, False), r_max,
-      sampled.accuracy, sampled.lengths, sampled.over)
+      lp_t_KxbxT=lp_t, mask_KxbxT=teachers.gather_stratified(arr["loss_mask"], index, False),
+      r_max=r_max, sampled=sampled)
   m.update(accuracy=float(sampled.accuracy.mean()), length=float(sampled.lengths.mean()),
            over_budget=float(sampled.over.mean()))
   if extra is not None:
@@ -394,20 +418,21 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
   return state, StepRecord(step=int(state.step), metrics=m, cells=cells_diag)
 
 
-def mopd_step(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
-              engine: rollout.RolloutEngine, tasks: dict, cells: Sequence[tuple],
-              examples_per_cell: Sequence[list], taus: dict, rng, *, r_max: float,
-              score_fn: Callable, width_multiple: int = 32, alpha: float = 0.0,
-              view: views.PromptView = views.EFFORT_EVERYWHERE):
-  """One synchronous MOPD update on b prompts per (domain, effort) cell: `sample_batch`,
-  teacher scoring, `train_on`. Returns (state, record).
+def mopd_step(trainer: train.Trainer, state: train.TrainState, setup: StepSetup, *,
+              examples_per_cell: Sequence[list], rng, r_max: float, score_fn: Callable,
+              alpha: float = 0.0):
+  """One synchronous MOPD update on b prompts per (domain, effort) cell of `setup.cells`
+  (`examples_per_cell`): `sample_batch`, teacher scoring, `train_on`. Returns (state,
+  record).
 
   `score_fn(bank, tokens, mask)` returns the teachers' [K, b, T] log-probs, or for the top-k
   loss (`trainer.loss_cfg.kind == "topk"`) a tuple (log-probs, top-k log-probs [K, b, T, k],
   top-k ids). `alpha` > 0 adds the outcome term alpha * `outcome_advantages` (REINFORCE).
-  `view`: which effort the student's and the teachers' prompts carry (`sample_batch`).
+  `setup.view`: which effort the student's and the teachers' prompts carry (`sample_batch`).
   """
-  sampled = sample_batch(state.params, bank, engine, tasks, cells, examples_per_cell, taus, rng,
-                         width_multiple=width_multiple, view=view)
+  bank = setup.bank
+  sampled = sample_batch(state.params, bank, setup.engine, setup.tasks, setup.cells,
+                         examples_per_cell, setup.taus, rng,
+                         width_multiple=setup.width_multiple, view=setup.view)
   scored = score_fn(bank, sampled.tokens, sampled.input_mask)
   return train_on(trainer, state, bank, sampled, scored, r_max=r_max, alpha=alpha)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 from typing import Optional
 
 import jax
@@ -39,7 +38,7 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> di
                 for c in ev["cells"]],
       "kl": {"initial": curve[0][1] if curve else None,
              "final": curve[-1][1] if curve else None, "curve": curve,
-             **initial_kl_by_cell(workdir, history)},
+             **initial_kl_byfind_cell(workdir, history)},
       # The exact full-vocabulary KL, on the steps that measured it (mopd.exact_kl_every).
       "kl_exact_curve": [[h["step"], h["kl_exact"]] for h in history if "kl_exact" in h],
       # pi_SFT's exact KL before the teacher-SFT initialisation (mopd/start.json), if any.
@@ -47,7 +46,7 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> di
           start := storage.join(workdir, "mopd", "start.json")) else None),
       "kl_exact_per_cell": exact_per_cell,
       # Each cell's exact KL, first over last tenth of its measured steps (informational).
-      "kl_exact_drop_per_cell": kl_drop_per_cell(exact_per_cell),
+      "kl_exact_drop_per_cell": kl_drop_perfind_cell(exact_per_cell),
       # Effort sensitivity and loss shares on the steps that measured them (diagnostics.py).
       **diagnostics.report_entries(history),
       "reward_curve": [[h["step"], h["reward_mean"]] for h in history],
@@ -76,7 +75,7 @@ def checks(rep: dict) -> list:
                 "ok": None if ok is None else bool(ok)})
 
   def get(policy, d, e, key):
-    c = _cell(cells, policy, d, e)
+    c = find_cell(cells, policy, d, e)
     return None if c is None else c[key]
 
   for d in grid.domains:
@@ -159,7 +158,7 @@ def kl_drop(rep: dict) -> tuple:
   return (first / last if last > 0 else None), source
 
 
-def kl_drop_per_cell(per_cell: dict) -> dict:
+def kl_drop_perfind_cell(per_cell: dict) -> dict:
   """{cell: {first, last, n, drop}} of each cell's [[step, KL], ...] curve, reduced as
   `kl_drop` reduces the run's: the means over the first and the last tenth of its points
   (n each), and their ratio (None when the last tenth's mean is at or below 0)."""
@@ -185,7 +184,7 @@ def teachers_like_sft(rep: dict) -> list:
   effort-specific behaviour to take from it there."""
   out = []
   for d, e in Grid.from_json(rep["grid"]).cells:
-    t, f = _cell(rep["cells"], "teacher", d, e), _cell(rep["cells"], "sft", d, e)
+    t, f = find_cell(rep["cells"], "teacher", d, e), find_cell(rep["cells"], "sft", d, e)
     if t is None or f is None or not t.get("n") or not f.get("n"):
       continue
     se = np.hypot(binomial_se(t["accuracy"], t["n"]), binomial_se(f["accuracy"], f["n"]))
@@ -195,7 +194,7 @@ def teachers_like_sft(rep: dict) -> list:
   return out
 
 
-def initial_kl_by_cell(workdir: str, history: list) -> dict:
+def initial_kl_byfind_cell(workdir: str, history: list) -> dict:
   """Per-token KL student vs routed teacher at the first MOPD step, per cell, with the
   teacher's origin ("same": trained from the student's own pi_SFT; "outside": from another
   SFT, see `teacher.outside_cell`), and its mean over the cells of each origin."""
@@ -227,7 +226,8 @@ def outside_vs_same(manifest: dict) -> dict:
   return out
 
 
-def _cell(cells, policy, domain, effort):
+def find_cell(cells, policy, domain, effort):
+  """The report cell of (policy, domain, effort) in `cells`, or None."""
   for c in cells:
     if (c["policy"], c["domain"], c["effort"]) == (policy, domain, effort):
       return c
@@ -245,7 +245,7 @@ def markdown(rep: dict) -> str:
   for d, e in Grid.from_json(rep["grid"]).cells:
     row = [d, e]
     for p in POLICIES:
-      c = _cell(cells, p, d, e)
+      c = find_cell(cells, p, d, e)
       se = None if c is None else binomial_se(c["accuracy"], c.get("n"))
       row += ["-", "-"] if c is None else [
           f"{c['accuracy']:.3f}" + ("" if se is None else f" ± {se:.3f}"),
@@ -309,7 +309,7 @@ def markdown(rep: dict) -> str:
               "be read against the teachers' quality.",
               "", "| teacher | origin | initial KL | teacher accuracy |", "|---|---|---|---|"]
     for name, c in kl["initial_by_cell"].items():
-      t = _cell(rep["cells"], "teacher", *name.split("/"))
+      t = find_cell(rep["cells"], "teacher", *name.split("/"))
       lines.append(f"| {name} | {c['origin']} | {c['kl']:.4f} | "
                    f"{'-' if t is None else format(t['accuracy'], '.3f')} |")
     for name, c in kl.get("outside_vs_same", {}).items():
@@ -369,7 +369,7 @@ def plots(rep: dict, outdir: str) -> list:
       ax = axes[i, j]
       x = np.arange(len(efforts))
       for k, p in enumerate(POLICIES):
-        vals = [(_cell(cells, p, d, e) or {}).get(key, np.nan) for e in efforts]
+        vals = [(find_cell(cells, p, d, e) or {}).get(key, np.nan) for e in efforts]
         ax.bar(x + (k - 1) * 0.27, vals, 0.27, label=p)
       ax.set_xticks(x, efforts)
       ax.set_title(f"{d}: {key}")
@@ -404,7 +404,7 @@ def plots(rep: dict, outdir: str) -> list:
   fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.5), squeeze=False)
   for j, d in enumerate(grid.domains):
     for p in POLICIES:
-      vals = [(_cell(cells, p, d, e) or {}).get("mean_length", np.nan) for e in efforts]
+      vals = [(find_cell(cells, p, d, e) or {}).get("mean_length", np.nan) for e in efforts]
       axes[0, j].plot(efforts, vals, marker="o", label=p)
     axes[0, j].set_title(f"{d}: length vs effort")
   axes[0, 0].legend()
@@ -442,90 +442,3 @@ def write(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> di
     storage.write_text(storage.join(workdir, "report.md"), markdown(rep))
     plots(rep, workdir)
   return rep
-
-
-# ----------------------------------------------------------------------------- seed sweeps
-def sweep(reports: dict) -> dict:
-  """Several seeds' report.json dicts ({seed: report}, one grid) as one summary: every
-  cell's accuracy and mean length as mean and standard deviation over the seeds (population
-  std, ddof 0), each seed's KL curve, and per expected result the seeds that meet it."""
-  if not reports:
-    raise ValueError("no seed has a report yet")
-  seeds = sorted(reports)
-  grids = {json.dumps(reports[s]["grid"], sort_keys=True) for s in seeds}
-  if len(grids) != 1:
-    raise ValueError(f"the seeds' reports are of different grids: {sorted(grids)}")
-  grid = reports[seeds[0]]["grid"]
-  cells = []
-  for d, e in Grid.from_json(grid).cells:
-    for p in POLICIES:
-      got = [_cell(reports[s]["cells"], p, d, e) for s in seeds]
-      got = [c for c in got if c is not None]
-      if not got:
-        continue
-      row = {"policy": p, "domain": d, "effort": e, "seeds": len(got)}
-      for key in ("accuracy", "mean_length", "over_budget_rate"):
-        vals = np.asarray([c[key] for c in got], np.float64)
-        row[key] = {"mean": float(vals.mean()), "std": float(vals.std()),
-                    "values": vals.tolist()}
-      cells.append(row)
-  checks = {}
-  for s in seeds:
-    for c in reports[s].get("checks", []):
-      entry = checks.setdefault(c["name"], {"target": c["target"], "met": [], "missed": [],
-                                            "undecided": []})
-      entry["met" if c["ok"] is True else "missed" if c["ok"] is False else "undecided"].append(s)
-  per_seed = {}
-  for s in seeds:
-    rows = [c for c in reports[s].get("checks", []) if not is_wall_time(c["name"])]
-    per_seed[str(s)] = {"met": sum(c["ok"] is True for c in rows), "of": len(rows),
-                        "missed": [c["name"] for c in rows if c["ok"] is False],
-                        "wall_seconds": reports[s].get("wall_seconds", {})}
-  return {"seeds": seeds, "grid": grid, "cells": cells, "checks": checks,
-          "per_seed": per_seed,
-          "kl_curves": {str(s): reports[s]["kl"]["curve"] for s in seeds},
-          "kl_exact_curves": {str(s): reports[s].get("kl_exact_curve") or [] for s in seeds},
-          "kl_drop": {str(s): dict(zip(("ratio", "source"), kl_drop(reports[s])))
-                      for s in seeds}}
-
-
-def sweep_markdown(sw: dict) -> str:
-  seeds = sw["seeds"]
-  lines = [f"# mopd_jax seed sweep: seeds {', '.join(map(str, seeds))}", "",
-           "Accuracy and mean length on the test split, mean ± standard deviation over the "
-           "seeds (ddof 0).", "",
-           "| domain | effort | " + " | ".join(f"{p} acc | {p} len" for p in POLICIES) + " |",
-           "|---|---|" + "---|---|" * len(POLICIES)]
-  by = {(c["policy"], c["domain"], c["effort"]): c for c in sw["cells"]}
-  for d, e in Grid.from_json(sw["grid"]).cells:
-    row = [d, e]
-    for p in POLICIES:
-      c = by.get((p, d, e))
-      row += (["-", "-"] if c is None else
-              [f"{c['accuracy']['mean']:.3f} ± {c['accuracy']['std']:.3f}",
-               f"{c['mean_length']['mean']:.1f} ± {c['mean_length']['std']:.1f}"])
-    lines.append("| " + " | ".join(row) + " |")
-  if sw["checks"]:
-    every = sum(1 for c in sw["checks"].values() if len(c["met"]) == len(seeds))
-    lines += ["", f"Expected results met on every seed: {every} of {len(sw['checks'])}.", "",
-              "| check | target | seeds meeting it | seeds missing it |", "|---|---|---|---|"]
-    lines += [f"| {name} | {c['target']} | {', '.join(map(str, c['met'])) or '-'} | "
-              f"{', '.join(map(str, c['missed'])) or '-'} |"
-              for name, c in sw["checks"].items()]
-  per_seed = sw.get("per_seed", {})
-  if per_seed:
-    stages = list(dict.fromkeys(k for p in per_seed.values() for k in p["wall_seconds"]))
-    lines += ["", "Per seed: expected results met without the wall-time rows, the ones "
-              "missed, and each stage's wall seconds.", "",
-              "| seed | met | missed | " + " | ".join(stages) + " |",
-              "|---|---|---|" + "---|" * len(stages)]
-    for s, p in per_seed.items():
-      secs = [f"{p['wall_seconds'][k]:.0f}" if k in p["wall_seconds"] else "-" for k in stages]
-      lines.append(f"| {s} | {p['met']} of {p['of']} | {'; '.join(p['missed']) or '-'} | "
-                   + " | ".join(secs) + " |")
-  drops = sw.get("kl_drop", {})
-  if any(d["ratio"] is not None for d in drops.values()):
-    lines += ["", "KL drop per seed (first over last tenth of the MOPD steps): " + ", ".join(
-        f"seed {s} " + ("-" if d["ratio"] is None else f"x{d['ratio']:.1f} ({d['source']})")
-        for s, d in drops.items()) + "."]
-  return "\n".join(lines) + "\n"

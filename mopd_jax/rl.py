@@ -20,7 +20,8 @@ can run one after another in one process or side by side as separate processes.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+import dataclasses
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -72,7 +73,8 @@ def phase_settings(c, effort: str, phases) -> dict:
           "steps": (anneal and c.anneal_steps) or c.steps_per_effort}
 
 
-def rl_batch(tok, trajs, rewards, width: int, relogprob=None, params=None) -> train.TrainBatch:
+def rl_batch(tok, trajs, rewards, *, width: int, relogprob=None,
+             params=None) -> train.TrainBatch:
   """The update's batch; `relogprob(arr, params)`: the padded arrays with their sampler
   log-probs replaced by those of `params` (partial rollouts, mode "recompute")."""
   arr = rollout.pad_batch(trajs, tok.pad_id, width)
@@ -117,35 +119,63 @@ def _run_split(engine: rollout.RolloutEngine, samplers: tuple, rows: list, shown
   return rollout.RolloutResult(trajectories=trajs, texts=texts, over_budget=over)
 
 
-def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.RolloutEngine,
-               task, next_examples: Callable[[int], list], *, effort: str, tau: float,
-               phase: int, steps: int, group_size: int, width: int, seed: int,
-               log: Optional[Callable] = None, start_step: int = 0, loop=None,
-               reference=None, plateau: tuple = (0, 0.0),
-               view: views.PromptView = views.EFFORT_EVERYWHERE,
-               pool: Optional[partial.RolloutPool] = None, relogprob=None,
-               sample_from: str = "policy"):
-  """At most `steps` RL iterations at one effort level, fewer when the reward plateaus
-  (`plateau` = (window, delta), see `plateaued`); returns the new state and per-step
-  metrics (their count is the number of steps run). `phase`: the effort's place in its
-  lane's anneal (0 = the largest tau), which salts the sampling rng.
+@dataclasses.dataclass(frozen=True)
+class EffortPhase:
+  """One effort phase of a lane: at most `steps` RL iterations at effort `effort` (budget
+  `tau * b0`), `group_size` samples per prompt, batches padded to at least `width`. `phase`:
+  the effort's place in its lane's anneal (0 = the largest tau), which with `seed` salts the
+  sampling rng. `plateau` = (window, delta): stop early once the reward plateaus (see
+  `plateaued`). `start_step`: the first step when no `checkpoint.TrainLoop` restores one."""
+  effort: str
+  tau: float
+  phase: int
+  steps: int
+  group_size: int
+  width: int
+  seed: int
+  plateau: tuple = (0, 0.0)
+  start_step: int = 0
 
-  `reference`: params held as PMD's old policy for the whole phase (`rl.reference` "sft"
-  or "parent"), instead of the policy that sampled each batch. `sample_from` "reference":
-  that held policy, not the policy being trained, draws the phase's samples; "both": half of
-  each prompt's samples from each (`SAMPLE_FROM`).
 
-  `view`: the lane trains a teacher, so its prompts carry `view.teacher(effort)` (None in
-  K3 eq. 15: the teacher learns the effort's length from the budget alone).
+@dataclasses.dataclass(frozen=True)
+class PhaseSampling:
+  """How a phase's samples are drawn: by `engine`, with prompts as `view` shows them to a
+  teacher (`view.teacher(effort)`; None in K3 eq. 15: the teacher learns the effort's length
+  from the budget alone).
 
-  `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
-  run then starts at `loop.start_step` and the returned history includes restored steps.
+  `reference`: params held as PMD's old policy for the whole phase (`rl.reference` "sft" or
+  "parent"), instead of the policy that sampled each batch. `sample_from` "reference": that
+  held policy, not the policy being trained, draws the phase's samples; "both": half of each
+  prompt's samples from each (`SAMPLE_FROM`).
 
   `pool`: partial rollouts (`partial.py`): each step's samples join the pool, every
   incomplete row decodes one more segment, and the update trains on the complete groups
   (every sample of a prompt complete; at most a step's worth, oldest first), padded with
-  empty rows to one shape. `relogprob`: see `rl_batch`.
+  empty rows to one shape. `relogprob`: see `rl_batch`."""
+  engine: rollout.RolloutEngine
+  view: views.PromptView = views.EFFORT_EVERYWHERE
+  reference: Any = None
+  sample_from: str = "policy"
+  pool: Optional[partial.RolloutPool] = None
+  relogprob: Optional[Callable] = None
+
+
+def run_effort(trainer: train.Trainer, state: train.TrainState, sampling: PhaseSampling, *,
+               task, next_examples: Callable[[int], list], phase: EffortPhase, loop=None,
+               log: Optional[Callable] = None):
+  """At most `phase.steps` RL iterations at one effort level, fewer when the reward
+  plateaus; returns the new state and per-step metrics (their count is the number of steps
+  run). `sampling`: the engine, view, held reference and partial-rollout pool that draw the
+  samples (`PhaseSampling`).
+
+  `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
+  run then starts at `loop.start_step` and the returned history includes restored steps.
+  `log(step, metrics)` is called after every step.
   """
+  engine, view, reference = sampling.engine, sampling.view, sampling.reference
+  sample_from, pool, relogprob = sampling.sample_from, sampling.pool, sampling.relogprob
+  effort, tau, steps, group_size = phase.effort, phase.tau, phase.steps, phase.group_size
+  start_step, plateau = phase.start_step, phase.plateau
   if sample_from not in SAMPLE_FROM:
     raise ValueError(f"sample_from={sample_from!r}; expected one of {SAMPLE_FROM}")
   if sample_from == "both" and reference is not None and pool is not None:
@@ -164,7 +194,8 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
     rows = [ex for ex in exs for _ in range(group_size)]
     budgets = [task_base.budget(ex, tau) for ex in rows]
     # A pure function of (seed, phase, step): a resumed lane draws the same samples.
-    rng = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), phase), step)
+    rng = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(phase.seed), phase.phase),
+                             step)
     shown = [view.teacher(effort)] * len(rows)
     if pool is None and sample_from == "both" and reference is not None:
       res = _run_split(engine, (state.params, reference), rows, shown, budgets, rng,
@@ -186,12 +217,13 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, engine: rollout.
                                   over_budget=np.asarray([not t.finished for t in trajs]))
     rewards = rewards_of(task, rows, res)
     longest = max(len(t.prompt_ids) + t.num_tokens for t in trajs)
-    w = rollout.padded_width(longest, pow2=True, floor=width)
+    w = rollout.padded_width(longest, pow2=True, floor=phase.width)
     n_empty = len(exs) * group_size - len(trajs)  # whole empty groups: no loss, one shape
     empty = rollout.empty_rows(trajs[0], n_empty)
     state, m = trainer.step(state, rl_batch(engine.tok, trajs + empty,
-                                            np.concatenate([rewards, np.zeros(n_empty)]), w,
-                                            relogprob, state.params),
+                                            np.concatenate([rewards, np.zeros(n_empty)]),
+                                            width=w, relogprob=relogprob,
+                                            params=state.params),
                             reference=reference)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     m.update(reward=float(rewards.mean()), accuracy=float((rewards > 0).mean()),

@@ -57,15 +57,28 @@ class RolloutResult:
     return np.asarray([t.num_tokens for t in self.trajectories])
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+  """How a RolloutEngine decodes: sampling `temperature` and `top_p`, the decode `dtype`,
+  and `decode_slots` > 0 for continuous batching with that many slots (`continuous.py`,
+  rows admitted in `admission` order); 0: the static sampler, each turn's rows as one
+  batch."""
+  temperature: float = 1.0
+  top_p: float = 1.0
+  dtype: str = "float32"
+  decode_slots: int = 0
+  admission: str = "longest_cap_first"
+
+
 class RolloutEngine:
   """Samples trajectories for examples; one compiled Sampler per static setting."""
 
   def __init__(self, model_cfg: models.ModelConfig, tok, *, max_response_tokens: int,
-               temperature: float = 1.0, max_turns: int = 4, top_p: float = 1.0,
-               dtype: str = "float32", decode_slots: int = 0,
-               admission: str = "longest_cap_first"):
-    """`decode_slots` > 0: continuous batching with that many slots (`continuous.py`); 0:
-    the static sampler, each turn's rows as one batch."""
+               max_turns: int = 4, decode: DecodeOptions = DecodeOptions()):
+    """At most `max_response_tokens` per turn and `max_turns` turns; `decode`: see
+    `DecodeOptions`."""
+    temperature, top_p, dtype = decode.temperature, decode.top_p, decode.dtype
+    decode_slots, admission = decode.decode_slots, decode.admission
     self.model_cfg, self.tok = model_cfg, tok
     self.max_response_tokens = max_response_tokens
     self.max_turns = max_turns

@@ -16,9 +16,7 @@ Which distribution the log-probs belong to (the "actually sampled from" conventi
     the token was drawn from (what an importance ratio needs);
   * greedy: a point mass, so the log-prob is exactly 0.
 
-Sampling is by inverse CDF with one uniform per row, done in two levels (blocks of the
-vocabulary, then within the block) so that no 32k-wide cumsum or sort runs per step; only
-top-p needs a sort, and it is compiled in only when top_p < 1.
+One token per row is drawn by `mopd_jax.token_draw` (inverse CDF, one uniform per row).
 """
 from __future__ import annotations
 
@@ -35,10 +33,9 @@ import numpy as np
 
 from mopd_jax import distributed, models
 from mopd_jax.models import KVCache, ModelConfig
+from mopd_jax.token_draw import sample_token, uniform_table
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-_CDF_BLOCK = 128
-
 
 DECODE_DTYPES = ("float32", "bfloat16")
 
@@ -145,74 +142,6 @@ class _State:
   written: jax.Array  # [B, N] bool
   positions: jax.Array  # [B] RoPE position of `token`
   cache: KVCache
-
-
-def _process_logits(logits, scfg: SamplingConfig):
-  """Logits of the distribution actually sampled from (temperature, top-k, top-p)."""
-  logits = logits.astype(jnp.float32)
-  if scfg.temperature != 1.0 and not scfg.is_greedy:
-    logits = logits / scfg.temperature
-  if scfg.top_k and scfg.top_k < logits.shape[-1]:
-    kth = jax.lax.top_k(logits, scfg.top_k)[0][:, -1:]
-    logits = jnp.where(logits >= kth, logits, -jnp.inf)  # ties at the k-th value are kept
-  if scfg.top_p < 1.0:
-    srt = -jnp.sort(-logits, axis=-1)
-    p = jax.nn.softmax(srt, axis=-1)
-    mass_before = jnp.cumsum(p, axis=-1) - p
-    keep = jnp.maximum(jnp.sum(mass_before < scfg.top_p, axis=-1, keepdims=True), 1)
-    threshold = jnp.take_along_axis(srt, keep - 1, axis=-1)
-    logits = jnp.where(logits >= threshold, logits, -jnp.inf)
-  return logits
-
-
-def _inverse_cdf(probs, u):
-  """(index i with cdf[i-1] < u * total <= cdf[i], total): by blocks, no full-vocab cumsum.
-  The total is the last block's cumulative sum, so the caller needs no second pass."""
-  b, v = probs.shape
-  nblk = -(-v // _CDF_BLOCK)
-  probs = jnp.pad(probs, ((0, 0), (0, nblk * _CDF_BLOCK - v)))
-  blocks = probs.reshape(b, nblk, _CDF_BLOCK)
-  block_cdf = jnp.cumsum(jnp.sum(blocks, axis=-1), axis=-1)  # [B, nblk]
-  target = u * block_cdf[:, -1]
-  blk = jnp.minimum(jnp.sum(block_cdf < target[:, None], axis=-1), nblk - 1)
-  before = jnp.where(blk > 0, jnp.take_along_axis(block_cdf, jnp.maximum(blk - 1, 0)[:, None],
-                                                   axis=-1)[:, 0], 0.0)
-  inner = jnp.take_along_axis(blocks, blk[:, None, None], axis=1)[:, 0]  # [B, BLOCK]
-  inner_cdf = before[:, None] + jnp.cumsum(inner, axis=-1)
-  # The first index reaching the target; skip zero-probability entries that round-off
-  # could otherwise select at a block edge.
-  hit = (inner_cdf >= target[:, None]) & (inner > 0)
-  last_nonzero = _CDF_BLOCK - 1 - jnp.argmax((inner > 0)[:, ::-1], axis=-1)
-  idx = jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), last_nonzero)
-  return jnp.minimum(blk * _CDF_BLOCK + idx, v - 1).astype(jnp.int32), block_cdf[:, -1]
-
-
-def row_uniforms(row_keys, positions):
-  """One uniform per row, a pure function of (row key, sequence position of the token)."""
-  return jax.vmap(lambda k, p: jax.random.uniform(
-      jax.random.fold_in(k, p), (), jnp.float32, minval=1e-7, maxval=1.0))(row_keys, positions)
-
-
-def uniform_table(row_keys, first_positions, n: int):
-  """[B, n]: column j holds `row_uniforms(row_keys, first_positions + j)`. Drawn for the whole
-  decode before it starts, in one vectorised pass, instead of a small threefry loop in every
-  decode step."""
-  cols = first_positions[:, None] + jnp.arange(n, dtype=first_positions.dtype)[None, :]
-  return jax.vmap(row_uniforms, in_axes=(None, 1), out_axes=1)(row_keys, cols)
-
-
-def sample_token(logits, u, scfg: SamplingConfig):
-  """One token per row and its log-prob under the sampled-from distribution.
-
-  `u` [B]: each row's uniform draw in (0, 1) (see `row_uniforms`).
-  """
-  if scfg.is_greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.zeros(logits.shape[:1], jnp.float32)
-  logits = _process_logits(logits, scfg)
-  m = jnp.max(logits, axis=-1, keepdims=True)
-  tok, total = _inverse_cdf(jnp.exp(logits - m), u)
-  picked = jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0]
-  return tok, picked - m[:, 0] - jnp.log(total)
 
 
 def decode_layout(scfg: SamplingConfig) -> str:

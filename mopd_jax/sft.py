@@ -16,7 +16,8 @@ is drawn among the styles it has.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional, Sequence
+import dataclasses
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
@@ -69,17 +70,26 @@ def domain_style_weights(spec, domains: Sequence[str], known: Sequence[str],
   return {d: w for d, w in weights.items() if d in domains}
 
 
-def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomState,
-              effort_mode: str, width: int, styles: Sequence[str] = task_base.STYLES,
-              style_weights: Optional[Mapping[str, Sequence[float]]] = None,
-              efforts: Sequence[str] = DEFAULT_EFFORTS, *,
-              view: views.PromptView = views.EFFORT_EVERYWHERE) -> train.TrainBatch:
-  """One padded batch: each example with one of its reference solutions, drawn uniformly
+@dataclasses.dataclass(frozen=True)
+class SftDraw:
+  """How an example becomes an SFT row: one of its reference solutions, drawn uniformly
   or, for a domain named in `style_weights`, with that domain's weights over `styles`
   (among the styles the example has); its effort (effort_mode "random") drawn uniformly
   from `view.sft_choices(efforts)` (`efforts`, plus none when the view's teachers see no
-  effort; the style mode then drops the style's effort with probability 1/(|efforts|+1))."""
-  probs = {d: style_probs(w, styles) for d, w in (style_weights or {}).items()}
+  effort; the style mode then drops the style's effort with probability 1/(|efforts|+1));
+  `view`: which prompts SFT trains on (`views.PromptView`; see the module docstring)."""
+  effort_mode: str
+  style_weights: Optional[Mapping[str, Sequence[float]]] = None
+  efforts: Sequence[str] = DEFAULT_EFFORTS
+  view: views.PromptView = views.EFFORT_EVERYWHERE
+  styles: Sequence[str] = task_base.STYLES
+
+
+def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomState, *,
+              width: int, draw: SftDraw) -> train.TrainBatch:
+  """One batch of `examples` drawn as `draw` says (`SftDraw`), padded to `width`."""
+  styles, view, efforts, effort_mode = draw.styles, draw.view, draw.efforts, draw.effort_mode
+  probs = {d: style_probs(w, styles) for d, w in (draw.style_weights or {}).items()}
   trajs = []
   for ex in examples:
     have = [s for s in styles if s in ex.solutions]
@@ -103,20 +113,29 @@ def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomS
   return train.TrainBatch.from_padded(rollout.pad_batch(trajs, tok.pad_id, width))
 
 
-def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
-              next_examples: Callable[[int], list], *, steps: int, effort_mode: str,
-              width, seed: int, log: Optional[Callable] = None,
-              start_step: int = 0, loop=None,
-              style_weights: Optional[Mapping[str, Sequence[float]]] = None,
-              efforts: Sequence[str] = DEFAULT_EFFORTS,
-              view: views.PromptView = views.EFFORT_EVERYWHERE):
-  """Runs `steps` SFT updates; `next_examples(step)` returns the step's examples.
+@dataclasses.dataclass(frozen=True)
+class SftBatches:
+  """Each SFT step's batch: `next_examples(step)` returns the step's examples, drawn as
+  `draw` says and padded to `width` (an int, or a function of the step's examples returning
+  it). The batch rng is a pure function of (seed, step), so a resumed run sees the same
+  data."""
+  tok: Any
+  next_examples: Callable[[int], list]
+  draw: SftDraw
+  width: Any
+  seed: int
 
-  The batch rng is a pure function of (seed, step), so a resumed run sees the same data.
-  `width`: the padded length, or a function of the step's examples returning it.
-  `style_weights`: per domain, the weights of (full, brief, direct) (see `sft_batch`).
-  `efforts`: the run's effort names, whose tokens the random effort mode draws from;
-  `view`: which prompts SFT trains on (`views.PromptView`; see the module docstring).
+  def __call__(self, step: int) -> train.TrainBatch:
+    rng = np.random.RandomState([self.seed, step])
+    exs = self.next_examples(step)
+    width = self.width(exs) if callable(self.width) else self.width
+    return sft_batch(self.tok, exs, rng, width=width, draw=self.draw)
+
+
+def train_sft(trainer: train.Trainer, state: train.TrainState, batches: SftBatches, *,
+              steps: int, log: Optional[Callable] = None, start_step: int = 0, loop=None):
+  """Runs `steps` SFT updates on `batches(step)`.
+
   `loop`: a `checkpoint.TrainLoop` (per-step checkpoints, SIGTERM, non-finite policy); the
   run then starts at `loop.start_step` and the returned history includes restored steps.
   """
@@ -124,11 +143,7 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, tok,
   if loop is not None:
     start_step, history = loop.start_step, loop.history
   for step in range(start_step, steps):
-    rng = np.random.RandomState([seed, step])
-    exs = next_examples(step)
-    batch = sft_batch(tok, exs, rng, effort_mode, width(exs) if callable(width) else width,
-                      style_weights=style_weights, efforts=efforts, view=view)
-    state, m = trainer.step(state, batch)
+    state, m = trainer.step(state, batches(step))
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     if loop is not None:
       loop.end_step(step, state, m, [step, m["loss"]])  # appends to `history`

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional
+from typing import Optional
 
 import flax.struct
 import jax
@@ -17,42 +17,9 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mopd_jax import distributed, logprobs, losses, models, sharding
+from mopd_jax import distributed, logprobs, models, sharding
+from mopd_jax.loss_kinds import LOSS_KINDS, loss_from_stats
 
-
-
-@dataclasses.dataclass(frozen=True)
-class LossKind:
-  """A loss the train step can optimise, registered by name with `register_loss`.
-
-  fn(loss_cfg, stats, batch) -> (loss, metrics): `stats` are the student's TokenStats.
-  separable: token-separable in the student's log-probs (d loss / d lp[b, t] depends on
-    lp[b, t] alone), so the vocabulary head can be fused into it
-    (`logprobs.fused_token_loss`).
-  weighting: how `accumulate_gradients` weighs a microbatch: by its share of the batch's
-    loss tokens ("tokens"), of its rows holding loss tokens ("rows"), or equally over groups
-    of `group_size` rows ("groups").
-  groups: rows [p*K:(p+1)*K] form one group of `LossConfig.group_size` (kept whole).
-  group_mean_metrics: metrics that are means over groups (combined with equal weights).
-  topk: needs the teacher's top-k ids in the batch.
-  """
-  fn: Callable
-  separable: bool
-  weighting: str = "rows"
-  groups: bool = False
-  group_mean_metrics: tuple = ()
-  topk: bool = False
-
-
-LOSS_KINDS: dict = {}
-
-
-def register_loss(name: str, **properties):
-  """Decorator: registers `fn(loss_cfg, stats, batch) -> (loss, metrics)` as loss `name`."""
-  def deco(fn):
-    LOSS_KINDS[name] = LossKind(fn, **properties)
-    return fn
-  return deco
 
 
 @flax.struct.dataclass
@@ -171,91 +138,6 @@ def compute_loss(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
   return loss_from_stats(loss_cfg, st, batch)
 
 
-def loss_from_stats(loss_cfg: LossConfig, st: logprobs.TokenStats, batch: TrainBatch):
-  """(loss, metrics) of the configured kind from the student's per-token stats."""
-  return LOSS_KINDS[loss_cfg.kind].fn(loss_cfg, st, batch)
-
-
-@register_loss("sft", separable=True, weighting="tokens")
-def _sft_loss(loss_cfg, st, batch):
-  del loss_cfg
-  return losses.nll_loss(st.logprobs, batch.loss_mask)
-
-
-@register_loss("mopd", separable=True)
-def _mopd_loss(loss_cfg, st, batch):
-  lp = st.logprobs
-  w = None
-  if loss_cfg.is_bounds is not None:
-    w = losses.truncated_importance_weights(lp, batch.sampler_logprobs, batch.loss_mask,
-                                            *loss_cfg.is_bounds)
-  loss, m = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max,
-                             importance_weights=w)
-  if w is not None:
-    m = {**m, "is_weight_mean": jax.lax.stop_gradient(
-        jnp.sum(w) / jnp.maximum(jnp.sum(batch.loss_mask), 1))}
-  return loss + _outcome_term(lp, batch, loss_cfg), m
-
-
-@register_loss("pg", separable=True)
-def _pg_loss(loss_cfg, st, batch):
-  lp = st.logprobs
-  adv = losses.mopd_reward(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
-  if batch.advantages is not None:
-    adv = adv + jnp.where(batch.loss_mask, batch.advantages, 0.0)
-  loss, m = losses.pg_loss(lp, batch.sampler_logprobs, adv, batch.loss_mask,
-                           eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
-                           log_ratio_clip=loss_cfg.log_ratio_clip)
-  _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
-  return loss, {**m, "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
-
-
-def _groups(loss_cfg, batch):
-  b = batch.tokens.shape[0]
-  k = loss_cfg.group_size
-  if b % k:
-    raise ValueError(f"batch of {b} rows is not a whole number of groups of {k}")
-  return b, k
-
-
-# PMD pools log-probs over a sequence: not token-separable.
-@register_loss("pmd", separable=False, weighting="groups", groups=True,
-               group_mean_metrics=("log_ratio_mean", "reward_mean", "advantage_abs_mean"))
-def _pmd_loss(loss_cfg, st, batch):
-  (b, k), t = _groups(loss_cfg, batch), batch.tokens.shape[1]
-  return losses.pmd_loss(st.logprobs.reshape(b // k, k, t),
-                         batch.sampler_logprobs.reshape(b // k, k, t),
-                         batch.rewards.reshape(b // k, k), loss_cfg.tau_kl,
-                         loss_mask=batch.loss_mask.reshape(b // k, k, t),
-                         token_clip=loss_cfg.token_clip)
-
-
-@register_loss("grpo", separable=True, groups=True)
-def _grpo_loss(loss_cfg, st, batch):
-  (b, k), t = _groups(loss_cfg, batch), batch.tokens.shape[1]
-  adv = losses.grpo_advantages(batch.rewards.reshape(b // k, k)).reshape(b)
-  return losses.pg_loss(st.logprobs, batch.sampler_logprobs,
-                        jnp.broadcast_to(adv[:, None], (b, t)), batch.loss_mask,
-                        eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
-                        log_ratio_clip=loss_cfg.log_ratio_clip)
-
-
-# Top-k needs more than the sampled token's stats: not fused.
-@register_loss("topk", separable=False, topk=True)
-def _topk_loss(loss_cfg, st, batch):
-  lp = st.logprobs
-  loss, m = losses.topk_kl_loss(st.topk_logprobs, batch.teacher_topk_logprobs, batch.loss_mask)
-  if batch.teacher_logprobs is not None:
-    # `kl` stays the sampled-token estimate every other kind reports (curves comparable
-    # across the ablation); the truncated top-k KL that is optimised is `topk_kl`.
-    _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
-    m = {**m, "topk_kl": m["kl"], "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
-  return loss + _outcome_term(lp, batch, loss_cfg), m
-
-
-LOSSES = tuple(LOSS_KINDS)  # the registered names: sft, mopd, pg, pmd, grpo, topk
-
-
 def with_reference_logprobs(model_cfg: models.ModelConfig, loss_cfg: LossConfig, reference,
                             batch: TrainBatch) -> TrainBatch:
   """`batch` with `sampler_logprobs` replaced by the teacher-forced log-probs of the
@@ -264,16 +146,6 @@ def with_reference_logprobs(model_cfg: models.ModelConfig, loss_cfg: LossConfig,
   st = logprobs.token_stats(model_cfg, reference, batch.tokens, input_mask=batch.input_mask,
                             chunk_size=loss_cfg.chunk_size)
   return batch.replace(sampler_logprobs=jax.lax.stop_gradient(st.logprobs))
-
-
-def _outcome_term(lp, batch: TrainBatch, loss_cfg: LossConfig):
-  """alpha * A_outcome on every generated token, plain REINFORCE (ratio 1 at the current
-  params); 0 when the batch carries no advantages (alpha = 0)."""
-  if batch.advantages is None:
-    return 0.0
-  extra, _ = losses.pg_loss(lp, jax.lax.stop_gradient(lp), batch.advantages, batch.loss_mask,
-                            eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high)
-  return extra
 
 
 # How `accumulate_gradients` combines the microbatches' metrics into the whole batch's.

@@ -21,6 +21,8 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
 from mopd_jax import hf, models, sampling, sharding
+from mopd_jax.hf import layout as hf_layout
+from mopd_jax.hf import load as hf_load
 import suite_cli
 
 ATOL = 1e-4
@@ -214,23 +216,23 @@ def test_mesh_targeted_load_reads_only_shards(tiny_ckpt, qwen2_ckpt, family, rul
   want = (sharding.param_shardings(cfg, mesh) if rules == "default" else
           sharding.param_shardings(cfg, mesh, TRANSPOSED_RULES))
   reads = []
-  real = hf._read_slice
+  real = hf_layout._read_slice
 
   def spy(handle, name, slices):
     block = real(handle, name, slices)
     reads.append((name, block.size))
     return block
-  monkeypatch.setattr(hf, "_read_slice", spy)
+  monkeypatch.setattr(hf_layout, "_read_slice", spy)
   got_cfg, loaded = hf.load_checkpoint(path, sharding=want)
   assert got_cfg == cfg
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
   jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(
       f"{x.sharding} != {s}"), loaded, want)
   # Every tensor whose sharding splits it was only ever read a shard at a time.
-  specs = hf._param_specs(cfg)
-  full = {name: int(np.prod(hf._hf_shape(kind, shape))) for _, name, kind, shape in specs}
+  specs = hf_layout._param_specs(cfg)
+  full = {name: int(np.prod(hf_layout._hf_shape(kind, shape))) for _, name, kind, shape in specs}
   split = {name for ours, name, _, _ in specs
-           if any(a is not None for a in hf._get(want, ours).spec)}
+           if any(a is not None for a in hf_load._get(want, ours).spec)}
   assert len(split) > 10
   assert {name for name, _ in reads} == set(full)
   for name, size in reads:

@@ -60,9 +60,11 @@ def test_teacher_scores_do_not_depend_on_the_students_effort(teacher_sees_effort
                               [0.0] * n, True)
 
   trajs = [traj(ex, view.student(e)) for ex, e in zip(rows, efforts)]
-  sampled = mopd._assemble(bank, tok, {"gen": task}, [("gen", "low"), ("gen", "max")], rows,
-                           efforts, trajs, [tok.decode(response)] * 6,
-                           {"low": 0.3, "max": 1.5}, 3, 32, view)
+  setup = mopd.StepSetup(bank, rollout.RolloutEngine(cfg, tok, max_response_tokens=n),
+                         {"gen": task}, [("gen", "low"), ("gen", "max")],
+                         {"low": 0.3, "max": 1.5}, 32, view)
+  sampled = mopd._assemble(setup, rows, efforts, trajs=trajs,
+                           texts=[tok.decode(response)] * 6, rows_per_teacher=3)
   toks, mask = np.asarray(sampled.tokens), np.asarray(sampled.input_mask)  # [K=2, b=3, T']
   assert [bank.router.index("gen", e) for e in ("low", "max")] == [0, 1]
   score = jax.jit(lambda t, m: logprobs.token_logprobs(cfg, params, t, input_mask=m))

@@ -96,8 +96,9 @@ def test_topk_mopd_step_is_zero_when_the_student_is_every_teacher():
   engine = rollout.RolloutEngine(CFG, TOK, max_response_tokens=12, max_turns=1)
   taus = {"max": 1.0, "high": 0.55, "low": 0.25}
   step = lambda state, score_fn, **kw: mopd.mopd_step(
-      trainer, state, bank, engine, tasks, cells, per_cell, taus, jax.random.PRNGKey(3),
-      r_max=5.0, score_fn=score_fn, **kw)
+      trainer, state, mopd.StepSetup(bank, engine, tasks, cells, taus),
+      examples_per_cell=per_cell, rng=jax.random.PRNGKey(3), r_max=5.0, score_fn=score_fn,
+      **kw)
   state, rec = step(trainer.init(params), lambda b, t, m: scorer(t, m), alpha=0.0)
   m = rec.metrics
   assert m["loss"] == pytest.approx(0.0, abs=1e-6)

@@ -102,9 +102,11 @@ def test_rl_effort_phase_with_partial_rollouts(params):
                           train.OptimConfig(lr=1e-3, warmup_steps=0, total_steps=3), mesh)
 
   def run(pool, relogprob=None):  # one Trainer (its compiled step) for the three runs
-    _, hist = rl.run_effort(trainer, trainer.init(params), _engine(), task,
-                            lambda step: stream[step], effort="max", tau=1.5, phase=0, steps=3,
-                            group_size=2, width=64, seed=0, pool=pool, relogprob=relogprob)
+    _, hist = rl.run_effort(trainer, trainer.init(params),
+                            rl.PhaseSampling(_engine(), pool=pool, relogprob=relogprob),
+                            task=task, next_examples=lambda step: stream[step],
+                            phase=rl.EffortPhase(effort="max", tau=1.5, phase=0, steps=3,
+                                                 group_size=2, width=64, seed=0))
     return hist
 
   plain, whole = run(None), run(partial.RolloutPool(1000))

@@ -1,4 +1,5 @@
-"""The report's expected-result checks and markdown (mopd_jax/report.py)."""
+"""The report's expected-result checks and markdown (mopd_jax/report.py), and the seed
+sweep's summary (mopd_jax/sweep_report.py)."""
 import pytest
 
 
@@ -101,8 +102,8 @@ def _seed_report(acc: float, ok: bool):
 
 def test_sweep_means_spreads_and_checks_per_seed():
   import pytest
-  from mopd_jax import report
-  sw = report.sweep({0: _seed_report(0.5, True), 1: _seed_report(0.7, False),
+  from mopd_jax import sweep_report
+  sw = sweep_report.sweep({0: _seed_report(0.5, True), 1: _seed_report(0.7, False),
                      2: _seed_report(0.9, True)})
   cell = next(c for c in sw["cells"] if (c["policy"], c["effort"]) == ("teacher", "max"))
   assert cell["seeds"] == 3 and cell["accuracy"]["values"] == [0.5, 0.7, 0.9]
@@ -110,7 +111,7 @@ def test_sweep_means_spreads_and_checks_per_seed():
   assert cell["accuracy"]["std"] == pytest.approx(((0.04 + 0 + 0.04) / 3) ** 0.5)
   assert sw["checks"]["a bar"] == {"target": ">= 1", "met": [0, 2], "missed": [1],
                                    "undecided": []}
-  md = report.sweep_markdown(sw)
+  md = sweep_report.sweep_markdown(sw)
   assert "| gen | max | 0.700 ± 0.163 | 10.0 ± 0.0 | 0.700 ± 0.163 |" in md
   assert "Expected results met on every seed: 0 of 1." in md and "| a bar | >= 1 | 0, 2 | 1 |" in md
   assert sw["kl_drop"]["1"] == {"ratio": pytest.approx(10.0), "source": "sampled"}
@@ -121,16 +122,16 @@ def test_sweep_means_spreads_and_checks_per_seed():
     rep["checks"].append({"name": "pipeline wall seconds", "target": "<= 600", "ok": False,
                           "value": 700.0})
     rep["wall_seconds"] = {"sft": 100.0 + s, "total": 700.0}
-  sw = report.sweep(walled)
+  sw = sweep_report.sweep(walled)
   assert sw["per_seed"]["0"] == {"met": 1, "of": 1, "missed": [],
                                  "wall_seconds": {"sft": 100.0, "total": 700.0}}
   assert sw["per_seed"]["1"]["met"] == 0 and sw["per_seed"]["1"]["missed"] == ["a bar"]
-  md = report.sweep_markdown(sw)
+  md = sweep_report.sweep_markdown(sw)
   assert "| 0 | 1 of 1 | - | 100 | 700 |" in md and "| 1 | 0 of 1 | a bar | 101 | 700 |" in md
   other = _seed_report(0.5, True)
   other["grid"]["efforts"] = [["max", 1.5]]
   with pytest.raises(ValueError, match="different grids"):
-    report.sweep({0: _seed_report(0.5, True), 1: other})
+    sweep_report.sweep({0: _seed_report(0.5, True), 1: other})
 
 
 def test_sweep_command(tmp_path, monkeypatch, capsys):

@@ -85,9 +85,11 @@ def test_rl_phase_samples_from_the_held_reference():
 
   def run(sample_from, reference):
     used.clear()
-    rl.run_effort(trainer, trainer.init(start), engine, task, lambda step: stream[step],
-                  effort="high", tau=1.0, phase=1, steps=2, group_size=2, width=64, seed=0,
-                  reference=reference, sample_from=sample_from)
+    rl.run_effort(trainer, trainer.init(start),
+                  rl.PhaseSampling(engine, reference=reference, sample_from=sample_from),
+                  task=task, next_examples=lambda step: stream[step],
+                  phase=rl.EffortPhase(effort="high", tau=1.0, phase=1, steps=2, group_size=2,
+                                       width=64, seed=0))
     return list(used)
 
   assert all(p is ref for p in run("reference", ref))

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mopd_jax import logprobs, models, sampling
+from mopd_jax import logprobs, models, sampling, token_draw
 
 CFG = models.ModelConfig(vocab_size=61, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
                          head_dim=8, mlp_dim=64, max_seq_len=96, qk_norm=True)
@@ -186,7 +186,7 @@ def test_logprobs_are_of_the_sampled_distribution(params, kw):
   scfg = sampling.SamplingConfig(max_new_tokens=1, **kw)
   toks, lps = _empirical(params, scfg)
   logits = models.forward(CFG, params, jnp.asarray([[9, 8, 7]]))[0, -1:]
-  want = jax.nn.log_softmax(sampling._process_logits(logits, scfg))[0]
+  want = jax.nn.log_softmax(token_draw.process_logits(logits, scfg))[0]
   # The recorded log-prob of each drawn token is that of the processed distribution ...
   np.testing.assert_allclose(lps, np.asarray(want)[toks], atol=1e-5)
   # ... which puts zero mass outside the kept set, and the draws follow it.
@@ -201,7 +201,7 @@ def test_inverse_cdf_matches_distribution():
   probs = probs.at[::7].set(0.0)
   n = 20000
   u = jax.random.uniform(jax.random.PRNGKey(0), (n,), minval=1e-7)
-  idx, total = sampling._inverse_cdf(jnp.broadcast_to(probs, (n, 300)), u)
+  idx, total = token_draw.inverse_cdf(jnp.broadcast_to(probs, (n, 300)), u)
   idx = np.asarray(idx)
   np.testing.assert_allclose(np.asarray(total), float(probs.sum()), rtol=1e-6)
   assert (np.asarray(probs)[idx] > 0).all()

@@ -1,4 +1,4 @@
-"""Tests for the code sandbox (mopd_jax/tasks/sandbox.py): the in-process barrier, then the
+"""Tests for the code sandbox (mopd_jax/tasks/sandbox/): the in-process barrier, then the
 hostile suite against both barriers (bubblewrap where it works here, and in-process).
 
 Hostile programs are written as oracles where possible: they return the correct answer
@@ -16,6 +16,7 @@ import time
 import pytest
 
 from mopd_jax.tasks import sandbox
+from mopd_jax.tasks.sandbox import backends, protocol
 
 # The in-process barrier's own tests; the hostile suite at the end runs against both.
 run_program = functools.partial(sandbox.run_program, backend="inprocess")
@@ -43,7 +44,7 @@ def _hostile(source, *, static_check=False, tests=TESTS, statuses=None, **kw):
 @pytest.fixture(params=["drop", "no_drop"])
 def privileges(request, monkeypatch):
   """Runs a test with and without the root -> nobody privilege drop."""
-  monkeypatch.setattr(sandbox, "_DROP_PRIVILEGES", request.param == "drop")
+  monkeypatch.setattr(backends, "_DROP_PRIVILEGES", request.param == "drop")
   return request.param
 
 
@@ -191,19 +192,19 @@ def test_network_is_blocked(privileges):
 
 def _strip_hook(monkeypatch):
   """Harness without the audit hook and the function deletion: only rlimits (+netns) remain."""
-  harness = sandbox._harness_source()
+  harness = protocol._harness_source()
   stripped = harness.replace("sys.addaudithook(_hook)", "pass").replace(
       'for name in job["neuter"]', "for name in ()")
   assert stripped.count("pass") > harness.count("pass") and "job[\"neuter\"]" not in stripped
-  monkeypatch.setattr(sandbox, "_harness_source", lambda: stripped)
+  monkeypatch.setattr(backends, "_harness_source", lambda: stripped)
 
 
 def _strip_audit_hook_only(monkeypatch):
   """Harness without the audit hook (imports work) but with the deleted functions."""
-  harness = sandbox._harness_source()
+  harness = protocol._harness_source()
   stripped = harness.replace("sys.addaudithook(_hook)", "pass")
   assert stripped != harness
-  monkeypatch.setattr(sandbox, "_harness_source", lambda: stripped)
+  monkeypatch.setattr(backends, "_harness_source", lambda: stripped)
 
 
 @pytest.mark.parametrize("src", [
@@ -220,7 +221,7 @@ def test_deleted_functions_stay_deleted_without_the_audit_hook(src, monkeypatch)
   """The in-process barrier's holes: re-creating posix through _imp, and re-nicing,
   pinning or signalling the parent (not audited), each closed by the deletion alone."""
   _strip_audit_hook_only(monkeypatch)
-  monkeypatch.setattr(sandbox, "_DROP_PRIVILEGES", False)  # a non-root child's view
+  monkeypatch.setattr(backends, "_DROP_PRIVILEGES", False)  # a non-root child's view
   nice, affinity = os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0)
   _hostile(src.replace("PARENT", str(os.getpid())))
   assert (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0)) == (nice, affinity)
@@ -229,10 +230,10 @@ def test_deleted_functions_stay_deleted_without_the_audit_hook(src, monkeypatch)
 
 
 def test_network_namespace_when_available(monkeypatch):
-  if not sandbox._netns_prefix():
+  if not backends._netns_prefix():
     pytest.skip("unshare --net is not permitted here")
   _strip_hook(monkeypatch)
-  monkeypatch.setattr(sandbox, "_DROP_PRIVILEGES", False)  # so `import socket` can load
+  monkeypatch.setattr(backends, "_DROP_PRIVILEGES", False)  # so `import socket` can load
   with socket.create_server(("127.0.0.1", 0)) as server:
     port = server.getsockname()[1]
     src = f"import socket\ndef f(x):\n    socket.create_connection(('127.0.0.1', {port}))\n"
@@ -260,10 +261,10 @@ def test_cannot_kill_parent_or_group(src, privileges):
      True),
     ("import sys\nprint('ALL TESTS PASSED')\nsys.exit(0)\ndef f(x):\n    return 0\n", False),
     ("import os\ndef f(x):\n    print('3 passed')\n    os._exit(0)\n", False),
-    ("import os\ndef f(x):\n    os._exit(%d)\n" % sandbox._EXIT_DONE, False),
+    ("import os\ndef f(x):\n    os._exit(%d)\n" % protocol._EXIT_DONE, False),
     ("import os\ndef f(x):\n    open('proof', 'w').write('ab' * 32)\n    os._exit(%d)\n"
-     % sandbox._EXIT_DONE, False),
-    ("import os\ndef f(x):\n    os.mkfifo('proof')\n    os._exit(%d)\n" % sandbox._EXIT_DONE,
+     % protocol._EXIT_DONE, False),
+    ("import os\ndef f(x):\n    os.mkfifo('proof')\n    os._exit(%d)\n" % protocol._EXIT_DONE,
      False),
     ("import sys\ndef f(x):\n    h = sys.modules['__main__']\n"
      "    h._digest = lambda s, v: bytes(32)\n"
@@ -322,7 +323,7 @@ def test_runtime_limits_alone_stop_fork_and_memory(monkeypatch):
   _hostile("import os\ndef f(x):\n    if os.fork() == 0:\n        os._exit(0)\n" + RET)
   _hostile("def f(x):\n    b = bytearray(10 ** 10)\n    return x * 2 + 1\n")
   # A FIFO named `proof` must not hang the parent when it reads the proof.
-  _hostile("import os\ndef f(x):\n    os.mkfifo('proof')\n    os._exit(%d)\n" % sandbox._EXIT_DONE,
+  _hostile("import os\ndef f(x):\n    os.mkfifo('proof')\n    os._exit(%d)\n" % protocol._EXIT_DONE,
            statuses={"wrong"})
   _hostile("def f(x):\n    while True:\n        pass\n", statuses={"timeout", "crash"})
 
@@ -407,11 +408,11 @@ HOSTILE = {
                     "    signal.pidfd_send_signal(os.pidfd_open(PARENT), signal.SIGSTOP)\n" + RET,
     "renice parent": "import os\ndef f(x):\n    os.setpriority(os.PRIO_PROCESS, PARENT, 19)\n"
                      "    os.sched_setaffinity(PARENT, {0})\n" + RET,
-    "forge exit": "import os\ndef f(x):\n    os._exit(%d)\n" % sandbox._EXIT_DONE,
+    "forge exit": "import os\ndef f(x):\n    os._exit(%d)\n" % protocol._EXIT_DONE,
     "forge proof": "import os\ndef f(x):\n    for fd in range(3, 64):\n        try:\n"
                    "            os.write(fd, b'ab' * 32)\n        except OSError:\n"
                    "            pass\n    open('proof', 'w').write('ab' * 32)\n"
-                   "    os._exit(%d)\n" % sandbox._EXIT_DONE,
+                   "    os._exit(%d)\n" % protocol._EXIT_DONE,
     "forge digest": "import sys\ndef f(x):\n    sys.modules['__main__']._digest = "
                     "lambda s, v: bytes(32)\n    return 0\n",
 }
@@ -473,8 +474,8 @@ def test_static_check_refuses_match_class_attributes():
 
 
 def test_fallback_warns_loudly(monkeypatch):
-  monkeypatch.setattr(sandbox, "bwrap_available", lambda: False)
-  monkeypatch.setattr(sandbox, "_WARNED", [])
+  monkeypatch.setattr(backends, "bwrap_available", lambda: False)
+  monkeypatch.setattr(backends, "_WARNED", [])
   with pytest.warns(RuntimeWarning, match="NOT a security boundary"):
     assert sandbox.resolve_backend() == "inprocess"
   with pytest.raises(ValueError, match="bubblewrap"):

@@ -238,9 +238,10 @@ def test_mopd_step_scored_by_the_server_equals_in_process():
     out = {}
     for name, score_fn in (("local", lambda b, t, m: local(t, m)),
                            ("server", remote.score_fn)):
-      state, rec = mopd.mopd_step(trainer, trainer.init(student), bank, engine, tasks, cells,
-                                  per_cell, taus, jax.random.PRNGKey(3), r_max=5.0,
-                                  score_fn=score_fn)
+      setup = mopd.StepSetup(bank, engine, tasks, cells, taus)
+      state, rec = mopd.mopd_step(trainer, trainer.init(student), setup,
+                                  examples_per_cell=per_cell, rng=jax.random.PRNGKey(3),
+                                  r_max=5.0, score_fn=score_fn)
       out[name] = (jax.device_get(state.params), rec)
   finally:
     remote.close()

@@ -16,8 +16,8 @@ def test_sft_style_weights_set_each_domains_style_mix():
   weights = {"agt": (1.0, 2.0, 1.0)}
 
   def mix(domain, seed=0):
-    batch = sft.sft_batch(TOK, exs[domain], np.random.RandomState(seed), "style", 256,
-                          style_weights=weights)
+    batch = sft.sft_batch(TOK, exs[domain], np.random.RandomState(seed), width=256,
+                          draw=sft.SftDraw("style", style_weights=weights))
     effort_of = {TOK.effort_id(e): e for e in sft.STYLE_EFFORT.values()}
     firsts = [effort_of[t] for t in np.asarray(batch.tokens).ravel() if t in effort_of]
     return {e: firsts.count(e) / len(firsts) for e in ("max", "high", "low")}
@@ -28,8 +28,8 @@ def test_sft_style_weights_set_each_domains_style_mix():
   assert all(abs(v - 1 / 3) < 0.1 for v in gen.values()), gen
   assert mix("agt", 1) != agt and mix("agt") == agt
   with pytest.raises(ValueError, match="one per style"):
-    sft.sft_batch(TOK, exs["agt"][:2], np.random.RandomState(0), "style", 256,
-                  style_weights={"agt": (1.0, 1.0)})
+    sft.sft_batch(TOK, exs["agt"][:2], np.random.RandomState(0), width=256,
+                  draw=sft.SftDraw("style", style_weights={"agt": (1.0, 1.0)}))
 
 
 def test_schedule_follows_the_run_domains():
@@ -52,8 +52,8 @@ def test_schedule_follows_the_run_domains():
 def test_random_effort_tokens_come_from_the_grid_efforts():
   tok = CharTokenizer(efforts=("short", "long"))
   exs = get_task("gen").generate(0, 64)
-  batch = sft.sft_batch(tok, exs, np.random.RandomState(0), "random", 64,
-                        efforts=("short", "long"))
+  batch = sft.sft_batch(tok, exs, np.random.RandomState(0), width=64,
+                        draw=sft.SftDraw("random", efforts=("short", "long")))
   ids = {tok.effort_id("short"), tok.effort_id("long")}
   used = {int(t) for t in np.asarray(batch.tokens).ravel() if int(t) in ids}
   assert used == ids and int(np.asarray(batch.tokens).max()) < tok.vocab_size
@@ -73,12 +73,15 @@ def test_no_effort_share_covers_the_teachers_prompt_format():
     return sum(not (set(row.tolist()) & effort_ids) for row in toks)
 
   for mode in ("random", "style"):
-    with_none = sft.sft_batch(tok, exs, np.random.RandomState(1), mode, 64, view=views.K3)
+    with_none = sft.sft_batch(tok, exs, np.random.RandomState(1), width=64,
+                              draw=sft.SftDraw(mode, view=views.K3))
     assert 40 < without_effort(with_none) < 110  # ~300 / 4
-    assert without_effort(sft.sft_batch(tok, exs, np.random.RandomState(1), mode, 64)) == 0
+    assert without_effort(sft.sft_batch(tok, exs, np.random.RandomState(1), width=64,
+                                        draw=sft.SftDraw(mode))) == 0
   rec = base.Example("r", "gen", "1+1", 5, "2", solutions={"full": "#2"})
-  batch = sft.sft_batch(tok, [rec], np.random.RandomState(0), "random", 16)
+  batch = sft.sft_batch(tok, [rec], np.random.RandomState(0), width=16,
+                        draw=sft.SftDraw("random"))
   assert tok.decode(np.asarray(batch.tokens)[0]).startswith("<bos>1+1\n<")
   with pytest.raises(ValueError, match="no reference response"):
     sft.sft_batch(tok, [base.Example("s", "gen", "1+1", 5, "2")], np.random.RandomState(0),
-                  "random", 16)
+                  width=16, draw=sft.SftDraw("random"))

@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks import memory_plan
 from configs import qwen3_mopd
-from mopd_jax import hf, models, mopd, placement, rollout, sharding, teachers, train
+from mopd_jax import hf, loss_kinds, models, mopd, placement, rollout, sharding, teachers, train
 from mopd_jax.tasks import TOY_DOMAINS as DOMAINS, get_task
 from mopd_jax.tokenizer import DEFAULT_EFFORTS as EFFORTS, CharTokenizer
 
@@ -65,7 +65,7 @@ def test_every_dtype_mix_trains(param_dtype, dtype, tie, fused):
   # rather than 18: a third of the compile time).
   mix = (param_dtype, dtype, tie, fused)
   shift = (_EVEN if mix in _EVEN else _ODD).index(mix)
-  cells = [(QUANTS[(i + shift) % len(QUANTS)], kind) for i, kind in enumerate(train.LOSSES)]
+  cells = [(QUANTS[(i + shift) % len(QUANTS)], kind) for i, kind in enumerate(loss_kinds.LOSSES)]
   params = models.init_params(_cfg(param_dtype, dtype, tie), jax.random.PRNGKey(0))
 
   def all_cells(params):
@@ -131,9 +131,10 @@ def test_bf16_qwen3_mopd_step_end_to_end():
   per_cell = [tasks[d].generate(seed=i, n=1) for i, (d, _) in enumerate(cells)]
   engine = rollout.RolloutEngine(cfg, tok, max_response_tokens=10, max_turns=1)
   taus = {"max": 1.0, "high": 0.55, "low": 0.25}
-  state, rec = mopd.mopd_step(trainer, trainer.init(student), bank, engine, tasks, cells,
-                              per_cell, taus, jax.random.PRNGKey(3), r_max=5.0,
-                              score_fn=lambda b, t, m: scorer(t, m))
+  state, rec = mopd.mopd_step(trainer, trainer.init(student),
+                              mopd.StepSetup(bank, engine, tasks, cells, taus),
+                              examples_per_cell=per_cell, rng=jax.random.PRNGKey(3),
+                              r_max=5.0, score_fn=lambda b, t, m: scorer(t, m))
   m = rec.metrics
   assert m["finite"] == 1.0 and np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])
   assert m["kl"] != 0.0  # nine different teachers: the reward is not trivially zero

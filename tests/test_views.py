@@ -49,8 +49,8 @@ def test_each_partys_prompt_carries_the_effort_the_config_says(teacher_sees_effo
   effort_ids = {tok.effort_id(e) for e in EFFORTS}
   exs = get_task("gen").generate(0, 200)
   for mode in ("random", "style"):
-    toks = np.asarray(sft.sft_batch(tok, exs, np.random.RandomState(3), mode, 64,
-                                    view=view).tokens)
+    toks = np.asarray(sft.sft_batch(tok, exs, np.random.RandomState(3), width=64,
+                                    draw=sft.SftDraw(mode, view=view)).tokens)
     effort_free = sum(not (set(row.tolist()) & effort_ids) for row in toks)
     assert (effort_free > 0) is (not teacher_sees_effort)
 
@@ -81,8 +81,8 @@ def test_sft_draws_its_efforts_as_the_view_says(view, mode):
   (the same rng draws, in the same order)."""
   tok = load_tokenizer("char", efforts=EFFORTS)
   exs = get_task("gen").generate(0, 60)
-  toks = np.asarray(sft.sft_batch(tok, exs, np.random.RandomState(5), mode, 64,
-                                  view=view).tokens)
+  toks = np.asarray(sft.sft_batch(tok, exs, np.random.RandomState(5), width=64,
+                                  draw=sft.SftDraw(mode, view=view)).tokens)
   names = {tok.effort_id(e): e for e in EFFORTS}
   got = [next((names[t] for t in row.tolist() if t in names), None) for row in toks]
   assert got == _sft_efforts_as_drawn(view, mode, len(exs), 5)
@@ -103,7 +103,7 @@ def test_the_run_builds_the_view_its_config_sets(flag, tmp_path):
 
 
 # (stage module, call, index of its positional effort argument or None: a `view=` keyword)
-STAGE_CALLS = (("sft", "train_sft", None), ("rl", "run_effort", None),
+STAGE_CALLS = (("sft", "SftDraw", None), ("rl", "PhaseSampling", None),
                ("rl", "measure", 4), ("rl", "evaluate", 4),
                ("mopd", "sample_batch", None), ("mopd", "run", 2),
                ("mopd", "encode_prompt", 2), ("eval", "evaluate", 4))

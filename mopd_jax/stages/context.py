@@ -83,7 +83,7 @@ class Run:
     c = self.config
     opts = c.tokenizer_options()
     return datasets.records_settings(
-        spec.train, spec.test, spec.verifier, spec.validation, budget_source=c.budget.source,
+        spec, budget_source=c.budget.source,
         max_prompt_tokens=c.data.max_prompt_tokens, on_too_long=c.data.on_too_long,
         tokenizer=c.model.tokenizer_path, tokenizer_options={
             k: list(v) if isinstance(v, tuple) else v for k, v in opts.items()},
@@ -132,10 +132,10 @@ class Run:
                   temperature: float) -> rollout.RolloutEngine:
     """One rollout engine (and its compiled sampler) per (model, temperature)."""
     c = self.config.rollout
+    decode = rollout.DecodeOptions(temperature=temperature, dtype=c.sampling_dtype,
+                                   decode_slots=c.decode_slots, admission=c.admission)
     return rollout.RolloutEngine(model_cfg, self.tok, max_response_tokens=c.max_response_tokens,
-                                 temperature=temperature, max_turns=c.max_turns,
-                                 dtype=c.sampling_dtype, decode_slots=c.decode_slots,
-                                 admission=c.admission)
+                                 max_turns=c.max_turns, decode=decode)
 
   @property
   def engine(self) -> rollout.RolloutEngine:

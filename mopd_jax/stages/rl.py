@@ -221,17 +221,19 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
         if on_step is not None:
           on_step(effort, step, m)
 
-      state, hist = rl.run_effort(
-          trainer, state, ctx.engine, task, lambda step: next(it), effort=effort,
-          tau=ctx.taus[effort], phase=order.index(effort), steps=ph["steps"],
-          group_size=c.group_size, width=ctx.config.rollout.width, seed=seed * 10 + di,
-          log=log_step, loop=loop,
+      sampling = rl.PhaseSampling(
+          ctx.engine, view=ctx.view,
           reference={"sampler": None, "sft": root, "parent": params}[ph["reference"]],
-          plateau=(c.plateau_window, c.plateau_delta),
-          view=ctx.view, pool=pool,
+          sample_from=c.sample_from, pool=pool,
           relogprob=(lambda arr, params: partial.recompute_logprobs(ctx.model_cfg, params, arr))
-          if pool is not None and c.partial_mode == "recompute" else None,
-          sample_from=c.sample_from)
+          if pool is not None and c.partial_mode == "recompute" else None)
+      phase = rl.EffortPhase(effort=effort, tau=ctx.taus[effort], phase=order.index(effort),
+                             steps=ph["steps"], group_size=c.group_size,
+                             width=ctx.config.rollout.width, seed=seed * 10 + di,
+                             plateau=(c.plateau_window, c.plateau_delta))
+      state, hist = rl.run_effort(trainer, state, sampling, task=task,
+                                  next_examples=lambda step: next(it), phase=phase,
+                                  log=log_step, loop=loop)
     log.close()
     # The lane's teacher is validated on the prompts it trains on.
     metrics = sft.evaluate(ctx.eval_engine, state.params, task, val, ctx.view.teacher(effort),

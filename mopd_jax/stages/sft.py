@@ -67,10 +67,11 @@ def train_sft(ctx: Run, seed: int, name: str, directory: str):
       if step % ctx.config.log_every == 0 or step == c.steps - 1:
         log.scalars(step, m)
 
-    state, history = sft.train_sft(
-        trainer, state, ctx.tok, lambda step: next(iters[schedule[step % len(schedule)]]),
-        steps=c.steps, effort_mode=c.effort_mode, seed=seed, log=log_step, width=width,
-        loop=loop, style_weights=c.style_weights,
-        efforts=ctx.grid.effort_names, view=ctx.view)
+    draw = sft.SftDraw(c.effort_mode, style_weights=c.style_weights,
+                       efforts=ctx.grid.effort_names, view=ctx.view)
+    batches = sft.SftBatches(ctx.tok, lambda step: next(iters[schedule[step % len(schedule)]]),
+                             draw=draw, width=width, seed=seed)
+    state, history = sft.train_sft(trainer, state, batches, steps=c.steps, log=log_step,
+                                   loop=loop)
   log.close()
   return state, history

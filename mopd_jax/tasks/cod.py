@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import dataclasses
 import itertools
 import json
 import re
@@ -74,16 +75,33 @@ def expr_program(expr: str) -> str | None:
   return f"def f(x):\n    return ({expr})\n"
 
 
+@dataclasses.dataclass(frozen=True)
+class CodShape:
+  """The generated problems: `num_hidden` hidden tests; the literals A and B of
+  `slope_digits` and `intercept_digits` digits; `modulus` the M of `A%M*x + B%M` (3 in the
+  module docstring); `stale_prob` the probability that the comment is stale."""
+  num_hidden: int = 8
+  slope_digits: int = 6
+  intercept_digits: int = 4
+  modulus: int = 3
+  stale_prob: float = 0.3
+
+
 @base.register("cod")
 class CodTask(base.Task):
 
   uses_sandbox = True  # Run.task passes the config's `sandbox` block
 
-  def __init__(self, num_hidden: int = 8, timeout_s: float = 2.0, memory_mb: int = 256,
-               cache_size: int = 4096, slope_digits: int = 6, intercept_digits: int = 4,
-               modulus: int = 3, stale_prob: float = 0.3, backend: str | None = None,
+  def __init__(self, *, shape: CodShape = CodShape(), timeout_s: float = 2.0,
+               memory_mb: int = 256, cache_size: int = 4096, backend: str | None = None,
                workers: int = 2):
+    """`shape`: the generated problems (`CodShape`); `timeout_s`, `memory_mb`, `backend`,
+    `workers`: the sandbox's (`uses_sandbox`); `cache_size`: the most (program, tests)
+    results kept."""
     super().__init__()
+    num_hidden, slope_digits, intercept_digits = (shape.num_hidden, shape.slope_digits,
+                                                  shape.intercept_digits)
+    modulus, stale_prob = shape.modulus, shape.stale_prob
     self.backend, self.workers = backend, workers
     if not (1 <= num_hidden <= 31 and 1 <= slope_digits <= 9 and 1 <= intercept_digits <= 9
             and 2 <= modulus <= 10):

@@ -72,11 +72,13 @@ class TaskConfig(tfds.core.BuilderConfig):
   records: str = ""  # the `records` task: records_settings(...) as JSON
 
 
-def records_settings(train: str, test: str, verifier: str, validation: int, *,
-                     budget_source: str, max_prompt_tokens: int, on_too_long: str,
+def records_settings(spec, *, budget_source: str, max_prompt_tokens: int, on_too_long: str,
                      tokenizer: str, tokenizer_options: dict, efforts: Sequence[str]) -> str:
-  """Everything that decides a record domain's examples, as the JSON of its TaskConfig."""
-  return json.dumps(dict(train=train, test=test, verifier=verifier, validation=validation,
+  """Everything that decides a record domain's examples, as the JSON of its TaskConfig.
+  `spec`: the domain's `records` entry of the run config (its `train` and `test` files,
+  `verifier` and `validation` size)."""
+  return json.dumps(dict(train=spec.train, test=spec.test, verifier=spec.verifier,
+                         validation=spec.validation,
                          budget_source=budget_source, max_prompt_tokens=max_prompt_tokens,
                          on_too_long=on_too_long, tokenizer=tokenizer,
                          tokenizer_options=tokenizer_options, efforts=list(efforts)),

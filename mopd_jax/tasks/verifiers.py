@@ -11,7 +11,7 @@ dict; every record has `prompt`, and each verifier names the fields it reads in 
                   fractions, decimals, percentages, simple expressions (`\\boxed{\\frac{1}{2}}`
                   matches 0.5). No final answer scores 0.
     python_tests  the response's last fenced code block (or the whole response when it has
-                  none) run in the code sandbox (mopd_jax/tasks/sandbox.py) with the record's
+                  none) run in the code sandbox (mopd_jax/tasks/sandbox/) with the record's
                   tests: `test` (a program of asserts, or HumanEval's `check(candidate)` called
                   with the function `entry_point`) or `tests` (MBPP's list of assert lines).
                   Assert lines of the form `assert name(literals) == literal` become hidden
