@@ -331,11 +331,11 @@ def bank_from_config(config, *, teachers_path: str = "", hf_path: str = "",
   """(bank, tokenizer) a run config describes: the manifest's teachers (`teachers_path`), or
   one Hugging Face checkpoint served as `cell`. Checked like the trainer's bank."""
   import os  # pylint: disable=g-import-not-at-top
-  from mopd_jax import hf  # pylint: disable=g-import-not-at-top
+  from mopd_jax import hf, storage  # pylint: disable=g-import-not-at-top
   from mopd_jax.stages.context import Run  # pylint: disable=g-import-not-at-top
   if bool(teachers_path) == bool(hf_path):
     raise ValueError("give exactly one of --teachers (a teachers.json) and --hf_path")
-  workdir = os.path.dirname(os.path.abspath(teachers_path)) if teachers_path else os.getcwd()
+  workdir = str(storage.path(teachers_path).parent) if teachers_path else os.getcwd()
   ctx = Run(config, workdir)
   if teachers_path:
     return ctx.load_bank(teachers_path), ctx.tok
