@@ -274,3 +274,25 @@ def test_unknown_stage_is_an_error(workdir):
   proc = _run_cli(workdir, "--config.stages=sft,distill")
   assert proc.returncode == 2 and "config error: unknown stage(s) ['distill']" in proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_style_mix_counts_every_sampled_response(workdir, tmp_path):
+  """`python -m experiments.style_mix` on the tiny run's pi_SFT: every sampled response
+  lands in one style, with its accuracy and length; the first character names the style."""
+  from experiments import style_mix
+  assert [style_mix.style_of(t) for t in ("~1,2\n#0", "#3", "1,0\n#1")] == [
+      "brief", "direct", "full"]
+  out = tmp_path / "mix.json"
+  python, _, _, *config = suite_cli.TINY_CLI  # the tiny run's config and overrides
+  proc = subprocess.run([python, "-m", "experiments.style_mix", *config, "--workdir", workdir,
+                         "--samples=6", f"--out={out}"],
+                        cwd=suite_cli.ROOT, env=suite_cli.env(), capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  mix = json.load(open(out))["mix"]
+  assert list(mix) == ["gen", "agt", "cod"]
+  for domain, styles in mix.items():
+    assert sum(s["n"] for s in styles.values()) == 6, domain
+    assert set(styles) <= {"full", "brief", "direct"}
+    assert all(0.0 <= s["accuracy"] <= 1.0 and s["mean_length"] > 0 for s in styles.values())
+  assert "accuracy" in proc.stdout

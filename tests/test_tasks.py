@@ -251,6 +251,23 @@ def test_gen_running_sums_are_aligned_with_the_terms():
     tasks.get_task("gen").make([1, 2, 0, 1], memo=3)
 
 
+def test_gen_pairs_writes_each_term_before_its_running_sum():
+  """`gen_pairs`: the same problems and answers as `gen`; full writes term j and then the
+  running sum after it (two characters a step, the prompt's stride), brief the memo's value
+  and then the pairs of the last four terms."""
+  for plain, pairs in zip(tasks.get_task("gen").generate(0, 50),
+                          tasks.get_task("gen_pairs").generate(0, 50)):
+    terms, values = pairs.meta["terms"], pairs.meta["values"]
+    assert (pairs.prompt, pairs.answer, pairs.solutions["direct"]) == (
+        plain.prompt, plain.answer, plain.solutions["direct"])
+    steps = [f"{t}{v}" for t, v in zip(terms, values)]
+    assert pairs.solutions["full"] == "".join(steps) + "\n#" + pairs.answer
+    assert pairs.solutions["brief"] == "~" + str(values[3]) + "".join(steps[4:]) + "\n#" + \
+        pairs.answer
+    task = tasks.get_task("gen_pairs")
+    assert all(task.verify(pairs, pairs.solutions[s]) == 1.0 for s in pairs.solutions)
+
+
 def test_cod_programs_compute_their_answer():
   task = tasks.get_task("cod")
   stale = 0

@@ -31,6 +31,15 @@ updates, and an addition in the head not within 300-600: this brief reached 0.65
 (direct 0.30, full 1.00).
 
 Reward: 1.0 iff the integer after the last `#` is the sum modulo `modulus`.
+
+`gen_pairs` (`--config.tasks.gen.task=gen_pairs`): the same problems with full and brief
+writing each term before its running sum (`1120221000220221\n#1` for the terms 1,2,2,1,0,2,0,2;
+brief `~0` and then the last four pairs), one character longer. A step of the `gen` trace
+needs two inputs, its term (a far read at a fixed offset) and the previous value, neither of
+which alone says anything about the next value (mod-3 addition), so SFT learns it through a
+loss plateau of seed-dependent length; in `gen_pairs` the far read is a copy the loss
+rewards at every step and the addition reads two neighbouring tokens. docs/toy_results.md
+has the measured plateaus of both.
 """
 from __future__ import annotations
 
@@ -41,6 +50,8 @@ from mopd_jax.tasks import base
 
 @base.register("gen")
 class GenTask(base.Task):
+
+  trace = "sums"  # full/brief scratchpad: "sums" (s1,s2,...) | "pairs" (t1 s1 t2 s2 ...)
 
   def __init__(self, num_terms: int = 8, modulus: int = 3, stale_prob: float = 0.3):
     super().__init__()
@@ -63,8 +74,14 @@ class GenTask(base.Task):
     memo = values[half - 1] if memo is None else int(memo)
     if not 0 <= memo < m:
       raise ValueError(f"memo must be in [0, {m}), got {memo}")
-    solutions = dict(full=",".join(map(str, values)) + "\n#" + answer,
-                     brief="~" + ",".join(map(str, values[half - 1:])) + "\n#" + answer,
+    if self.trace == "pairs":
+      steps = [f"{t}{v}" for t, v in zip(terms, values)]
+      full = "".join(steps)
+      brief = "~" + str(values[half - 1]) + "".join(steps[half:])
+    else:
+      full = ",".join(map(str, values))
+      brief = "~" + ",".join(map(str, values[half - 1:]))
+    solutions = dict(full=full + "\n#" + answer, brief=brief + "\n#" + answer,
                      direct="#" + answer)
     prompt = "+".join(map(str, terms)) + f" mod {m} s{half}={memo}"
     return base.make_example(self.name, uid_seed, index, prompt, answer, solutions,
@@ -86,3 +103,8 @@ class GenTask(base.Task):
   def _verify(self, example: base.Example, response: str) -> float:
     got = base.parse_int(base.final_answer(response))
     return float(got is not None and got == int(example.answer))
+
+
+@base.register("gen_pairs")
+class GenPairsTask(GenTask):
+  trace = "pairs"
