@@ -338,6 +338,13 @@ GOLDEN_LOSSES = {
     "mopd": [(0, -4.032509803771973)],
 }
 GOLDEN_REL = {"mopd": 2e-2}
+# RL's third phase of the `cod` lane starts from a teacher that two phases of sampling made,
+# and CPUs round those phases differently enough to draw other
+# tokens (the -O0 flags do not remove it), and MOPD's first step is scored by that teacher:
+# on a second CPU the same code gives these losses. Each set is one CPU's; any other value
+# is a change of behaviour.
+GOLDEN_OTHER_CPU = {"rl_cod_low": [(0, 0.05271033197641373), (1, 0.06573930382728577)],
+                    "mopd": [(0, -4.131387233734131)]}
 
 
 def test_first_losses_of_the_tiny_toy_run_are_golden(reference):
@@ -349,9 +356,10 @@ def test_first_losses_of_the_tiny_toy_run_are_golden(reference):
     got = {r["step"]: r["loss"] for r in map(json.loads, open(ref / "tb" / loop /
                                                                "metrics.jsonl"))
            if "loss" in r}
-    for step, loss in want:
-      assert got[step] == pytest.approx(loss, rel=GOLDEN_REL.get(loop, 2e-3), abs=2e-4), (
-          loop, step, got[step])
+    close = lambda golden: all(got[step] == pytest.approx(
+        loss, rel=GOLDEN_REL.get(loop, 2e-3), abs=2e-4) for step, loss in golden)
+    assert close(want) or (loop in GOLDEN_OTHER_CPU and close(GOLDEN_OTHER_CPU[loop])), (
+        loop, {step: got[step] for step, _ in want})
 
 
 def test_interrupted_pipeline_equals_uninterrupted(tmp_path, env, reference):
