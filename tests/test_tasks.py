@@ -268,6 +268,40 @@ def test_gen_pairs_writes_each_term_before_its_running_sum():
     assert all(task.verify(pairs, pairs.solutions[s]) == 1.0 for s in pairs.solutions)
 
 
+@pytest.mark.parametrize("name,uniform", [("gen", "gen_uniform"), ("cod", "cod_uniform")])
+def test_running_sum_digits_are_zero_half_the_time(name, uniform):
+  """`gen`'s terms and `cod`'s digits after a literal's first are 0 with probability
+  `base.ZERO_PROB` (the others equally likely), so a trace step's next value repeats the
+  previous one half the time; the answers stay uniform, so a guess is still right a third of
+  the time. The `_uniform` variants draw every digit uniformly, with the same answers'
+  distribution."""
+  assert base.ZERO_PROB == 0.5
+
+  def digits(ex):
+    if name == "gen":
+      return ex.meta["terms"]
+    code = ex.prompt.split("#")[0]
+    return [int(c) for lit in (code.split("%")[0], code.split("+")[1].split("%")[0])
+            for c in lit[1:]]
+
+  for task_name, zero in ((name, 0.5), (uniform, 1 / 3)):
+    exs = tasks.get_task(task_name, domain=name).generate(0, 600)  # few repeats to drop
+    ds = np.concatenate([digits(ex) for ex in exs])
+    counts = np.bincount(ds, minlength=3) / len(ds)
+    assert counts[0] == pytest.approx(zero, abs=0.03), (task_name, counts)
+    assert counts[1] == pytest.approx(counts[2], abs=0.04), (task_name, counts)
+    answers = [ex.answer for ex in exs]
+    shares = [answers.count(a) / len(answers) for a in sorted(set(answers))]
+    assert max(shares) - min(shares) < 0.1, (task_name, shares)
+
+
+def test_draw_digits_refuses_nothing_and_covers_the_base():
+  rng = np.random.default_rng(0)
+  assert set(base.draw_digits(rng, 3, 500, 0.5)) == {0, 1, 2}
+  assert set(base.draw_digits(rng, 3, 500, None)) == {0, 1, 2}
+  assert base.draw_digits(rng, 3, 0, 0.5) == []
+
+
 def test_cod_programs_compute_their_answer():
   task = tasks.get_task("cod")
   stale = 0

@@ -91,6 +91,9 @@ class CodShape:
 class CodTask(base.Task):
 
   uses_sandbox = True  # Run.task passes the config's `sandbox` block
+  # Probability of a 0 among the literals' digits after the first (base.ZERO_PROB: why);
+  # None = uniform.
+  zero_prob = base.ZERO_PROB
 
   def __init__(self, *, shape: CodShape = CodShape(), timeout_s: float = 2.0,
                memory_mb: int = 256, cache_size: int = 4096, backend: str | None = None,
@@ -152,7 +155,7 @@ class CodTask(base.Task):
     m = self.modulus
     digits = min(m, 10)  # digits 0..m-1 (for m = 3: A % 3 is the digit sum mod 3)
     lit = lambda n: str(int(rng.integers(1, digits))) + "".join(
-        str(int(d)) for d in rng.integers(0, digits, n - 1))
+        str(d) for d in base.draw_digits(rng, digits, n - 1, self.zero_prob))
     for i in itertools.count():
       slope, intercept = lit(self.slope_digits), lit(self.intercept_digits)
       b = int(intercept) % m
@@ -252,3 +255,9 @@ class CodTask(base.Task):
   def counters(self) -> dict:
     return dict(super().counters(), fast_path=self.num_fast_path,
                 sandbox_runs=self.num_sandbox_runs, cache_hits=self.num_cache_hits)
+
+
+@base.register("cod_uniform")
+class CodUniformTask(CodTask):
+  """`cod` with uniform digits (see `base.ZERO_PROB`); kept to measure the plateau."""
+  zero_prob = None

@@ -5,7 +5,7 @@ seeds and sizes get their own config name, hence their own folder). Examples are
 procedurally from the seed by `get_task(domain).generate` and stored as one JSON string feature
 (`Example.to_json`) in `array_record` files:
 
-    <data_dir>/mopd_tasks/<config>/1.1.0/mopd_tasks-{train,validation,test}.array_record-*
+    <data_dir>/mopd_tasks/<config>/1.2.0/mopd_tasks-{train,validation,test}.array_record-*
 
 Building and reading need no TensorFlow (checked with tensorflow-datasets 4.9.10, TensorFlow
 not installed): `GeneratorBasedBuilder.download_and_prepare(file_format="array_record")` writes
@@ -120,9 +120,10 @@ def make_config(domain: str, seed: int = 0, sizes: Sequence[int] | None = None,
 class MopdTasks(tfds.core.GeneratorBasedBuilder):
   """Procedural toy tasks of mopd_jax, one config per domain."""
 
-  VERSION = tfds.core.Version("1.1.0")
+  VERSION = tfds.core.Version("1.2.0")
   RELEASE_NOTES = {"1.0.0": "gen/agt/cod toy tasks with full/brief/direct solutions.",
-                   "1.1.0": "Held-out splits disjoint from train by underlying problem."}
+                   "1.1.0": "Held-out splits disjoint from train by underlying problem.",
+                   "1.2.0": "gen terms and cod digits: 0 half the time (tasks.base.ZERO_PROB)."}
   BUILDER_CONFIGS = [make_config(d) for d in base.TOY_DOMAINS]
 
   @tfds.core.utils.classproperty

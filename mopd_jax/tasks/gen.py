@@ -52,6 +52,8 @@ from mopd_jax.tasks import base
 class GenTask(base.Task):
 
   trace = "sums"  # full/brief scratchpad: "sums" (s1,s2,...) | "pairs" (t1 s1 t2 s2 ...)
+  # Probability of a 0 term (the other values share the rest equally); None = uniform.
+  zero_prob = base.ZERO_PROB
 
   def __init__(self, num_terms: int = 8, modulus: int = 3, stale_prob: float = 0.3):
     super().__init__()
@@ -90,7 +92,7 @@ class GenTask(base.Task):
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 1)
     for i in itertools.count():
-      terms = rng.integers(0, self.modulus, self.num_terms).tolist()
+      terms = base.draw_digits(rng, self.modulus, self.num_terms, self.zero_prob)
       memo = sum(terms[:self.num_terms // 2]) % self.modulus
       if rng.random() < self.stale_prob:
         memo = (memo + int(rng.integers(1, self.modulus))) % self.modulus
@@ -108,3 +110,11 @@ class GenTask(base.Task):
 @base.register("gen_pairs")
 class GenPairsTask(GenTask):
   trace = "pairs"
+
+
+@base.register("gen_uniform")
+class GenUniformTask(GenTask):
+  """`gen` with uniform terms: the step of the trace has no marginal signal (see the
+  module docstring); kept to measure the plateau it gives."""
+  zero_prob = None
+
