@@ -152,9 +152,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # equal slices, one slice's activations alive at a time; the same update, exactly.
   c.sft.microbatches = 1
   c.sft.effort_mode = "random"  # effort token of SFT examples: random | style (see sft.py)
-  # How an update's rows are drawn: "domain" (one domain per update, following `schedule`)
-  # | "batch" (every update holds every domain, each in its share of `schedule`).
-  c.sft.mix = "domain"
 
   c.rl = ml_collections.ConfigDict()
   c.rl.loss = "pmd"  # pmd (Kimi K1.5/K2 policy mirror descent) | grpo (clipped ratio)

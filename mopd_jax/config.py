@@ -319,7 +319,6 @@ class SftConfig:
   weight_decay: float = _f(Num())
   microbatches: int = _f(Int())
   effort_mode: str = _f(OneOf(("random", "style")))
-  mix: str = _f(OneOf(("domain", "batch")))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,20 +55,6 @@ def schedule(spec: str, domains: Sequence[str], known: Sequence[str]) -> list:
   return out
 
 
-def mixed_sizes(schedule_: Sequence[str], domains: Sequence[str], batch_size: int) -> dict:
-  """{domain: rows} of a mixed update of `batch_size` rows: each domain's share of the
-  schedule, rounded so that the rows add up to `batch_size` and every domain has one."""
-  counts = np.array([schedule_.count(d) for d in domains], np.float64)
-  exact = batch_size * counts / counts.sum()
-  rows = np.floor(exact).astype(int)
-  for i in np.argsort(-(exact - rows), kind="stable")[:batch_size - rows.sum()]:
-    rows[i] += 1
-  if batch_size < len(domains) or rows.min() < 1:
-    raise ValueError(f"sft.batch_size={batch_size} cannot hold every domain of "
-                     f"{list(domains)} in its schedule share (sft.mix=batch)")
-  return {d: int(r) for d, r in zip(domains, rows)}
-
-
 def domain_style_weights(spec, domains: Sequence[str], known: Sequence[str],
                          styles: Sequence[str] = task_base.STYLES) -> dict:
   """`sft.style_weights` as {domain: (w_full, w_brief, w_direct)} for the run's `domains`;

@@ -39,11 +39,9 @@ def train_sft(ctx: Run, seed: int, name: str, directory: str):
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps, weight_decay=c.weight_decay,
                                             microbatches=c.microbatches), ctx.mesh)
-  schedule = c.schedule
-  sizes = (sft.mixed_sizes(schedule, ctx.grid.domains, c.batch_size) if c.mix == "batch"
-           else {d: c.batch_size for d in ctx.grid.domains})
-  iters = {d: ctx.iterator(d, sizes[d], salt=i, seed=seed)
+  iters = {d: ctx.iterator(d, c.batch_size, salt=i, seed=seed)
            for i, d in enumerate(ctx.grid.domains)}
+  schedule = c.schedule
   log = ctx.logger(name.replace(" ", "_"))
 
   def restore_data(data):
@@ -71,14 +69,8 @@ def train_sft(ctx: Run, seed: int, name: str, directory: str):
 
     draw = sft.SftDraw(c.effort_mode, style_weights=c.style_weights,
                        efforts=ctx.grid.effort_names, view=ctx.view)
-    if c.mix == "batch":
-      def next_examples(step):
-        del step
-        return [ex for d in ctx.grid.domains for ex in next(iters[d])]
-    else:
-      def next_examples(step):
-        return next(iters[schedule[step % len(schedule)]])
-    batches = sft.SftBatches(ctx.tok, next_examples, draw=draw, width=width, seed=seed)
+    batches = sft.SftBatches(ctx.tok, lambda step: next(iters[schedule[step % len(schedule)]]),
+                             draw=draw, width=width, seed=seed)
     state, history = sft.train_sft(trainer, state, batches, steps=c.steps, log=log_step,
                                    loop=loop)
   log.close()
