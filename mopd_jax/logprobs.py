@@ -10,6 +10,7 @@ instead of [B, T, V].
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple, Optional
 
@@ -28,6 +29,17 @@ class TokenStats(NamedTuple):
   # [B, T] int32 1-based rank of each given token in its predictive distribution (1 = the
   # most likely; ties share the better rank), 0 at t = 0.
   rank: Optional[jax.Array] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsOptions:
+  """Which stats of each next token `token_stats_from_hidden` computes: the log-prob always;
+  the entropy, the top-k log-probs and ids (`top_k` > 0) and the rank when asked. The
+  vocabulary projection runs over `chunk_size` positions at a time."""
+  chunk_size: int = 64
+  with_entropy: bool = False
+  top_k: int = 0
+  with_rank: bool = False
 
 
 def _chunk_stats(cfg, params, h_BxCxD, tgt_BxC, *, with_entropy, top_k, topk_ids_BxCxK,
@@ -64,10 +76,14 @@ def _chunking(b: int, n: int, chunk_size: int):
   return c, nchunks, to_chunks
 
 
-def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, *,
-                            chunk_size: int = 64, with_entropy: bool = False, top_k: int = 0,
-                            topk_ids_BxTxK=None, with_rank: bool = False) -> TokenStats:
-  """Stats of each next token from final hidden states; see module docstring."""
+def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, *, tokens_BxT,
+                            options: StatsOptions = StatsOptions(),
+                            topk_ids_BxTxK=None) -> TokenStats:
+  """Stats of each next token of `tokens_BxT` from final hidden states (see the module
+  docstring); `topk_ids_BxTxK`: score the top-k on these ids (another model's top-k)
+  instead of this model's own."""
+  chunk_size, with_entropy = options.chunk_size, options.with_entropy
+  top_k, with_rank = options.top_k, options.with_rank
   cfg, params = models.materialize(cfg, params)
   b, t, d = hidden_BxTxD.shape
   h = hidden_BxTxD[:, :-1]
@@ -124,13 +140,15 @@ def kl_from_hidden(cfg_p: ModelConfig, params_p, hidden_p_BxTxD, cfg_q: ModelCon
 
 
 def token_stats(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None, positions=None,
-                **options) -> TokenStats:
+                topk_ids_BxTxK=None, **options) -> TokenStats:
   """Teacher-forced per-token log-probs (and optionally entropy, top-k, rank) of `tokens`.
-  `options`: those of `token_stats_from_hidden` (chunk_size, with_entropy, top_k,
-  topk_ids_BxTxK, with_rank)."""
+  `options`: the fields of `StatsOptions` (chunk_size, with_entropy, top_k, with_rank);
+  `topk_ids_BxTxK` as in `token_stats_from_hidden`."""
   cfg, params = models.materialize(cfg, params)  # QAT: quantise once for trunk and head
   h = models.hidden_states(cfg, params, tokens_BxT, input_mask=input_mask, positions=positions)
-  return token_stats_from_hidden(cfg, params, h, tokens_BxT, **options)
+  return token_stats_from_hidden(cfg, params, h, tokens_BxT=tokens_BxT,
+                                 options=StatsOptions(**options),
+                                 topk_ids_BxTxK=topk_ids_BxTxK)
 
 
 def token_logprobs(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None, positions=None,

@@ -38,12 +38,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import (distributed, logprobs, models, partial, rollout, teachers, train,
-                      views)
+from mopd_jax import (choices, distributed, logprobs, models, partial, rollout, teachers,
+                      train, views)
 from mopd_jax.tasks import base as task_base
 
 
-PROMPT_MODES = ("distinct", "shared")
+PROMPT_MODES = choices.PROMPT_MODES
 
 
 def prompt_mode(mode: str, mix: Sequence[float], efforts: Sequence[str]) -> str:
@@ -279,26 +279,25 @@ class StepSetup:
   view: views.PromptView = views.EFFORT_EVERYWHERE
 
 
-def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngine,
-                 tasks: dict, cells: Sequence[tuple], examples_per_cell: Sequence[list],
-                 taus: dict, rng, *, width_multiple: int = 32,
+def sample_batch(setup: StepSetup, params, examples_per_cell: Sequence[list], *, rng,
                  rows_per_teacher: Optional[int] = None,
-                 view: views.PromptView = views.EFFORT_EVERYWHERE,
                  pool: Optional[partial.RolloutPool] = None, step: int = 0) -> SampledBatch:
   """Steps 1-2 of a MOPD step: the student (`params`) samples one rollout per prompt, b
-  prompts per (domain, effort) cell; rollouts are verified and laid out for the teachers.
+  prompts per (domain, effort) cell of `setup.cells` (`examples_per_cell`); rollouts are
+  verified and laid out for the teachers.
 
   `rows_per_teacher`: the b of the teachers' [K, b, T] batch, each cell's rows padded to it
   (fixed, so that cells of varying size compile once); None = the first cell's size.
-  `view`: the student samples after its prompt (`view.student(e)`), each teacher scores the
-  response after the prompt with `view.teacher(e)` (without the effort in K3 eq. 15).
+  `setup.view`: the student samples after its prompt (`view.student(e)`), each teacher
+  scores the response after the prompt with `view.teacher(e)` (without the effort in K3
+  eq. 15).
   `pool`: partial rollouts (`partial.py`): the step's prompts join the pool's in-flight
   rows, every incomplete row decodes one more segment, and the batch is the complete rows
   (at most b per cell, oldest first), padded with empty rows to K x b so that the update
   keeps one shape."""
-  setup = StepSetup(bank, engine, tasks, cells, taus, width_multiple, view)
+  bank, engine, tasks, view = setup.bank, setup.engine, setup.tasks, setup.view
   rows, efforts = [], []
-  for (d, e), exs in zip(cells, examples_per_cell):
+  for (d, e), exs in zip(setup.cells, examples_per_cell):
     rows += list(exs)
     efforts += [e] * len(exs)
   b = len(examples_per_cell[0]) if rows_per_teacher is None else rows_per_teacher
@@ -431,8 +430,6 @@ def mopd_step(trainer: train.Trainer, state: train.TrainState, setup: StepSetup,
   `setup.view`: which effort the student's and the teachers' prompts carry (`sample_batch`).
   """
   bank = setup.bank
-  sampled = sample_batch(state.params, bank, setup.engine, setup.tasks, setup.cells,
-                         examples_per_cell, setup.taus, rng,
-                         width_multiple=setup.width_multiple, view=setup.view)
+  sampled = sample_batch(setup, state.params, examples_per_cell, rng=rng)
   scored = score_fn(bank, sampled.tokens, sampled.input_mask)
   return train_on(trainer, state, bank, sampled, scored, r_max=r_max, alpha=alpha)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import distributed, logprobs, models, rollout
+from mopd_jax import choices, distributed, logprobs, models, rollout
 from mopd_jax.tasks import base as task_base
 
 # "recompute": the earlier segments' sampler log-probs are recomputed under the policy that
@@ -39,7 +39,7 @@ from mopd_jax.tasks import base as task_base
 # weighs tokens by clip(pi_now / pi_drawn, *is_bounds), the truncated importance weights of
 # stale batches (`mopd.is_bounds`), and RL's PMD / clipped-ratio losses use them as the old
 # policy: unbiased for small drift, at the price of variance.
-MODES = ("recompute", "importance")
+MODES = choices.PARTIAL_MODES
 
 
 @dataclasses.dataclass

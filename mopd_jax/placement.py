@@ -25,9 +25,9 @@ from typing import Mapping, Optional, Sequence
 import jax
 from jax.sharding import Mesh, NamedSharding
 
-from mopd_jax import distributed, sharding, teachers
+from mopd_jax import choices, distributed, sharding, teachers
 
-PLACEMENTS = ("colocated", "disaggregated")
+PLACEMENTS = choices.PLACEMENTS
 
 
 def make_meshes(student_shape: Mapping[str, int], teacher_shape: Optional[Mapping[str, int]],

@@ -18,9 +18,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mopd_jax import models
+from mopd_jax import choices, models
 
-MESH_AXES = ("data", "fsdp", "tensor", "teacher")
+MESH_AXES = choices.MESH_AXES
 BATCH_AXES = ("data", "fsdp")
 
 # logical axis name -> mesh axis (or tuple of mesh axes, or None = replicated)

@@ -1,6 +1,7 @@
 """The shape of the code in mopd_jax/: no module over 500 lines, no function with more than 8
 parameters (positional and keyword-only, without self / cls; *args and **kwargs count one
-each). A wider call takes the typed config block or a small frozen dataclass instead."""
+each), and the config schema at the bottom of the import graph. A wider call takes the typed
+config block or a small frozen dataclass instead."""
 import ast
 import pathlib
 
@@ -8,19 +9,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "mopd_jax"
 MAX_LINES = 500
 MAX_PARAMS = 8
 
-# Pending: these files are being changed for the teacher server (issue 41); they are split
-# or narrowed once that lands, and then leave these lists.
-PENDING_MODULES = {
-    "config.py",  # gains `teacher.endpoints`
-}
-PENDING_FUNCTIONS = {
-    # Its only caller in the pipeline is stages/mopd.py; it is to take `mopd.StepSetup`.
-    "mopd.py:sample_batch",
-    # Built from `config.tokenizer_options()`, whose keys are its parameters.
-    "tokenizer.py:HFTokenizer.__init__",
-    # The teacher server's `with_rank` made it 9; its options are to become one dataclass.
-    "logprobs.py:token_stats_from_hidden",
-}
+# Modules over the limit, each with the change that splits it; empty when none is.
+PENDING_MODULES = set()
+# Functions over the limit, each with the change that narrows it; empty when none is.
+PENDING_FUNCTIONS = set()
 
 
 def _modules():
@@ -90,3 +82,31 @@ def test_the_count_follows_the_rule():
          "def f(a, /, b, *, c=1): pass\n")
   got = {name: num_params(fn) for name, fn in _functions(ast.parse(src))}
   assert got == {"C.m": 5, "f": 3}
+
+
+# The modules `mopd_jax.config` may import: leaf helpers that import no other module of
+# mopd_jax (the package itself holds only its docstring and version).
+CONFIG_LEAVES = {"mopd_jax", "mopd_jax.config", "mopd_jax.choices", "mopd_jax.config_checks",
+                 "mopd_jax.endpoints", "mopd_jax.tokenizer_options"}
+
+
+def test_config_sits_at_the_bottom_of_the_import_graph():
+  """Importing the schema imports no algorithm module: only the leaf helpers."""
+  import json
+  import subprocess
+  import sys
+  code = ("import json, sys\nimport mopd_jax.config\n"
+          "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'mopd_jax')))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True, cwd=ROOT.parent).stdout
+  imported = set(json.loads(out.strip().splitlines()[-1]))
+  assert imported <= CONFIG_LEAVES, f"mopd_jax.config imports {sorted(imported - CONFIG_LEAVES)}"
+  # Each leaf imports at most other leaves (never the schema).
+  for leaf in CONFIG_LEAVES - {"mopd_jax", "mopd_jax.config"}:
+    tree = ast.parse((ROOT / (leaf.split(".", 1)[1] + ".py")).read_text())
+    inner = set()
+    for n in ast.walk(tree):
+      if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("mopd_jax"):
+        inner |= ({f"mopd_jax.{a.name}" for a in n.names} if n.module == "mopd_jax"
+                  else {n.module})
+    assert inner <= CONFIG_LEAVES - {"mopd_jax.config"}, (leaf, inner)

@@ -217,8 +217,9 @@ def test_train_on_records_the_measured_diagnostics_and_updates_alike():
   task = get_task("gen")
   per_cell = [task.generate(seed=i, n=2) for i in range(3)]
   engine = rollout.RolloutEngine(cfg, tok, max_response_tokens=8, max_turns=1)
-  sampled = mopd.sample_batch(params, bank, engine, {"gen": task}, list(cells), per_cell,
-                              {"low": 0.3, "high": 0.7, "max": 1.5}, jax.random.PRNGKey(3))
+  setup = mopd.StepSetup(bank, engine, {"gen": task}, list(cells),
+                         {"low": 0.3, "high": 0.7, "max": 1.5})
+  sampled = mopd.sample_batch(setup, params, per_cell, rng=jax.random.PRNGKey(3))
   scored = scorer(sampled.tokens, sampled.input_mask)
   probe = diagnostics.Probe(cfg, loss_cfg, tok, cells, EFFORTS)
 

@@ -174,8 +174,8 @@ def test_command_line_serves_a_checkpoint_and_stops_on_sigterm(tmp_path):
   """`python -m mopd_jax.serve --hf_path DIR --cell gen/max` serves the checkpoint at the
   config's teacher temperature; SIGTERM ends it with status 0."""
   from configs import toy
-  from mopd_jax import config as config_mod, hf
-  cfg = config_mod.model_config(toy.get_config("tiny"), TOK.vocab_size)
+  from mopd_jax import config_build, hf
+  cfg = config_build.model_config(toy.get_config("tiny"), TOK.vocab_size)
   params = models.init_params(cfg, jax.random.PRNGKey(5))
   hf.save_checkpoint(cfg, params, str(tmp_path / "ckpt"))
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")

@@ -19,8 +19,9 @@ from typing import Callable, Optional
 import jax
 import ml_collections
 
-from mopd_jax import (checkpoint, config as config_mod, metrics, models, placement, profiling,
-                      rollout, sharding, storage, teachers, train, views)
+from mopd_jax import (checkpoint, config as config_mod, config_build, metrics, models,
+                      placement, profiling, rollout, sharding, storage, teachers, train,
+                      views)
 from mopd_jax.tasks import base as task_base
 from mopd_jax.tokenizer import load_tokenizer
 
@@ -38,10 +39,11 @@ class Run:
     self.view = views.PromptView.from_config(config.teacher)
     try:  # a tokenizer the config cannot use is a config error: one line, exit status 2
       self.tok = load_tokenizer(config.model.tokenizer_path or "char",
-                                efforts=self.grid.effort_names, **config.tokenizer_options())
+                                efforts=self.grid.effort_names,
+                                options=config.tokenizer_options())
     except ValueError as e:
       raise config_mod.ConfigError(str(e)) from e
-    self.model_cfg = config_mod.model_config(config, self.tok.vocab_size)
+    self.model_cfg = config_build.model_config(config, self.tok.vocab_size)
     # The student's mesh, and the teachers' (the same one unless disaggregated).
     self.mesh, self.teacher_mesh = placement.config_meshes(config)
     self.taus = self.grid.taus
@@ -81,12 +83,10 @@ class Run:
       return ""
     from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)
     c = self.config
-    opts = c.tokenizer_options()
     return datasets.records_settings(
         spec, budget_source=c.budget.source,
         max_prompt_tokens=c.data.max_prompt_tokens, on_too_long=c.data.on_too_long,
-        tokenizer=c.model.tokenizer_path, tokenizer_options={
-            k: list(v) if isinstance(v, tuple) else v for k, v in opts.items()},
+        tokenizer=c.model.tokenizer_path, tokenizer_options=c.tokenizer_options().to_json(),
         efforts=self.grid.effort_names)
 
   def split(self, domain: str, split: str, measured_b0: bool = True):

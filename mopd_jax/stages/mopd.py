@@ -79,6 +79,7 @@ def run(ctx: Run) -> None:
                                             total_steps=c.steps, microbatches=c.microbatches),
                           ctx.mesh)
   tasks = {d: ctx.task(d) for d in grid.domains}
+  setup = mopd.StepSetup(bank, ctx.engine, tasks, grid.cells, ctx.taus, view=ctx.view)
   shared = c.prompts_across_efforts == "shared"
   mix = tuple(c.effort_mix)
   n_eff = len(grid.efforts)
@@ -119,9 +120,8 @@ def run(ctx: Run) -> None:
                                  np.random.RandomState([ctx.config.seed, step]))
     rng = jax.random.fold_in(jax.random.PRNGKey(ctx.config.seed + 3), step)
     sampled = mopd.sample_batch(
-        params, bank, ctx.engine, tasks, grid.cells, per_cell, ctx.taus, rng,
-        rows_per_teacher=c.prompts_per_cell * (n_eff if mix else 1),
-        view=ctx.view, pool=pool, step=step)
+        setup, params, per_cell, rng=rng,
+        rows_per_teacher=c.prompts_per_cell * (n_eff if mix else 1), pool=pool, step=step)
     if pool is not None and c.partial_mode == "recompute":
       sampled.arr = partial.recompute_logprobs(ctx.model_cfg, params, sampled.arr)
     return sampled

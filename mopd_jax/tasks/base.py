@@ -21,12 +21,13 @@ import math
 import re
 from typing import Any, Callable, Iterable, Sequence
 
+from mopd_jax import choices
 from mopd_jax.tokenizer import CharTokenizer
 
 TOY_DOMAINS = ("gen", "agt", "cod")  # the toy's registered tasks (configs/toy.py runs these)
 STYLES = ("full", "brief", "direct")  # reasoning styles of the reference solutions, longest first
 B0_MARGIN = 1.1  # b0 = ceil(B0_MARGIN * (full-response tokens + 1 EOS))
-ON_TOO_LONG = ("error", "skip")
+ON_TOO_LONG = choices.ON_TOO_LONG
 
 _CHAR_TOKENIZER = CharTokenizer()
 

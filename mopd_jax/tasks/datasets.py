@@ -172,9 +172,11 @@ def record_splits(domain: str, settings: dict, seed: int) -> tuple:
   """({split: [Example]}, counts) of a record domain (`records_settings`); DataError names
   the file and line of a bad record."""
   from mopd_jax.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  from mopd_jax.tokenizer_options import TokenizerOptions  # pylint: disable=g-import-not-at-top
   s = settings
-  tok = load_tokenizer(s["tokenizer"] or "char", efforts=s["efforts"], **(
-      s["tokenizer_options"] if s["tokenizer"] else {}))
+  options = (TokenizerOptions.from_json(s["tokenizer_options"]) if s["tokenizer"] else
+             TokenizerOptions())
+  tok = load_tokenizer(s["tokenizer"] or "char", efforts=s["efforts"], options=options)
   train, test, counts = recs_mod.load_domain(s["train"], s["test"], s["verifier"])
   # Validation: records held out of train by a permutation of the seed (at most a tenth).
   n_val = min(s["validation"], len(train) // 10)
