@@ -42,7 +42,7 @@ class StatsOptions:
   with_rank: bool = False
 
 
-def _chunk_stats(cfg, params, h_BxCxD, tgt_BxC, *, with_entropy, top_k, topk_ids_BxCxK,
+def _chunk_stats(cfg, params, h_BxCxD, *, tgt_BxC, with_entropy, top_k, topk_ids_BxCxK,
                  with_rank=False):
   logits = models.logits_from_hidden(cfg, params, h_BxCxD)  # float32 [B, C, V]
   lse = jax.nn.logsumexp(logits, axis=-1)
@@ -95,7 +95,7 @@ def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, *, tokens_Bx
 
   @functools.partial(jax.checkpoint, prevent_cse=False)
   def chunk(params, h_c, tgt_c, ids_c):
-    return _chunk_stats(cfg, params, h_c, tgt_c, with_entropy=with_entropy, top_k=top_k,
+    return _chunk_stats(cfg, params, h_c, tgt_BxC=tgt_c, with_entropy=with_entropy, top_k=top_k,
                         topk_ids_BxCxK=ids_c, with_rank=with_rank)
 
   def step(carry, x):
@@ -115,8 +115,8 @@ def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, *, tokens_Bx
   return TokenStats(lp, ent, tk_lp, tk_ids, rank)
 
 
-def kl_from_hidden(cfg_p: ModelConfig, params_p, hidden_p_BxTxD, cfg_q: ModelConfig, params_q,
-                   hidden_q_BxTxD, *, chunk_size: int = 64):
+def kl_from_hidden(cfg_p: ModelConfig, params_p, hidden_p_BxTxD, *, cfg_q: ModelConfig, params_q,
+                   hidden_q_BxTxD, chunk_size: int = 64):
   """[B, T] exact KL(p || q) over the whole vocabulary of each next-token distribution:
   `out[b, t]` compares the two models' predictions of token t (from their hidden states at
   t - 1, which the caller aligns); 0 at t = 0. Chunked like `token_stats_from_hidden`, so
@@ -167,7 +167,7 @@ def full_token_logprobs(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None
   return jnp.pad(lp, ((0, 0), (1, 0)))
 
 
-def fused_token_loss(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, loss_fn, aux, *,
+def fused_token_loss(cfg: ModelConfig, params, hidden_BxTxD, *, tokens_BxT, loss_fn, aux,
                      chunk_size: int = 64):
   """`loss_fn(token_logprobs [B, T], aux) -> (loss, metrics)` with the head fused into it.
 

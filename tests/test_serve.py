@@ -221,7 +221,7 @@ def test_mopd_step_scored_by_the_server_equals_in_process():
   bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(20 + k))
                                    for k in range(len(names))], names=names)
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
-  trainer = train.Trainer(cfg, train.LossConfig(kind="mopd"), train.OptimConfig(lr=1e-2), mesh)
+  trainer = train.Trainer(cfg, train.LossConfig(kind="mopd"), train.OptimConfig(lr=1e-2), mesh=mesh)
   tasks = {d: get_task(d) for d in TOY_DOMAINS}
   cells = [tuple(n.split("/")) for n in names]
   per_cell = [tasks[d].generate(seed=i, n=2) for i, (d, _) in enumerate(cells)]
