@@ -49,9 +49,10 @@ def build(student_cfg, teacher_cfg, *, num_teachers=3, rows_per_teacher=2, promp
   if server_url:
     devices = devices[:1]
   if len(devices) == 2:
-    s_mesh, t_mesh = placement.make_meshes({"data": 1}, {"data": 1}, "disaggregated", devices)
+    s_mesh, t_mesh = placement.make_meshes({"data": 1}, {"data": 1}, "disaggregated",
+                                           devices=devices)
   else:
-    s_mesh, t_mesh = placement.make_meshes({"data": 1}, None, "colocated", devices)
+    s_mesh, t_mesh = placement.make_meshes({"data": 1}, None, "colocated", devices=devices)
   k, b = num_teachers, rows_per_teacher
   if server_url:
     names = [f"d{i}/e" for i in range(k)]
@@ -60,7 +61,7 @@ def build(student_cfg, teacher_cfg, *, num_teachers=3, rows_per_teacher=2, promp
     scorer = placement.TeacherScorer(teacher_bank(teacher_cfg, k), s_mesh, t_mesh)
   loss_cfg = train.LossConfig(kind="mopd", is_bounds=tuple(is_bounds) if staleness else None)
   trainer = train.Trainer(student_cfg, loss_cfg, train.OptimConfig(lr=1e-3, warmup_steps=0),
-                          s_mesh)
+                          mesh=s_mesh)
   state = trainer.init(jax.device_put(models.init_params(student_cfg, jax.random.PRNGKey(seed)),
                                       trainer.state_sharding.params))
   sampler = sampling.Sampler(student_cfg, sampling.SamplingConfig(

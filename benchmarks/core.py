@@ -242,7 +242,7 @@ def prefill_benchmark(cfg, params, peak, batch=8, seq=512):
 def train_benchmark(cfg, params, peak, batch=8, seq=256):
   """One MOPD train step (forward + backward + AdamW) on [B, T]; 6N flops per token."""
   mesh = sharding.make_mesh({}, jax.devices()[:1])
-  tr = train.Trainer(cfg, train.LossConfig(kind="mopd"), train.OptimConfig(), mesh)
+  tr = train.Trainer(cfg, train.LossConfig(kind="mopd"), train.OptimConfig(), mesh=mesh)
   r = np.random.RandomState(0)
   b = train.TrainBatch(
       tokens=jnp.asarray(r.randint(0, cfg.vocab_size, (batch, seq)), jnp.int32),

@@ -132,7 +132,8 @@ def sampler_programs(cfg, mesh, batch: int, prompt_len: int, new_tokens: int) ->
   def prefill(params, cache, tokens, mask):
     qcfg, qparams = models.materialize(cfg, params)
     hidden, cache = models.forward_with_cache(qcfg, qparams, tokens,
-                                              models.default_positions(mask), mask, cache)
+                                              positions=models.default_positions(mask),
+                                              input_mask=mask, cache=cache)
     return cache, models.logits_from_hidden(qcfg, qparams, hidden[:, -1])
 
   def decode(params, cache, token, positions, live, u, write_at):
@@ -140,8 +141,10 @@ def sampler_programs(cfg, mesh, batch: int, prompt_len: int, new_tokens: int) ->
     # step of continuous batching (the rollouts' default): each row writes its k/v at its
     # own cache slot.
     qcfg, qparams = models.materialize(cfg, params)
-    hidden, cache = models.forward_at_slots(qcfg, qparams, token[:, None], positions[:, None],
-                                            live[:, None], cache, write_at)
+    hidden, cache = models.forward_at_slots(qcfg, qparams, token[:, None],
+                                            positions=positions[:, None],
+                                            input_mask=live[:, None], cache=cache,
+                                            row_slots=write_at)
     logits = models.logits_from_hidden(qcfg, qparams, hidden[:, 0])
     return cache, token_draw.sample_token(logits, u, scfg)
 
@@ -196,7 +199,7 @@ def train_program(cfg, mesh, batch: int, seq_len: int, loss_kind: str = "mopd",
 
   from mopd_jax import models, train
   trainer = train.Trainer(cfg, train.LossConfig(kind=loss_kind),
-                          train.OptimConfig(microbatches=microbatches), mesh)
+                          train.OptimConfig(microbatches=microbatches), mesh=mesh)
   state = jax.eval_shape(lambda: train.init_state(
       models.init_params(cfg, jax.random.PRNGKey(0)), trainer.optimizer))
   state = _abstract(state, trainer.state_sharding)
@@ -236,7 +239,7 @@ def plan(config, only=PROGRAMS, devices=None) -> dict:
   student = hf.resolve_model_config(config.model, _preset_vocab(config.model))
   teacher = hf.resolve_model_config(config.teacher, student.vocab_size)
   student_mesh, teacher_mesh = placement.make_meshes(p.mesh, p.get("teacher_mesh"),
-                                                     p.placement, devices)
+                                                     p.placement, devices=devices)
   k, b = p.num_teachers, p.rows_per_teacher
   sharding.check_batch_divisible(k * b, student_mesh, "plan batch (num_teachers * "
                                  "rows_per_teacher)")

@@ -102,7 +102,7 @@ def main():
   ap.add_argument("--new_tokens", type=int, default=128)
   ap.add_argument("--vocab", type=int, default=32_000)
   a = ap.parse_args()
-  print(json.dumps(measure(a.batch, a.prompt_len, a.new_tokens, a.vocab)))
+  print(json.dumps(measure(a.batch, a.prompt_len, a.new_tokens, examples=a.vocab)))
 
 
 if __name__ == "__main__":

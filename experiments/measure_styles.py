@@ -195,7 +195,7 @@ def main(argv=None) -> dict:
   trainer = train.Trainer(cfg, train.LossConfig(kind="sft"),
                           train.OptimConfig(lr=args.lr, warmup_steps=args.warmup_steps,
                                             weight_decay=args.weight_decay,
-                                            total_steps=args.steps), mesh)
+                                            total_steps=args.steps), mesh=mesh)
   state = trainer.init(models.init_params(cfg, jax.random.PRNGKey(args.seed)))
   # The default schedule names all three domains; with a --domains subset, its own entries.
   schedule = [d for d in args.schedule.split(",") if d]
@@ -232,7 +232,8 @@ def main(argv=None) -> dict:
       ref = float(np.mean([len(tok.encode(e.solutions[style])) + 1 for e in test]))
       if args.show:
         res = engine.run(state.params, test[:args.show], [sft.STYLE_EFFORT[style]] * args.show,
-                         [args.max_response_tokens] * args.show, jax.random.PRNGKey(args.seed),
+                         budgets=[args.max_response_tokens] * args.show,
+                         rng=jax.random.PRNGKey(args.seed),
                          environment=task.environment)
         for e, text in zip(test, res.texts):
           print(f"  [{d}/{style}] {e.prompt!r} -> {text!r} "

@@ -48,9 +48,9 @@ def measure(ctx, params, *, effort, samples: int, temperature: float) -> dict:
     stats = {}
     for lo in range(0, samples, BATCH):
       batch = exs[lo:lo + BATCH]
-      res = engine.run(params, batch, [effort] * len(batch), budgets[lo:lo + BATCH],
-                       jax.random.PRNGKey(lo), environment=task.environment)
-      right = task.verify_unless(batch, res.texts, res.over_budget, 0.0)
+      res = engine.run(params, batch, [effort] * len(batch), budgets=budgets[lo:lo + BATCH],
+                       rng=jax.random.PRNGKey(lo), environment=task.environment)
+      right = task.verify_unless(batch, res.texts, res.over_budget, fill=0.0)
       for text, ok, traj in zip(res.texts, right, res.trajectories):
         s = stats.setdefault(style_of(text), [0, 0.0, 0])
         s[0], s[1], s[2] = s[0] + 1, s[1] + ok, s[2] + traj.num_tokens

@@ -27,7 +27,7 @@ from mopd_jax.tasks import base as task_base
 B0_MARGIN = task_base.B0_MARGIN
 
 
-def measure(engine, params, task, examples: Sequence[task_base.Example],
+def measure(engine, params, task, *, examples: Sequence[task_base.Example],
             prompt_effort: Optional[str], k: int, rng, batch_size: int = 64) -> list:
   """Per example, b0 from its shortest correct response among `k` samples, or None."""
   best = [None] * len(examples)
@@ -35,10 +35,10 @@ def measure(engine, params, task, examples: Sequence[task_base.Example],
   for s in range(k):
     for lo in range(0, len(examples), batch_size):
       exs = list(examples[lo:lo + batch_size])
-      res = engine.run(params, exs, [prompt_effort] * len(exs), [cap] * len(exs),
-                       jax.random.fold_in(jax.random.fold_in(rng, s), lo),
+      res = engine.run(params, exs, [prompt_effort] * len(exs), budgets=[cap] * len(exs),
+                       rng=jax.random.fold_in(jax.random.fold_in(rng, s), lo),
                        environment=task.environment)
-      rewards = task.verify_unless(exs, res.texts, res.over_budget, 0.0)
+      rewards = task.verify_unless(exs, res.texts, res.over_budget, fill=0.0)
       for j, (t, r) in enumerate(zip(res.trajectories, rewards)):
         if r >= 1.0 and (best[lo + j] is None or t.num_tokens < best[lo + j]):
           best[lo + j] = t.num_tokens

@@ -287,7 +287,7 @@ class TrainLoop:
     self._mgr.reload()
     return str(aside)
 
-  def end_step(self, step: int, state, metrics: dict, record) -> bool:
+  def end_step(self, step: int, state, metrics: dict, *, record) -> bool:
     """Bookkeeping after loop step `step` (0-based) produced `state` and `metrics`.
 
     Non-finite loss or gradient norm (the Trainer did not apply the update): raise

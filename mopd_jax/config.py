@@ -9,6 +9,12 @@ rules applied (batch sizes over the mesh, losses that need one another). Stages 
 the RunConfig: no block or field has a default outside `configs/base.py`, and a field a
 config file adds that the schema does not know is an error, not silently ignored.
 
+The schema sits at the bottom of the import graph: it imports only the leaf modules
+`choices`, `config_checks` (the field checkers), `endpoints` and `tokenizer_options`. What
+needs the registered tasks, the verifiers or an algorithm's own rule (the grid, the record
+domains, the RL reference spec, ...) is resolved by mopd_jax/config_build.py, which `build`
+calls.
+
 Checks use `raise`, never `assert`, so `python -O` keeps them, and raise `ConfigError` (a
 ValueError) so that the command line can tell a bad value from a failure inside a stage.
 """
@@ -17,15 +23,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import ml_collections
 
-from mopd_jax import grid as grid_mod
-from mopd_jax import lanes, mopd, partial, placement, profiling, rl, sft, sharding, storage
-from mopd_jax import teacher_client
-from mopd_jax import tokenizer as tokenizer_mod
-from mopd_jax.tasks import base as task_base
+from mopd_jax import choices, endpoints
+from mopd_jax.config_checks import (Bool, Endpoints, HfPaths, Int, Num, OneOf, Raw, Seq, Sizes,
+                                    Str)
+from mopd_jax.tokenizer_options import TokenizerOptions
 
 # Top-level blocks that tools other than the pipeline read (benchmarks/memory_plan.py).
 TOOL_BLOCKS = ("plan",)
@@ -34,92 +39,6 @@ TOOL_BLOCKS = ("plan",)
 class ConfigError(ValueError):
   """A config value or command-line flag that is not allowed; the message names the field,
   the value and what is allowed."""
-
-
-# --- field checkers: (name, value) -> the value, typed; ValueError naming the field --------
-@dataclasses.dataclass(frozen=True)
-class Int:
-  lo: int = 1
-
-  def __call__(self, name: str, v):
-    if isinstance(v, bool) or not isinstance(v, int) or v < self.lo:
-      raise ValueError(f"{name} must be an int >= {self.lo}, got {v!r}")
-    return int(v)
-
-
-@dataclasses.dataclass(frozen=True)
-class Num:
-  lo: float = 0.0
-  strict: bool = False
-
-  def __call__(self, name: str, v):
-    ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and
-          (v > self.lo if self.strict else v >= self.lo))
-    if not ok:
-      raise ValueError(f"{name} must be a finite number {'>' if self.strict else '>='} "
-                       f"{self.lo}, got {v!r}")
-    return float(v)
-
-
-@dataclasses.dataclass(frozen=True)
-class OneOf:
-  values: tuple
-
-  def __call__(self, name: str, v):
-    if isinstance(v, bool) or v not in self.values:
-      raise ValueError(f"{name}={v!r}; expected one of {self.values}")
-    return v
-
-
-@dataclasses.dataclass(frozen=True)
-class Str:
-  def __call__(self, name: str, v):
-    if not isinstance(v, str):
-      raise ValueError(f"{name} must be a string, got {v!r}")
-    return v
-
-
-@dataclasses.dataclass(frozen=True)
-class Bool:
-  def __call__(self, name: str, v):
-    if not isinstance(v, bool):
-      raise ValueError(f"{name} must be True or False, got {v!r}")
-    return v
-
-
-@dataclasses.dataclass(frozen=True)
-class Seq:
-  """A tuple of `item`-checked values; `length` None = any length."""
-  item: Any
-  length: Optional[int] = None
-
-  def __call__(self, name: str, v):
-    if isinstance(v, (str, bytes)) or not isinstance(v, (tuple, list)):
-      raise ValueError(f"{name} must be a tuple, got {v!r}")
-    if self.length is not None and len(v) != self.length:
-      raise ValueError(f"{name} must have {self.length} entries, got {tuple(v)!r}")
-    return tuple(self.item(f"{name}[{i}]", x) for i, x in enumerate(v))
-
-
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-  """A mapping of mesh axis names to sizes >= 1."""
-  axes: tuple = sharding.MESH_AXES
-
-  def __call__(self, name: str, v):
-    d = dict(v or {})
-    unknown = sorted(set(d) - set(self.axes))
-    if unknown:
-      raise ValueError(f"{name} names unknown mesh axes {unknown}; known: {self.axes}")
-    return {a: Int()(f"{name}.{a}", s) for a, s in d.items()}
-
-
-@dataclasses.dataclass(frozen=True)
-class Raw:
-  """Checked elsewhere (a resolver of RunConfig or the module that owns the value)."""
-
-  def __call__(self, name: str, v):
-    return v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v
 
 
 def _f(check):
@@ -193,48 +112,14 @@ class TeacherSpec:
   def mapping(self) -> dict:
     return dict(self.model)
 
-  def retry_policy(self) -> teacher_client.RetryPolicy:
-    return teacher_client.RetryPolicy(timeout_s=self.endpoint_timeout_s,
+  def retry_policy(self) -> endpoints.RetryPolicy:
+    return endpoints.RetryPolicy(timeout_s=self.endpoint_timeout_s,
                                       retries=self.endpoint_retries)
-
-
-@dataclasses.dataclass(frozen=True)
-class HfPaths:
-  """"domain/effort" -> checkpoint directory: the string "gen/low=DIR,gen/max=DIR" (what a
-  config file or a flag sets) or a mapping; "" = none. Checked against the grid by build."""
-
-  def __call__(self, name: str, v):
-    if isinstance(v, str):
-      out = {}
-      for item in filter(None, (x.strip() for x in v.split(","))):
-        cell, sep, path = item.partition("=")
-        if not sep or not cell.strip() or not path.strip():
-          raise ValueError(f"{name}: {item!r} is not 'domain/effort=directory'")
-        if cell.strip() in out:
-          raise ValueError(f"{name} names cell {cell.strip()!r} twice")
-        out[cell.strip()] = path.strip()
-      return out
-    if not isinstance(v, (Mapping, ml_collections.ConfigDict)):
-      raise ValueError(f"{name} must map 'domain/effort' to a checkpoint directory "
-                       f"('gen/low=DIR,gen/max=DIR'), got {v!r}")
-    return {k: Str()(f"{name}[{k!r}]", p) for k, p in dict(v).items()}
 
 
 _MODEL_CHECKS = {"preset": Str(), "hf_path": Str(), "tokenizer_path": Str(),
                  "quant": OneOf(("none", "int8", "int4")), "quant_group": Int(),
                  "remat": OneOf(("none", "block", "dots"))}
-
-
-@dataclasses.dataclass(frozen=True)
-class Endpoints:
-  """"domain/effort" -> teacher server URLs: the string
-  "gen/low=http://h1:8000|http://h2:8000,gen/max=http://h3:8000" or a mapping of a cell to a
-  URL or a list of them; "" = none. Checked against the grid by build."""
-
-  def __call__(self, name: str, v):
-    if isinstance(v, ml_collections.ConfigDict):
-      v = v.to_dict()
-    return teacher_client.parse_endpoints(v)
 
 
 _TEACHER_CHECKS = {"hf_paths": HfPaths(), "outside_cell": Str(), "outside_seed": Int(0),
@@ -251,7 +136,7 @@ def _split(value, name: str, checks: Mapping) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class PlacementConfig:
-  teachers: str = _f(OneOf(placement.PLACEMENTS))
+  teachers: str = _f(OneOf(choices.PLACEMENTS))
   teacher_mesh: dict = _f(Sizes())
 
 
@@ -268,7 +153,7 @@ class DataConfig:
   sizes: tuple = _f(Seq(Int(), 3))
   dir: str = _f(Str())
   max_prompt_tokens: int = _f(Int(0))  # 0 = no limit (record domains)
-  on_too_long: str = _f(OneOf(task_base.ON_TOO_LONG))
+  on_too_long: str = _f(OneOf(choices.ON_TOO_LONG))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,21 +165,22 @@ class BudgetConfig:
 @dataclasses.dataclass(frozen=True)
 class PromptConfig:
   chat_template: bool = _f(Bool())
-  effort_format: str = _f(OneOf(tokenizer_mod.EFFORT_FORMATS))
+  effort_format: str = _f(OneOf(choices.EFFORT_FORMATS))
   system_line: str = _f(Str())
   pad_token: str = _f(Str())
   bos_token: str = _f(Str())
   eos_token: str = _f(Str())
   tool_tokens: str = _f(Str())
 
-  def tokenizer_options(self) -> dict:
-    """The keyword arguments of tokenizer.HFTokenizer this block sets (the tool markers the
-    run needs come from its domains: RunConfig.tokenizer_options)."""
-    return dict(chat=self.chat_template, effort_format=self.effort_format,
-                system_line=self.system_line, pad_token=self.pad_token or None,
-                bos_token=self.bos_token or None, eos_token=self.eos_token or None,
-                tool_tokens=tuple(t.strip() for t in self.tool_tokens.split(","))
-                if self.tool_tokens else None)
+  def tokenizer_options(self, tools: tuple) -> TokenizerOptions:
+    """The options of tokenizer.HFTokenizer this block sets, with the tool markers `tools`
+    the run's domains write (RunConfig.tokenizer_options)."""
+    return TokenizerOptions(
+        chat=self.chat_template, effort_format=self.effort_format,
+        system_line=self.system_line, pad_token=self.pad_token or None,
+        bos_token=self.bos_token or None, eos_token=self.eos_token or None,
+        tool_tokens=tuple(t.strip() for t in self.tool_tokens.split(","))
+        if self.tool_tokens else None, tools=tools)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,14 +227,14 @@ class RlConfig:
   temperature: float = _f(Num())
   lane_processes: int = _f(Int())
   partial_rollout_tokens: int = _f(Int(0))
-  partial_mode: str = _f(OneOf(partial.MODES))
+  partial_mode: str = _f(OneOf(choices.PARTIAL_MODES))
 
 
 @dataclasses.dataclass(frozen=True)
 class MopdConfig:
   steps: int = _f(Int())
   prompts_per_cell: int = _f(Int())
-  prompts_across_efforts: str = _f(OneOf(mopd.PROMPT_MODES))
+  prompts_across_efforts: str = _f(OneOf(choices.PROMPT_MODES))
   effort_mix: tuple = _f(Seq(Num()))
   lr: float = _f(Num(strict=True))
   warmup_steps: int = _f(Int(0))
@@ -365,7 +251,7 @@ class MopdConfig:
   init_sft_steps: int = _f(Int())
   exact_kl_every: int = _f(Int(0))
   partial_rollout_tokens: int = _f(Int(0))
-  partial_mode: str = _f(OneOf(partial.MODES))
+  partial_mode: str = _f(OneOf(choices.PARTIAL_MODES))
 
   @property
   def shared(self) -> bool:
@@ -433,7 +319,7 @@ class RunConfig:
   stages: tuple
   log_every: int
   skip_nonfinite: bool
-  grid: grid_mod.Grid
+  grid: "grid.Grid"  # mopd_jax/grid.py
   known_domains: frozenset  # domains any config block or registered task defines
   checkpoint: CheckpointConfig
   model: ModelSpec
@@ -445,6 +331,9 @@ class RunConfig:
   budget: BudgetConfig
   prompt: PromptConfig
   records: dict  # domain -> RecordsSpec, for the domains that run the `records` task
+  # The four tool markers (call, call end, observation, observation end) the domains of the
+  # run write, or () when none uses tools (the tokenizer then needs none).
+  tool_markers: tuple
   sft: SftConfig
   rl: RlConfig
   mopd: MopdConfig
@@ -462,16 +351,10 @@ class RunConfig:
   def hash(self) -> str:
     return hashlib.sha256(self.source.to_json(sort_keys=True).encode()).hexdigest()[:16]
 
-  @property
-  def tool_markers(self) -> tuple:
-    """The four tool markers (call, call end, observation, observation end) the domains of
-    the run write, or () when none uses tools (the tokenizer then needs none)."""
-    return _tool_markers(self.grid, self.records)
-
-  def tokenizer_options(self) -> dict:
-    """The keyword arguments of tokenizer.HFTokenizer: the `prompt` block's and the tool
-    markers of the run's domains."""
-    return self.prompt.tokenizer_options() | {"tools": self.tool_markers}
+  def tokenizer_options(self) -> TokenizerOptions:
+    """The options of tokenizer.HFTokenizer: the `prompt` block's and the tool markers of
+    the run's domains."""
+    return self.prompt.tokenizer_options(self.tool_markers)
 
   @property
   def outside(self) -> tuple:
@@ -482,31 +365,24 @@ class RunConfig:
     return (t.outside_cell, t.outside_seed) if t.outside_cell else (None, None)
 
 
-def run_grid(config: ml_collections.ConfigDict) -> grid_mod.Grid:
-  """The run's domains x efforts (`config.domains`, `config.efforts`; see mopd_jax.grid)."""
-  return grid_mod.from_config(config, task_base.registered())
-
-
-def model_config(config, vocab_size: int):
-  """The student's ModelConfig of a RunConfig (or a ConfigDict): a preset with overrides,
-  or a Hugging Face checkpoint's."""
-  from mopd_jax import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
-  block = config.model.mapping() if isinstance(config, RunConfig) else config.model
-  return hf.resolve_model_config(block, vocab_size)
-
-
 def build(config: ml_collections.ConfigDict, num_devices: int) -> RunConfig:
   """The RunConfig of `config`, every check of the module docstring applied for a run on
   `num_devices` devices. Raises ConfigError."""
+  # The grid, the records and the checks that need the registered tasks, the verifiers or an
+  # algorithm's own rule are resolved by mopd_jax/config_build.py, imported here so that
+  # importing the schema imports no algorithm.
+  from mopd_jax import config_build  # pylint: disable=g-import-not-at-top
   try:
-    return _build(config, num_devices)
+    return config_build.build(config, num_devices)
   except ConfigError:
     raise
   except ValueError as e:
     raise ConfigError(str(e)) from e
 
 
-def _build(config: ml_collections.ConfigDict, num_devices: int) -> RunConfig:
+def schema_fields(config: ml_collections.ConfigDict) -> dict:
+  """The fields of RunConfig that the schema alone checks (every block and top-level field,
+  the model and teacher blocks, the mesh and the stage list), as keyword arguments."""
   known = set(_TOP) | set(_BLOCKS) | {"domains", "efforts", "tasks", "effort", "model",
                                       "teacher", "mesh"} | set(TOOL_BLOCKS)
   unknown = sorted(set(dict(config)) - known)
@@ -525,68 +401,18 @@ def _build(config: ml_collections.ConfigDict, num_devices: int) -> RunConfig:
   named, rest = _split(config.teacher, "teacher", _TEACHER_CHECKS)
   teacher = TeacherSpec(**named, model=rest)
   mesh = Sizes()("mesh", config.mesh)
-  grid = run_grid(config)  # raises on unknown domains or efforts, naming the known ones
-  known_domains = frozenset(dict(config.tasks or {})) | frozenset(task_base.registered())
   stages = tuple(s.strip() for s in top.pop("stages").split(",") if s.strip())
-  s = blocks["sft"]
-  blocks["sft"] = dataclasses.replace(
-      s, schedule=tuple(sft.schedule(s.schedule, grid.domains, known_domains)),
-      style_weights=sft.domain_style_weights(s.style_weights, grid.domains, known_domains))
-  rc = RunConfig(**top, stages=stages, grid=grid, known_domains=known_domains, model=model,
-                 teacher=teacher, mesh=mesh, records=_records(config, grid), **blocks,
-                 source=config)
-  _cross_checks(rc, num_devices)
-  return rc
+  return dict(top, stages=stages, model=model, teacher=teacher, mesh=mesh, **blocks)
 
 
-def _records(config, grid) -> dict:
-  """The RecordsSpec of each domain of the grid that runs the `records` task; a task block
-  of another task may hold only `task`."""
-  from mopd_jax.tasks import verifiers  # pylint: disable=g-import-not-at-top
-  out = {}
-  for d in grid.domains:
-    block = dict((config.tasks or {}).get(d) or {})
-    name = f"tasks.{d}"
-    if grid.task_of(d) != "records":
-      extra = sorted(set(block) - {"task"})
-      if extra:
-        raise ValueError(f"{name} has field(s) {extra}; a domain of task "
-                         f"{grid.task_of(d)!r} takes only 'task'")
-      continue
-    spec = _block(RecordsSpec, block, name)
-    if spec.verifier not in verifiers.registered():
-      raise ValueError(f"{name}.verifier={spec.verifier!r}; registered verifiers: "
-                       f"{list(verifiers.registered())}")
-    paths = {}
-    for split in ("train", "test"):
-      p = getattr(spec, split)
-      if not p:
-        raise ValueError(f"{name}.{split} must name a JSONL or Parquet file")
-      paths[split] = storage.join(p)  # absolute, so the lanes' processes read the same
-    out[d] = dataclasses.replace(spec, **paths)
-  return out
+def records_spec(block, name: str) -> RecordsSpec:
+  """The RecordsSpec of a `tasks.<domain>` block of the `records` task, its fields checked
+  (the verifier's name and the files are checked by config_build)."""
+  return _block(RecordsSpec, block, name)
 
 
-def _tool_markers(grid, records: dict) -> tuple:
-  """RunConfig.tool_markers; ValueError when two domains write different markers (one
-  tokenizer has one set)."""
-  from mopd_jax.tasks import verifiers  # pylint: disable=g-import-not-at-top
-  needed = {}
-  for d in grid.domains:
-    spec = records.get(d)
-    markers = (verifiers.tool_markers(spec.verifier) if spec is not None else
-               task_base.task_class(grid.task_of(d)).tool_markers)
-    if markers:
-      needed.setdefault(tuple(markers), d)
-  if len(needed) > 1:
-    raise ValueError("domains " + " and ".join(f"{d!r} ({' '.join(m)})" for m, d in
-                                                needed.items()) +
-                     " write different tool markers; a run's tokenizer has one set")
-  return next(iter(needed), ())
-
-
-def _cross_checks(c: RunConfig, num_devices: int) -> None:
-  """The rules that tie fields together."""
+def cross_checks(c: RunConfig, num_devices: int) -> None:
+  """The rules that tie fields together and need no algorithm."""
   grid = c.grid
   n = math.prod(c.mesh.values())
   if c.placement.teachers == "disaggregated":
@@ -597,12 +423,6 @@ def _cross_checks(c: RunConfig, num_devices: int) -> None:
   if n != num_devices:
     raise ValueError(f"mesh {c.mesh} (with the teacher placement {c.placement.teachers}) "
                      f"has {n} devices but {num_devices} are available")
-  refs = rl.references(c.rl.reference, grid.anneal_order)  # raises on a bad spec
-  if set(refs.values()) != {"sampler"} and c.rl.loss != "pmd":
-    raise ValueError(f"rl.reference={c.rl.reference!r} holds PMD's old policy "
-                     f"fixed for an effort phase; it needs rl.loss='pmd', got {c.rl.loss!r}")
-  lanes.process_count(c.rl, 1)  # raises on a bad rl.lane_processes
-  profiling.spec_from_config(c.profile, "")  # raises on a loop name it cannot trace
   m = c.mopd
   weighted = m.staleness or (m.partial_rollout_tokens and m.partial_mode == "importance")
   if weighted and not m.is_bounds[0] <= 1 <= m.is_bounds[1]:
@@ -615,7 +435,6 @@ def _cross_checks(c: RunConfig, num_devices: int) -> None:
   if m.staleness and m.partial_rollout_tokens:
     raise ValueError("mopd.partial_rollout_tokens needs mopd.staleness=0: a step's in-flight "
                      "rows are decoded by the student that takes its update")
-  mopd.prompt_mode(m.prompts_across_efforts, m.effort_mix, grid.effort_names)
   # Every batch splits over the data x fsdp axes.
   data_par = c.mesh.get("data", 1) * c.mesh.get("fsdp", 1)
   batches = {"sft.batch_size": c.sft.batch_size,
@@ -626,7 +445,18 @@ def _cross_checks(c: RunConfig, num_devices: int) -> None:
     if size % data_par:
       raise ValueError(f"{name} = {size} is not a positive multiple of the data x fsdp mesh "
                        f"size {data_par}")
-  t = c.teacher
+  _teacher_checks(c)
+  if c.sandbox.timeout_s >= 600:
+    raise ValueError(f"sandbox.timeout_s must be below 600 s, got {c.sandbox.timeout_s}")
+  if c.prompt.effort_format != "token" and not c.model.tokenizer_path:
+    raise ValueError(f"prompt.effort_format={c.prompt.effort_format!r} needs a Hugging Face "
+                     "tokenizer (model.tokenizer_path); the toy's CharTokenizer puts the "
+                     "effort as a token")
+
+
+def _teacher_checks(c: RunConfig) -> None:
+  """The `teacher` block against the grid, the seed and the SFT stage."""
+  grid, t = c.grid, c.teacher
   if t.outside_cell:
     if t.outside_cell not in grid.names:
       raise ValueError(f"teacher.outside_cell={t.outside_cell!r} is not a teacher cell; "
@@ -641,24 +471,14 @@ def _cross_checks(c: RunConfig, num_devices: int) -> None:
       raise ValueError(f"teacher.outside_seed={t.outside_seed!r} must be an int other than "
                        f"the run's seed {c.seed} (the outside SFT needs its own init and "
                        "order)")
-  if c.sandbox.timeout_s >= 600:
-    raise ValueError(f"sandbox.timeout_s must be below 600 s, got {c.sandbox.timeout_s}")
-  if t.hf_paths:
-    missing = [n for n in grid.names if n not in t.hf_paths]
-    extra = sorted(set(t.hf_paths) - set(grid.names))
+  for field, what in (("hf_paths", "a checkpoint directory"),
+                      ("endpoints", "teacher server URLs")):
+    given = getattr(t, field)
+    if not given:
+      continue
+    missing = [n for n in grid.names if n not in given]
+    extra = sorted(set(given) - set(grid.names))
     if missing or extra:
-      raise ValueError(f"teacher.hf_paths must map every cell of the grid {grid.names} to a "
-                       f"checkpoint directory" + (f"; missing {missing}" if missing else "") +
+      raise ValueError(f"teacher.{field} must map every cell of the grid {grid.names} to "
+                       f"{what}" + (f"; missing {missing}" if missing else "") +
                        (f"; not cells of the grid: {extra}" if extra else ""))
-  if t.endpoints:
-    missing = [n for n in grid.names if n not in t.endpoints]
-    extra = sorted(set(t.endpoints) - set(grid.names))
-    if missing or extra:
-      raise ValueError(f"teacher.endpoints must map every cell of the grid {grid.names} to "
-                       "teacher server URLs" + (f"; missing {missing}" if missing else "") +
-                       (f"; not cells of the grid: {extra}" if extra else ""))
-  if c.prompt.effort_format != "token" and not c.model.tokenizer_path:
-    raise ValueError(f"prompt.effort_format={c.prompt.effort_format!r} needs a Hugging Face "
-                     "tokenizer (model.tokenizer_path); the toy's CharTokenizer puts the "
-                     "effort as a token")
-  _tool_markers(grid, c.records)  # raises on domains that write different markers

@@ -56,7 +56,7 @@ class SlotState:
 
 
 def _empty_state(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, slots: int,
-                 width: int) -> SlotState:
+                 *, width: int) -> SlotState:
   n = scfg.max_new_tokens
   zi = jnp.zeros((slots,), jnp.int32)
   return SlotState(cache=models.init_cache(model_cfg, slots, width), token=zi,
@@ -78,9 +78,9 @@ def _insert(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state
   slot, prompt, mask, key, limit = row
   n = scfg.max_new_tokens
   b, p = prompt.shape
-  own = models.init_cache(model_cfg, 1, p, state.cache.layers[0]["k"].dtype)
+  own = models.init_cache(model_cfg, 1, p, dtype=state.cache.layers[0]["k"].dtype)
   prompt_len = jnp.sum(mask, axis=-1).astype(jnp.int32)  # [1]
-  hidden, one = sampling.prefill(model_cfg, params, prompt, mask, own)
+  hidden, one = sampling.prefill(model_cfg, params, prompt, mask=mask, cache=own)
   one = one.replace(valid=jnp.pad(one.valid, ((0, 0), (0, state.cache.num_slots - p))))
   logits = models.decode_logits(model_cfg, params, hidden[:, -1])
   uniforms = token_draw.uniform_table(key[None], prompt_len, n + 1)  # [1, N + 1]
@@ -108,7 +108,7 @@ def _fill(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: 
   prompts, mask, keys, limits, live = rows
   n = scfg.max_new_tokens
   s = prompts.shape[0]
-  hidden, cache = sampling.prefill(model_cfg, params, prompts, mask, state.cache)
+  hidden, cache = sampling.prefill(model_cfg, params, prompts, mask=mask, cache=state.cache)
   logits = models.decode_logits(model_cfg, params, hidden[:, -1])
   prompt_len = jnp.sum(mask, axis=-1).astype(jnp.int32)
   uniforms = token_draw.uniform_table(keys, prompt_len, n + 1)
@@ -145,8 +145,9 @@ def _decode(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state
     # past its last token, marked invalid, and never past the cache.
     write_at = jnp.minimum(prompt_width + s.count, last_slot)
     hidden, cache = models.forward_at_slots(model_cfg, params, tok[:, None],
-                                            s.positions[:, None], live[:, None], s.cache,
-                                            write_at)
+                                            positions=s.positions[:, None],
+                                            input_mask=live[:, None], cache=s.cache,
+                                            row_slots=write_at)
     logits = models.decode_logits(model_cfg, params, hidden[:, 0])
     u = jnp.take_along_axis(s.uniforms, jnp.minimum(s.count + 1, n)[:, None], axis=1)[:, 0]
     nxt, nlp = token_draw.sample_token(logits, u, scfg)
@@ -171,7 +172,7 @@ class ContinuousSampler:
   in `chex.assert_max_traces`. `last_stats`: the last call's decode calls and rows."""
 
   def __init__(self, model_cfg: ModelConfig, scfg: sampling.SamplingConfig, slots: int,
-               admission: str = "longest_cap_first", max_traces: Optional[int] = None):
+               *, admission: str = "longest_cap_first", max_traces: Optional[int] = None):
     if not isinstance(slots, (int, np.integer)) or isinstance(slots, bool) or slots < 1:
       raise ValueError(f"slots must be an int >= 1, got {slots!r}")
     if admission not in ADMISSION:
@@ -211,18 +212,19 @@ class ContinuousSampler:
     except ValueError:
       mesh = None
     if mesh is None:
-      return _state_init(self.model_cfg, self.scfg, slots, width, None)()
+      return _state_init(self.model_cfg, self.scfg, slots, width=width, shard=None)()
     n = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES if a in mesh.shape]))
     spec = P(tuple(a for a in sharding.BATCH_AXES if a in mesh.shape)) if slots % n == 0 else P()
-    return _state_init(self.model_cfg, self.scfg, slots, width, NamedSharding(mesh, spec))()
+    return _state_init(self.model_cfg, self.scfg, slots, width=width,
+                       shard=NamedSharding(mesh, spec))()
 
-  def __call__(self, params, prompts, rng, prompt_mask=None, row_keys=None,
+  def __call__(self, params, prompts, rng, *, prompt_mask=None, row_keys=None,
                max_new=None) -> sampling.Rollout:
     tokens, mask = self.static.prepare(prompts, prompt_mask)
     tokens, mask = np.asarray(tokens), np.asarray(mask)
     q, p = tokens.shape
     n = self.scfg.max_new_tokens
-    limits, row_keys = self.static.row_args(q, rng, row_keys, max_new)
+    limits, row_keys = self.static.row_args(q, rng, row_keys, max_new=max_new)
     row_keys = np.asarray(row_keys)
     if jax.process_count() > 1:
       rep = NamedSharding(distributed.mesh_of(params), P())
@@ -272,7 +274,7 @@ class ContinuousSampler:
         out_tok[r, :c], out_lp[r, :c], out_len[r] = toks[:c], lps[:c], c
         slot_row[sl] = -1
     self.last_stats = {"decode_calls": decodes, "rows": q}
-    return _assemble(tokens, mask, out_tok, out_lp, out_len, self.scfg)
+    return _assemble(tokens, mask, out_tok, out_lp=out_lp, out_len=out_len, scfg=self.scfg)
 
 
 def rollout_slots(rows: int, slots: int) -> int:
@@ -281,7 +283,7 @@ def rollout_slots(rows: int, slots: int) -> int:
   return min(slots, max(1 << max(rows - 1, 0).bit_length(), -(-slots // 4)))
 
 
-def _assemble(tokens, mask, out_tok, out_lp, out_len, scfg) -> sampling.Rollout:
+def _assemble(tokens, mask, out_tok, *, out_lp, out_len, scfg) -> sampling.Rollout:
   """The static sampler's layout [Q, P + N] from the prompts and each row's tokens."""
   q, n = out_tok.shape
   written = np.arange(n)[None, :] < out_len[:, None]
@@ -302,10 +304,10 @@ def _decode_params(model_cfg: ModelConfig, scfg: sampling.SamplingConfig):
 
 
 @functools.lru_cache(maxsize=64)
-def _state_init(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, slots: int, width: int,
+def _state_init(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, slots: int, *, width: int,
                 shard):
   """A compiled allocator of the empty slot state (every slot done), laid out `shard`."""
-  fn = lambda: _empty_state(model_cfg, scfg, slots, width)
+  fn = lambda: _empty_state(model_cfg, scfg, slots, width=width)
   if shard is None:
     return jax.jit(fn)
   rep = NamedSharding(shard.mesh, P())

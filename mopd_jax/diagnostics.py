@@ -111,7 +111,8 @@ def _effort_kl(cfg, params, tokens_ExBxT, *, input_mask, starts, response_mask, 
   # R + 1 columns: `kl_from_hidden` compares column c - 1's predictions in its column c.
   pos = starts[..., None] - 1 + jnp.arange(r + 1)[None, None, :]
   g = jnp.take_along_axis(h, jnp.clip(pos, 0, h.shape[2] - 1)[..., None], axis=2)
-  kl = jax.vmap(lambda a, b: logprobs.kl_from_hidden(cfg, params, a, cfg, params, b,
+  kl = jax.vmap(lambda a, b: logprobs.kl_from_hidden(cfg, params, a, cfg_q=cfg, params_q=params,
+                                                     hidden_q_BxTxD=b,
                                                      chunk_size=chunk_size))(g[:-1], g[1:])
   return jnp.where(response_mask[None], kl[..., 1:], 0.0)
 

@@ -96,7 +96,7 @@ def process_rows(mesh: Mesh, global_rows: int) -> slice:
   return slice(start, stop)
 
 
-def global_batch(mesh: Mesh, local_tree, global_rows: int, leading: tuple = ()):
+def global_batch(mesh: Mesh, local_tree, global_rows: int, *, leading: tuple = ()):
   """Global arrays, split over the batch axes, from this process's rows (numpy or arrays
   of [local_rows, ...]; with `leading=("teacher",)` or `(None,)`, [K, local_rows, ...])."""
   def one(x):

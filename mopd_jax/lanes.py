@@ -61,7 +61,7 @@ def _finished(lane) -> bool:
              for e in lane.efforts)
 
 
-def run_side_by_side(workdir: str, config_json: str, lanes: Sequence, processes: int,
+def run_side_by_side(workdir: str, config_json: str, lanes: Sequence, *, processes: int,
                      total_steps: Sequence[int]) -> None:
   """Runs the unfinished `lanes` in at most `processes` worker processes at a time; returns
   once all have finished. Each worker gets the run's resolved config (`config_json`, written

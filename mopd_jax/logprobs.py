@@ -10,6 +10,7 @@ instead of [B, T, V].
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple, Optional
 
@@ -30,7 +31,18 @@ class TokenStats(NamedTuple):
   rank: Optional[jax.Array] = None
 
 
-def _chunk_stats(cfg, params, h_BxCxD, tgt_BxC, *, with_entropy, top_k, topk_ids_BxCxK,
+@dataclasses.dataclass(frozen=True)
+class StatsOptions:
+  """Which stats of each next token `token_stats_from_hidden` computes: the log-prob always;
+  the entropy, the top-k log-probs and ids (`top_k` > 0) and the rank when asked. The
+  vocabulary projection runs over `chunk_size` positions at a time."""
+  chunk_size: int = 64
+  with_entropy: bool = False
+  top_k: int = 0
+  with_rank: bool = False
+
+
+def _chunk_stats(cfg, params, h_BxCxD, *, tgt_BxC, with_entropy, top_k, topk_ids_BxCxK,
                  with_rank=False):
   logits = models.logits_from_hidden(cfg, params, h_BxCxD)  # float32 [B, C, V]
   lse = jax.nn.logsumexp(logits, axis=-1)
@@ -64,10 +76,14 @@ def _chunking(b: int, n: int, chunk_size: int):
   return c, nchunks, to_chunks
 
 
-def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, *,
-                            chunk_size: int = 64, with_entropy: bool = False, top_k: int = 0,
-                            topk_ids_BxTxK=None, with_rank: bool = False) -> TokenStats:
-  """Stats of each next token from final hidden states; see module docstring."""
+def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, *, tokens_BxT,
+                            options: StatsOptions = StatsOptions(),
+                            topk_ids_BxTxK=None) -> TokenStats:
+  """Stats of each next token of `tokens_BxT` from final hidden states (see the module
+  docstring); `topk_ids_BxTxK`: score the top-k on these ids (another model's top-k)
+  instead of this model's own."""
+  chunk_size, with_entropy = options.chunk_size, options.with_entropy
+  top_k, with_rank = options.top_k, options.with_rank
   cfg, params = models.materialize(cfg, params)
   b, t, d = hidden_BxTxD.shape
   h = hidden_BxTxD[:, :-1]
@@ -79,7 +95,7 @@ def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, 
 
   @functools.partial(jax.checkpoint, prevent_cse=False)
   def chunk(params, h_c, tgt_c, ids_c):
-    return _chunk_stats(cfg, params, h_c, tgt_c, with_entropy=with_entropy, top_k=top_k,
+    return _chunk_stats(cfg, params, h_c, tgt_BxC=tgt_c, with_entropy=with_entropy, top_k=top_k,
                         topk_ids_BxCxK=ids_c, with_rank=with_rank)
 
   def step(carry, x):
@@ -99,8 +115,8 @@ def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, 
   return TokenStats(lp, ent, tk_lp, tk_ids, rank)
 
 
-def kl_from_hidden(cfg_p: ModelConfig, params_p, hidden_p_BxTxD, cfg_q: ModelConfig, params_q,
-                   hidden_q_BxTxD, *, chunk_size: int = 64):
+def kl_from_hidden(cfg_p: ModelConfig, params_p, hidden_p_BxTxD, *, cfg_q: ModelConfig, params_q,
+                   hidden_q_BxTxD, chunk_size: int = 64):
   """[B, T] exact KL(p || q) over the whole vocabulary of each next-token distribution:
   `out[b, t]` compares the two models' predictions of token t (from their hidden states at
   t - 1, which the caller aligns); 0 at t = 0. Chunked like `token_stats_from_hidden`, so
@@ -124,13 +140,15 @@ def kl_from_hidden(cfg_p: ModelConfig, params_p, hidden_p_BxTxD, cfg_q: ModelCon
 
 
 def token_stats(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None, positions=None,
-                **options) -> TokenStats:
+                topk_ids_BxTxK=None, **options) -> TokenStats:
   """Teacher-forced per-token log-probs (and optionally entropy, top-k, rank) of `tokens`.
-  `options`: those of `token_stats_from_hidden` (chunk_size, with_entropy, top_k,
-  topk_ids_BxTxK, with_rank)."""
+  `options`: the fields of `StatsOptions` (chunk_size, with_entropy, top_k, with_rank);
+  `topk_ids_BxTxK` as in `token_stats_from_hidden`."""
   cfg, params = models.materialize(cfg, params)  # QAT: quantise once for trunk and head
   h = models.hidden_states(cfg, params, tokens_BxT, input_mask=input_mask, positions=positions)
-  return token_stats_from_hidden(cfg, params, h, tokens_BxT, **options)
+  return token_stats_from_hidden(cfg, params, h, tokens_BxT=tokens_BxT,
+                                 options=StatsOptions(**options),
+                                 topk_ids_BxTxK=topk_ids_BxTxK)
 
 
 def token_logprobs(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None, positions=None,
@@ -149,7 +167,7 @@ def full_token_logprobs(cfg: ModelConfig, params, tokens_BxT, *, input_mask=None
   return jnp.pad(lp, ((0, 0), (1, 0)))
 
 
-def fused_token_loss(cfg: ModelConfig, params, hidden_BxTxD, tokens_BxT, loss_fn, aux, *,
+def fused_token_loss(cfg: ModelConfig, params, hidden_BxTxD, *, tokens_BxT, loss_fn, aux,
                      chunk_size: int = 64):
   """`loss_fn(token_logprobs [B, T], aux) -> (loss, metrics)` with the head fused into it.
 

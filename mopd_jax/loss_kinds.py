@@ -63,9 +63,10 @@ def _mopd_loss(loss_cfg, st, batch):
   lp = st.logprobs
   w = None
   if loss_cfg.is_bounds is not None:
+    low, high = loss_cfg.is_bounds
     w = losses.truncated_importance_weights(lp, batch.sampler_logprobs, batch.loss_mask,
-                                            *loss_cfg.is_bounds)
-  loss, m = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max,
+                                            low=low, high=high)
+  loss, m = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, r_max=loss_cfg.r_max,
                              importance_weights=w)
   if w is not None:
     m = {**m, "is_weight_mean": jax.lax.stop_gradient(
@@ -76,13 +77,13 @@ def _mopd_loss(loss_cfg, st, batch):
 @register_loss("pg", separable=True)
 def _pg_loss(loss_cfg, st, batch):
   lp = st.logprobs
-  adv = losses.mopd_reward(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
+  adv = losses.mopd_reward(lp, batch.teacher_logprobs, batch.loss_mask, r_max=loss_cfg.r_max)
   if batch.advantages is not None:
     adv = adv + jnp.where(batch.loss_mask, batch.advantages, 0.0)
-  loss, m = losses.pg_loss(lp, batch.sampler_logprobs, adv, batch.loss_mask,
+  loss, m = losses.pg_loss(lp, batch.sampler_logprobs, adv, loss_mask=batch.loss_mask,
                            eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
                            log_ratio_clip=loss_cfg.log_ratio_clip)
-  _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
+  _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, r_max=loss_cfg.r_max)
   return loss, {**m, "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
 
 
@@ -101,7 +102,7 @@ def _pmd_loss(loss_cfg, st, batch):
   (b, k), t = _groups(loss_cfg, batch), batch.tokens.shape[1]
   return losses.pmd_loss(st.logprobs.reshape(b // k, k, t),
                          batch.sampler_logprobs.reshape(b // k, k, t),
-                         batch.rewards.reshape(b // k, k), loss_cfg.tau_kl,
+                         batch.rewards.reshape(b // k, k), tau_kl=loss_cfg.tau_kl,
                          loss_mask=batch.loss_mask.reshape(b // k, k, t),
                          token_clip=loss_cfg.token_clip)
 
@@ -111,7 +112,7 @@ def _grpo_loss(loss_cfg, st, batch):
   (b, k), t = _groups(loss_cfg, batch), batch.tokens.shape[1]
   adv = losses.grpo_advantages(batch.rewards.reshape(b // k, k)).reshape(b)
   return losses.pg_loss(st.logprobs, batch.sampler_logprobs,
-                        jnp.broadcast_to(adv[:, None], (b, t)), batch.loss_mask,
+                        jnp.broadcast_to(adv[:, None], (b, t)), loss_mask=batch.loss_mask,
                         eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
                         log_ratio_clip=loss_cfg.log_ratio_clip)
 
@@ -124,7 +125,7 @@ def _topk_loss(loss_cfg, st, batch):
   if batch.teacher_logprobs is not None:
     # `kl` stays the sampled-token estimate every other kind reports (curves comparable
     # across the ablation); the truncated top-k KL that is optimised is `topk_kl`.
-    _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, loss_cfg.r_max)
+    _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, r_max=loss_cfg.r_max)
     m = {**m, "topk_kl": m["kl"], "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
   return loss + _outcome_term(lp, batch, loss_cfg), m
 
@@ -137,6 +138,7 @@ def _outcome_term(lp, batch, loss_cfg):
   params); 0 when the batch carries no advantages (alpha = 0)."""
   if batch.advantages is None:
     return 0.0
-  extra, _ = losses.pg_loss(lp, jax.lax.stop_gradient(lp), batch.advantages, batch.loss_mask,
+  extra, _ = losses.pg_loss(lp, jax.lax.stop_gradient(lp), batch.advantages,
+                            loss_mask=batch.loss_mask,
                             eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high)
   return extra

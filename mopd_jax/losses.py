@@ -111,7 +111,7 @@ def _stop(metrics: Metrics) -> Metrics:
 # ----------------------------------------------------------------------------
 
 
-def _mopd_inputs(student_logprobs, teacher_logprobs, loss_mask, r_max):
+def _mopd_inputs(student_logprobs, teacher_logprobs, loss_mask, *, r_max):
   r_max = _positive("r_max", r_max)
   _same_shapes(2, student_logprobs=student_logprobs,
                teacher_logprobs=teacher_logprobs, loss_mask=loss_mask)
@@ -123,26 +123,26 @@ def _mopd_inputs(student_logprobs, teacher_logprobs, loss_mask, r_max):
   return lp_s_BxT, lp_t_BxT, mask_BxT, r_max
 
 
-def _reward(lp_s_BxT, lp_t_BxT, mask_BxT, r_max):
+def _reward(lp_s_BxT, lp_t_BxT, mask_BxT, *, r_max):
   gap_BxT = jax.lax.stop_gradient(lp_t_BxT - lp_s_BxT)
   r_BxT = jnp.where(mask_BxT, jnp.clip(gap_BxT, -r_max, r_max), 0.0)
   return r_BxT, gap_BxT
 
 
 def mopd_reward(student_logprobs, teacher_logprobs, loss_mask,
-                r_max: float) -> Array:
+                *, r_max: float) -> Array:
   """Per-token MOPD reward ``clip(lp_T - lp_S, -r_max, r_max)``, [B, T].
 
   Zero on masked tokens and gradient-stopped, so it can be used directly as a
   per-token advantage.
   """
   lp_s, lp_t, mask, r_max = _mopd_inputs(student_logprobs, teacher_logprobs,
-                                         loss_mask, r_max)
-  return _reward(lp_s, lp_t, mask, r_max)[0]
+                                         loss_mask, r_max=r_max)
+  return _reward(lp_s, lp_t, mask, r_max=r_max)[0]
 
 
 def truncated_importance_weights(student_logprobs, sampler_logprobs, loss_mask,
-                                 low: float, high: float) -> Array:
+                                 *, low: float, high: float) -> Array:
   """``clip(exp(lp_S - lp_sampler), low, high)`` per token, gradient-stopped, 0 off-mask.
 
   Corrects a batch sampled by an older student (asynchronous teacher scoring: one step
@@ -158,7 +158,7 @@ def truncated_importance_weights(student_logprobs, sampler_logprobs, loss_mask,
 
 
 def mopd_loss(student_logprobs, teacher_logprobs, loss_mask,
-              r_max: float, importance_weights=None) -> tuple[Array, Metrics]:
+              *, r_max: float, importance_weights=None) -> tuple[Array, Metrics]:
   """Kimi K3 eq. 15: ``-mean_i (1/|y_i|) sum_t r_t * lp_S_t``.
 
   ``importance_weights`` [B, T] (optional, constant): per-token weights ``w_t`` of an
@@ -174,8 +174,8 @@ def mopd_loss(student_logprobs, teacher_logprobs, loss_mask,
   least one token).
   """
   lp_s, lp_t, mask, r_max = _mopd_inputs(student_logprobs, teacher_logprobs,
-                                         loss_mask, r_max)
-  r_BxT, gap_BxT = _reward(lp_s, lp_t, mask, r_max)
+                                         loss_mask, r_max=r_max)
+  r_BxT, gap_BxT = _reward(lp_s, lp_t, mask, r_max=r_max)
   weighted = r_BxT if importance_weights is None else (
       r_BxT * jax.lax.stop_gradient(_f32(importance_weights)))
   objective, n_tokens, n_rows = _row_normalised_mean(weighted * lp_s, mask)
@@ -191,7 +191,7 @@ def mopd_loss(student_logprobs, teacher_logprobs, loss_mask,
 
 
 def mopd_advantages(student_logprobs, teacher_logprobs, loss_mask,
-                    r_max: float, outcome_advantage=None,
+                    *, r_max: float, outcome_advantage=None,
                     alpha=0.0) -> Array:
   """MOPD reward plus an optional sequence-level outcome term, [B, T].
 
@@ -200,8 +200,8 @@ def mopd_advantages(student_logprobs, teacher_logprobs, loss_mask,
   and outcome RL share one clipped policy-gradient step.
   """
   lp_s, lp_t, mask, r_max = _mopd_inputs(student_logprobs, teacher_logprobs,
-                                         loss_mask, r_max)
-  r_BxT, _ = _reward(lp_s, lp_t, mask, r_max)
+                                         loss_mask, r_max=r_max)
+  r_BxT, _ = _reward(lp_s, lp_t, mask, r_max=r_max)
   if outcome_advantage is None:
     # A non-zero alpha with nothing to scale is almost surely a wiring bug.
     if isinstance(alpha, numbers.Real) and alpha != 0:
@@ -222,8 +222,8 @@ def mopd_advantages(student_logprobs, teacher_logprobs, loss_mask,
 # ----------------------------------------------------------------------------
 
 
-def pg_loss(logprobs, sampler_logprobs, advantages, loss_mask, *,
-            eps_low: float = 0.2, eps_high: float = 0.2,
+def pg_loss(logprobs, sampler_logprobs, advantages, *, loss_mask, eps_low: float = 0.2,
+            eps_high: float = 0.2,
             log_ratio_clip: float = 20.0) -> tuple[Array, Metrics]:
   """Clipped surrogate ``-mean_i (1/|y_i|) sum_t min(rho A, clip(rho) A)``.
 
@@ -284,8 +284,7 @@ def sequence_logprobs(logprobs, loss_mask) -> Array:
   return jnp.sum(jnp.where(mask, _f32(logprobs), 0.0), axis=-1)
 
 
-def pmd_loss(seq_logprobs_new, seq_logprobs_old, rewards, tau_kl: float, *,
-             loss_mask=None,
+def pmd_loss(seq_logprobs_new, seq_logprobs_old, rewards, *, tau_kl: float, loss_mask=None,
              token_clip: Optional[float] = None) -> tuple[Array, Metrics]:
   """Kimi K1.5 policy mirror descent loss for K samples per prompt.
 

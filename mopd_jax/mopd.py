@@ -38,12 +38,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import (distributed, logprobs, models, partial, rollout, teachers, train,
-                      views)
+from mopd_jax import (choices, distributed, logprobs, models, partial, rollout, teachers,
+                      train, views)
 from mopd_jax.tasks import base as task_base
 
 
-PROMPT_MODES = ("distinct", "shared")
+PROMPT_MODES = choices.PROMPT_MODES
 
 
 def prompt_mode(mode: str, mix: Sequence[float], efforts: Sequence[str]) -> str:
@@ -64,7 +64,7 @@ def prompt_mode(mode: str, mix: Sequence[float], efforts: Sequence[str]) -> str:
   return mode
 
 
-def cell_prompts(iters: dict, grid, per_cell: int, shared: bool, mix: Sequence[float] = (),
+def cell_prompts(iters: dict, grid, per_cell: int, *, shared: bool, mix: Sequence[float] = (),
                  rng: Optional[np.random.RandomState] = None) -> list:
   """One step's prompts of every (domain, effort) cell, in `grid.cells` order (domain-major).
 
@@ -118,8 +118,8 @@ def cell_diagnostics(names, index_Kxb, lp_s_KxbxT, *, lp_t_KxbxT, mask_KxbxT, r_
   return out
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2, 5))
-def _exact_kl_stratified(student_cfg, student_params, teacher_cfg, teacher_params_K, arrays,
+@functools.partial(jax.jit, static_argnums=(0, 2), static_argnames=("chunk_size",))
+def _exact_kl_stratified(student_cfg, student_params, teacher_cfg, *, teacher_params_K, arrays,
                          chunk_size):
   """[K, b, T'] exact KL(student || teacher k) of each next token on the teachers' layout:
   the student's hidden states, gathered into the stratified layout and shifted from its
@@ -136,14 +136,15 @@ def _exact_kl_stratified(student_cfg, student_params, teacher_cfg, teacher_param
   def one(p, tok, m, h_s):
     t_cfg, p = models.materialize(teacher_cfg, p)
     h_t = models.hidden_states(t_cfg, p, tok, input_mask=m)
-    return logprobs.kl_from_hidden(s_cfg, s_params, h_s, t_cfg, p, h_t, chunk_size=chunk_size)
+    return logprobs.kl_from_hidden(s_cfg, s_params, h_s, cfg_q=t_cfg, params_q=p,
+                                   hidden_q_BxTxD=h_t, chunk_size=chunk_size)
 
   return jax.vmap(one)(jax.lax.stop_gradient(teacher_params_K), t_tokens_KxbxT, t_mask_KxbxT,
                        hs)
 
 
 def exact_kl_rows(student_cfg, student_params, bank: teachers.TeacherBank,
-                  sampled: "SampledBatch", chunk_size: int = 64) -> np.ndarray:
+                  *, sampled: "SampledBatch", chunk_size: int = 64) -> np.ndarray:
   """[B, T] exact per-token KL(student || routed teacher) over the whole vocabulary, on the
   student's own rollouts and positions (0 off the response), computed in chunks so that
   [B, T, V] logits never exist. `bank` scores as in the step (its temperature applied)."""
@@ -160,8 +161,9 @@ def exact_kl_rows(student_cfg, student_params, bank: teachers.TeacherBank,
     rep = jax.sharding.NamedSharding(distributed.mesh_of(student_params),
                                      jax.sharding.PartitionSpec())
     host = distributed.to_global(host, rep)
-  kl = _exact_kl_stratified(student_cfg, student_params, bank.model_cfg, bank.params, host,
-                            chunk_size)
+  kl = _exact_kl_stratified(student_cfg, student_params, bank.model_cfg,
+                            teacher_params_K=bank.params, arrays=host,
+                            chunk_size=chunk_size)
   rows = teachers.scatter_stratified(np.asarray(distributed.gather(kl)), index,
                                      sampled.arr["tokens"].shape[0])
   return sampled.student_layout(rows) * np.asarray(sampled.arr["loss_mask"], np.float32)
@@ -247,8 +249,8 @@ class SampledBatch:
 
 
 def teacher_view(tok, trajs: Sequence[rollout.Trajectory], examples: Sequence,
-                 width_multiple: int = 32, *,
-                 shown: Optional[Sequence[Optional[str]]] = None) -> tuple:
+                 *, width_multiple: int = 32,
+                     shown: Optional[Sequence[Optional[str]]] = None) -> tuple:
   """(padded arrays, spans) of the student's trajectories as the teachers score them: each
   response after its example's prompt rendered with the effort `shown` gives for its row
   (`views.PromptView.teacher` of the row's effort); None = every prompt without the effort
@@ -279,26 +281,25 @@ class StepSetup:
   view: views.PromptView = views.EFFORT_EVERYWHERE
 
 
-def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngine,
-                 tasks: dict, cells: Sequence[tuple], examples_per_cell: Sequence[list],
-                 taus: dict, rng, *, width_multiple: int = 32,
+def sample_batch(setup: StepSetup, params, examples_per_cell: Sequence[list], *, rng,
                  rows_per_teacher: Optional[int] = None,
-                 view: views.PromptView = views.EFFORT_EVERYWHERE,
                  pool: Optional[partial.RolloutPool] = None, step: int = 0) -> SampledBatch:
   """Steps 1-2 of a MOPD step: the student (`params`) samples one rollout per prompt, b
-  prompts per (domain, effort) cell; rollouts are verified and laid out for the teachers.
+  prompts per (domain, effort) cell of `setup.cells` (`examples_per_cell`); rollouts are
+  verified and laid out for the teachers.
 
   `rows_per_teacher`: the b of the teachers' [K, b, T] batch, each cell's rows padded to it
   (fixed, so that cells of varying size compile once); None = the first cell's size.
-  `view`: the student samples after its prompt (`view.student(e)`), each teacher scores the
-  response after the prompt with `view.teacher(e)` (without the effort in K3 eq. 15).
+  `setup.view`: the student samples after its prompt (`view.student(e)`), each teacher
+  scores the response after the prompt with `view.teacher(e)` (without the effort in K3
+  eq. 15).
   `pool`: partial rollouts (`partial.py`): the step's prompts join the pool's in-flight
   rows, every incomplete row decodes one more segment, and the batch is the complete rows
   (at most b per cell, oldest first), padded with empty rows to K x b so that the update
   keeps one shape."""
-  setup = StepSetup(bank, engine, tasks, cells, taus, width_multiple, view)
+  bank, engine, tasks, view = setup.bank, setup.engine, setup.tasks, setup.view
   rows, efforts = [], []
-  for (d, e), exs in zip(cells, examples_per_cell):
+  for (d, e), exs in zip(setup.cells, examples_per_cell):
     rows += list(exs)
     efforts += [e] * len(exs)
   b = len(examples_per_cell[0]) if rows_per_teacher is None else rows_per_teacher
@@ -307,10 +308,10 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
     for j, d in enumerate(dict.fromkeys(domains)):  # the keys a one-go rollout would use
       idx = [i for i, dd in enumerate(domains) if dd == d]
       pool.add(engine, [rows[i] for i in idx], [view.student(efforts[i]) for i in idx],
-               jax.random.fold_in(rng, j), step)
+               rng=jax.random.fold_in(rng, j), step=step)
     taken = []
     while not taken:  # the first steps may have nothing complete yet: decode on
-      pool.advance(engine, params, rng, lambda d: tasks[d].environment)
+      pool.advance(engine, params, rng, environment_of=lambda d: tasks[d].environment)
       taken = pool.take(engine, lambda r: (r.example.domain, r.effort), b)
     rows, efforts = [r.example for r in taken], [r.effort for r in taken]
     trajs = [r.traj for r in taken]
@@ -324,7 +325,8 @@ def sample_batch(params, bank: teachers.TeacherBank, engine: rollout.RolloutEngi
     idx = [i for i, dd in enumerate(domains) if dd == d]
     res_by_domain[d] = (idx, engine.run(
         params, [rows[i] for i in idx], [view.student(efforts[i]) for i in idx],
-        [engine.max_response_tokens] * len(idx), jax.random.fold_in(rng, len(res_by_domain)),
+        budgets=[engine.max_response_tokens] * len(idx),
+        rng=jax.random.fold_in(rng, len(res_by_domain)),
         environment=tasks[d].environment))
   trajs = [None] * len(rows)
   texts = [None] * len(rows)
@@ -353,7 +355,7 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
   for d in dict.fromkeys(domains):  # each domain's rows in one batch (a code sandbox pool)
     idx = [i for i, dd in enumerate(domains) if dd == d]
     acc[idx] = tasks[d].verify_unless([rows[i] for i in idx], [texts[i] for i in idx],
-                                      over[idx], 0.0)
+                                      over[idx], fill=0.0)
   empty = rollout.empty_rows(trajs[0], pad_to - len(trajs))
   longest = max(len(t.prompt_ids) + t.num_tokens for t in trajs)
   arr = rollout.pad_batch(list(trajs) + empty, tok.pad_id,
@@ -361,7 +363,7 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
   teacher_arr, spans = arr, None
   shown = [view.teacher(e) for e in efforts]
   if shown != [view.student(e) for e in efforts]:  # the responses after the teachers' prompts
-    teacher_arr, spans = teacher_view(tok, trajs, rows, width_multiple, shown=shown)
+    teacher_arr, spans = teacher_view(tok, trajs, rows, width_multiple=width_multiple, shown=shown)
     spans += [(0, 0, 0)] * len(empty)
   index = teachers.stratify(np.asarray(teacher_ids), bank.num_teachers, b)
   strat = lambda x, fill=0: jnp.asarray(teachers.gather_stratified(x, index, fill))
@@ -373,7 +375,7 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
 
 
 def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
-             sampled: SampledBatch, scored, *, r_max: float, alpha: float = 0.0,
+             *, sampled: SampledBatch, scored, r_max: float, alpha: float = 0.0,
              measure: Optional[Callable] = None):
   """Steps 3-4 once the teachers' scores `scored` are in (blocks on them): the update and
   the step's record. `scored` as `mopd_step`'s `score_fn` returns it. `measure(params,
@@ -431,8 +433,6 @@ def mopd_step(trainer: train.Trainer, state: train.TrainState, setup: StepSetup,
   `setup.view`: which effort the student's and the teachers' prompts carry (`sample_batch`).
   """
   bank = setup.bank
-  sampled = sample_batch(state.params, bank, setup.engine, setup.tasks, setup.cells,
-                         examples_per_cell, setup.taus, rng,
-                         width_multiple=setup.width_multiple, view=setup.view)
+  sampled = sample_batch(setup, state.params, examples_per_cell, rng=rng)
   scored = score_fn(bank, sampled.tokens, sampled.input_mask)
-  return train_on(trainer, state, bank, sampled, scored, r_max=r_max, alpha=alpha)
+  return train_on(trainer, state, bank, sampled=sampled, scored=scored, r_max=r_max, alpha=alpha)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import distributed, logprobs, models, rollout
+from mopd_jax import choices, distributed, logprobs, models, rollout
 from mopd_jax.tasks import base as task_base
 
 # "recompute": the earlier segments' sampler log-probs are recomputed under the policy that
@@ -39,7 +39,7 @@ from mopd_jax.tasks import base as task_base
 # weighs tokens by clip(pi_now / pi_drawn, *is_bounds), the truncated importance weights of
 # stale batches (`mopd.is_bounds`), and RL's PMD / clipped-ratio losses use them as the old
 # policy: unbiased for small drift, at the price of variance.
-MODES = ("recompute", "importance")
+MODES = choices.PARTIAL_MODES
 
 
 @dataclasses.dataclass
@@ -63,7 +63,7 @@ class RolloutPool:
     self.rows: list = []
 
   def add(self, engine: rollout.RolloutEngine, examples: Sequence[task_base.Example],
-          efforts: Sequence, rng, step: int, budgets: Optional[Sequence[int]] = None,
+          efforts: Sequence, *, rng, step: int, budgets: Optional[Sequence[int]] = None,
           groups: Optional[Sequence[int]] = None) -> None:
     """New trajectories (nothing decoded yet) for a step's prompts; row i's key is
     fold_in(rng, i), the key `RolloutEngine.run` would give it. `efforts`: the effort each
@@ -85,14 +85,14 @@ class RolloutPool:
     return not engine.can_continue(row.traj, self._budget(engine, row))
 
   def advance(self, engine: rollout.RolloutEngine, params, rng,
-              environment_of: Callable[[str], object]) -> None:
+              *, environment_of: Callable[[str], object]) -> None:
     """Decode up to `segment_tokens` more tokens of every incomplete row, one engine call
     per domain (its environment answers tool calls)."""
     todo = [r for r in self.rows if not self.complete(engine, r)]
     for d in dict.fromkeys(r.example.domain for r in todo):
       rows = [r for r in todo if r.example.domain == d]
       res = engine.run(params, [r.example for r in rows], [r.effort for r in rows],
-                       [self._budget(engine, r) for r in rows], rng,
+                       budgets=[self._budget(engine, r) for r in rows], rng=rng,
                        environment=environment_of(d), resume=[r.traj for r in rows],
                        step_budget=self.segment_tokens)
       for r, t in zip(rows, res.trajectories):

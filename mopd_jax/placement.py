@@ -25,13 +25,13 @@ from typing import Mapping, Optional, Sequence
 import jax
 from jax.sharding import Mesh, NamedSharding
 
-from mopd_jax import distributed, sharding, teachers
+from mopd_jax import choices, distributed, sharding, teachers
 
-PLACEMENTS = ("colocated", "disaggregated")
+PLACEMENTS = choices.PLACEMENTS
 
 
 def make_meshes(student_shape: Mapping[str, int], teacher_shape: Optional[Mapping[str, int]],
-                kind: str, devices: Optional[Sequence] = None) -> tuple:
+                kind: str, *, devices: Optional[Sequence] = None) -> tuple:
   """(student mesh, teacher mesh). Co-located: the same mesh twice (`teacher_shape` is
   ignored). Disaggregated: the first devices form the student mesh, the last ones the
   teacher mesh; together they must use every device exactly once."""
@@ -58,7 +58,7 @@ def config_meshes(config, devices: Optional[Sequence] = None) -> tuple:
   """(student mesh, teacher mesh) of a RunConfig (mopd_jax.config): `mesh` for the student,
   `placement` for the teachers."""
   return make_meshes(config.mesh, config.placement.teacher_mesh or None,
-                     config.placement.teachers, devices)
+                     config.placement.teachers, devices=devices)
 
 
 def stratified_sharding(mesh: Mesh, num_teachers: int, ndim: int = 3) -> NamedSharding:
@@ -80,7 +80,7 @@ class TeacherScorer:
   ablation): every call returns (log-probs, top-k log-probs [K, b, T, k], top-k ids)."""
 
   def __init__(self, bank: teachers.TeacherBank, student_mesh: Mesh, teacher_mesh: Mesh,
-               chunk_size: int = 64, top_k: int = 0):
+               *, chunk_size: int = 64, top_k: int = 0):
     if top_k < 0:
       raise ValueError(f"TeacherScorer top_k must be >= 0, got {top_k}")
     self.student_mesh, self.teacher_mesh = student_mesh, teacher_mesh

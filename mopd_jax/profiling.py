@@ -60,7 +60,7 @@ def matches(stage: str, bar_name: str) -> bool:
 class StepProfiler:
   """Starts the trace before step `start` and stops it after step `start + num - 1`."""
 
-  def __init__(self, logdir: str, start: int, num: int, initial: int = 0):
+  def __init__(self, logdir: str, start: int, num: int, *, initial: int = 0):
     self.logdir, self.start, self.stop_at = logdir, start, start + num
     self.completed = initial  # steps finished so far = index of the next step
     self.running = False
@@ -103,4 +103,4 @@ class Switch:
     self.used = True
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", bar_name).strip("_")
     return StepProfiler(storage.join(self.spec.root, safe), self.spec.start_step,
-                        self.spec.num_steps, initial)
+                        self.spec.num_steps, initial=initial)

@@ -14,7 +14,7 @@ from mopd_jax.grid import Grid
 POLICIES = ("sft", "teacher", "student")
 
 
-def build(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> dict:
+def build(workdir: str, config_json: dict, wall_seconds: dict, *, grid: Grid) -> dict:
   ev = checkpoint.read_json(storage.join(workdir, "eval.json"))
   hist_path = storage.join(workdir, "mopd", "history.json")
   history = checkpoint.read_json(hist_path) if storage.exists(hist_path) else []
@@ -70,50 +70,50 @@ def checks(rep: dict) -> list:
   grid = Grid.from_json(rep["grid"])
   top, by_budget = grid.top_effort, grid.by_budget
 
-  def add(name, value, target, ok):
+  def add(name, value, target, *, ok):
     out.append({"name": name, "value": value, "target": target,
                 "ok": None if ok is None else bool(ok)})
 
-  def get(policy, d, e, key):
-    c = find_cell(cells, policy, d, e)
+  def get(policy, d, e, *, key):
+    c = find_cell(cells, policy, d, effort=e)
     return None if c is None else c[key]
 
   for d in grid.domains:
-    t, f = get("teacher", d, top, "accuracy"), get("sft", d, top, "accuracy")
+    t, f = get("teacher", d, top, key="accuracy"), get("sft", d, top, key="accuracy")
     gain = None if t is None or f is None else t - f
     add(f"teacher {d}/{top} accuracy - pi_SFT {d}/{top} accuracy", gain, ">= 0.10",
-        None if gain is None else gain >= 0.10 - 1e-9)
+        ok=None if gain is None else gain >= 0.10 - 1e-9)
   if len(by_budget) > 1:
     for policy in ("teacher", "student"):
       for d in grid.domains:
-        lens = [get(policy, d, e, "mean_length") for e in by_budget]  # smallest tau first
+        lens = [get(policy, d, e, key="mean_length") for e in by_budget]  # smallest tau first
         ok = None if None in lens else all(b > a for a, b in zip(lens, lens[1:]))
-        add(f"{policy} {d} mean length {' < '.join(by_budget)}", lens, "strict", ok)
+        add(f"{policy} {d} mean length {' < '.join(by_budget)}", lens, "strict", ok=ok)
   for d in grid.domains:
     for e in grid.effort_names:
-      over = get("teacher", d, e, "over_budget_rate")
+      over = get("teacher", d, e, key="over_budget_rate")
       add(f"teacher {d}/{e} over-budget rate", over, "<= 0.05",
-          None if over is None else over <= 0.05)
+          ok=None if over is None else over <= 0.05)
   for d in grid.domains:
     for e in grid.effort_names:
-      sa, ta = get("student", d, e, "accuracy"), get("teacher", d, e, "accuracy")
+      sa, ta = get("student", d, e, key="accuracy"), get("teacher", d, e, key="accuracy")
       add(f"student {d}/{e} accuracy / teacher's", None if sa is None else [sa, ta],
-          ">= 0.9 x", None if sa is None or ta is None else sa >= 0.9 * ta - 1e-9)
-      sl, tl = get("student", d, e, "mean_length"), get("teacher", d, e, "mean_length")
+          ">= 0.9 x", ok=None if sa is None or ta is None else sa >= 0.9 * ta - 1e-9)
+      sl, tl = get("student", d, e, key="mean_length"), get("teacher", d, e, key="mean_length")
       add(f"student {d}/{e} mean length / teacher's", None if sl is None else [sl, tl],
-          "within +-25%", None if sl is None or tl is None else abs(sl - tl) <= 0.25 * tl)
+          "within +-25%", ok=None if sl is None or tl is None else abs(sl - tl) <= 0.25 * tl)
   for name, c in rep["kl"].get("outside_vs_same", {}).items():
     gap = abs(c["outside_accuracy"] - c["same_accuracy"])
     add(f"outside teacher {name} validation accuracy - same-origin teacher's", gap,
-        "<= 0.10", gap <= 0.10 + 1e-9)
+        "<= 0.10", ok=gap <= 0.10 + 1e-9)
   drop, _ = kl_drop(rep)
-  add(KL_DROP_CHECK, drop, ">= 5", None if drop is None else drop >= 5)
+  add(KL_DROP_CHECK, drop, ">= 5", ok=None if drop is None else drop >= 5)
   w = rep["wall_seconds"]
   factory = w["sft"] + w["rl"] if "sft" in w and "rl" in w else None
   add("teacher factory wall seconds (sft + rl)", factory, "<= 720",
-      None if factory is None else factory <= 720)
+      ok=None if factory is None else factory <= 720)
   total = w.get("total")
-  add("pipeline wall seconds", total, "<= 600", None if total is None else total <= 600)
+  add("pipeline wall seconds", total, "<= 600", ok=None if total is None else total <= 600)
   return out
 
 
@@ -184,7 +184,8 @@ def teachers_like_sft(rep: dict) -> list:
   effort-specific behaviour to take from it there."""
   out = []
   for d, e in Grid.from_json(rep["grid"]).cells:
-    t, f = find_cell(rep["cells"], "teacher", d, e), find_cell(rep["cells"], "sft", d, e)
+    t = find_cell(rep["cells"], "teacher", d, effort=e)
+    f = find_cell(rep["cells"], "sft", d, effort=e)
     if t is None or f is None or not t.get("n") or not f.get("n"):
       continue
     se = np.hypot(binomial_se(t["accuracy"], t["n"]), binomial_se(f["accuracy"], f["n"]))
@@ -226,7 +227,7 @@ def outside_vs_same(manifest: dict) -> dict:
   return out
 
 
-def find_cell(cells, policy, domain, effort):
+def find_cell(cells, policy, domain, *, effort):
   """The report cell of (policy, domain, effort) in `cells`, or None."""
   for c in cells:
     if (c["policy"], c["domain"], c["effort"]) == (policy, domain, effort):
@@ -245,7 +246,7 @@ def markdown(rep: dict) -> str:
   for d, e in Grid.from_json(rep["grid"]).cells:
     row = [d, e]
     for p in POLICIES:
-      c = find_cell(cells, p, d, e)
+      c = find_cell(cells, p, d, effort=e)
       se = None if c is None else binomial_se(c["accuracy"], c.get("n"))
       row += ["-", "-"] if c is None else [
           f"{c['accuracy']:.3f}" + ("" if se is None else f" ± {se:.3f}"),
@@ -309,7 +310,8 @@ def markdown(rep: dict) -> str:
               "be read against the teachers' quality.",
               "", "| teacher | origin | initial KL | teacher accuracy |", "|---|---|---|---|"]
     for name, c in kl["initial_by_cell"].items():
-      t = find_cell(rep["cells"], "teacher", *name.split("/"))
+      domain, effort = name.split("/")
+      t = find_cell(rep["cells"], "teacher", domain, effort=effort)
       lines.append(f"| {name} | {c['origin']} | {c['kl']:.4f} | "
                    f"{'-' if t is None else format(t['accuracy'], '.3f')} |")
     for name, c in kl.get("outside_vs_same", {}).items():
@@ -369,7 +371,7 @@ def plots(rep: dict, outdir: str) -> list:
       ax = axes[i, j]
       x = np.arange(len(efforts))
       for k, p in enumerate(POLICIES):
-        vals = [(find_cell(cells, p, d, e) or {}).get(key, np.nan) for e in efforts]
+        vals = [(find_cell(cells, p, d, effort=e) or {}).get(key, np.nan) for e in efforts]
         ax.bar(x + (k - 1) * 0.27, vals, 0.27, label=p)
       ax.set_xticks(x, efforts)
       ax.set_title(f"{d}: {key}")
@@ -404,7 +406,7 @@ def plots(rep: dict, outdir: str) -> list:
   fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.5), squeeze=False)
   for j, d in enumerate(grid.domains):
     for p in POLICIES:
-      vals = [(find_cell(cells, p, d, e) or {}).get("mean_length", np.nan) for e in efforts]
+      vals = [(find_cell(cells, p, d, effort=e) or {}).get("mean_length", np.nan) for e in efforts]
       axes[0, j].plot(efforts, vals, marker="o", label=p)
     axes[0, j].set_title(f"{d}: length vs effort")
   axes[0, 0].legend()
@@ -433,8 +435,8 @@ def _save(fig, outdir: str, name: str) -> str:
   return path
 
 
-def write(workdir: str, config_json: dict, wall_seconds: dict, grid: Grid) -> dict:
-  rep = build(workdir, config_json, wall_seconds, grid)
+def write(workdir: str, config_json: dict, wall_seconds: dict, *, grid: Grid) -> dict:
+  rep = build(workdir, config_json, wall_seconds, grid=grid)
   rep["checks"] = checks(rep)
   rep["teachers_like_sft"] = teachers_like_sft(rep)  # cells RL did not move (informational)
   checkpoint.write_json(storage.join(workdir, "report.json"), rep)

@@ -86,7 +86,7 @@ def rl_batch(tok, trajs, rewards, *, width: int, relogprob=None,
 
 def rewards_of(task, examples, result: rollout.RolloutResult) -> np.ndarray:
   """Verifier score, or -1 for a trajectory cut at its budget."""
-  return np.asarray(task.verify_unless(examples, result.texts, result.over_budget, -1.0),
+  return np.asarray(task.verify_unless(examples, result.texts, result.over_budget, fill=-1.0),
                     np.float32)
 
 
@@ -100,8 +100,8 @@ def plateaued(history, window: int, delta: float) -> bool:
   return float(np.mean(r[window:]) - np.mean(r[:window])) < delta
 
 
-def _run_split(engine: rollout.RolloutEngine, samplers: tuple, rows: list, shown: list,
-               budgets: list, rng, *, group_size: int, environment) -> rollout.RolloutResult:
+def _run_split(engine: rollout.RolloutEngine, samplers: tuple, rows: list, *, shown: list,
+               budgets: list, rng, group_size: int, environment) -> rollout.RolloutResult:
   """`sample_from="both"`: the first `group_size // 2` samples of each prompt's group drawn by
   `samplers[0]`, the rest by `samplers[1]`, returned in the rows' order."""
   half = group_size // 2
@@ -112,7 +112,7 @@ def _run_split(engine: rollout.RolloutEngine, samplers: tuple, rows: list, shown
     if not idx:
       continue
     res = engine.run(params, [rows[i] for i in idx], [shown[i] for i in idx],
-                     [budgets[i] for i in idx], jax.random.fold_in(rng, j),
+                     budgets=[budgets[i] for i in idx], rng=jax.random.fold_in(rng, j),
                      environment=environment)
     for k, i in enumerate(idx):
       trajs[i], texts[i], over[i] = res.trajectories[k], res.texts[k], res.over_budget[k]
@@ -198,18 +198,19 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, sampling: PhaseS
                              step)
     shown = [view.teacher(effort)] * len(rows)
     if pool is None and sample_from == "both" and reference is not None:
-      res = _run_split(engine, (state.params, reference), rows, shown, budgets, rng,
+      res = _run_split(engine, (state.params, reference), rows, shown=shown,
+                       budgets=budgets, rng=rng,
                        group_size=group_size, environment=task.environment)
       trajs = res.trajectories
     elif pool is None:
-      res = engine.run(sampler, rows, shown, budgets, rng, environment=task.environment)
+      res = engine.run(sampler, rows, shown, budgets=budgets, rng=rng, environment=task.environment)
       trajs = res.trajectories
     else:
-      pool.add(engine, rows, shown, rng, step, budgets=budgets,
+      pool.add(engine, rows, shown, rng=rng, step=step, budgets=budgets,
                groups=[step * len(exs) + i // group_size for i in range(len(rows))])
       taken = []
       while not taken:  # the first steps may have nothing complete yet: decode on
-        pool.advance(engine, sampler, rng, lambda d: task.environment)
+        pool.advance(engine, sampler, rng, environment_of=lambda d: task.environment)
         taken = pool.take_groups(engine, len(exs))
       rows, trajs = [r.example for r in taken], [r.traj for r in taken]
       res = rollout.RolloutResult(trajectories=trajs,
@@ -231,7 +232,7 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, sampling: PhaseS
     if pool is not None:
       m.update(in_flight=float(len(pool.rows)), rows=float(len(trajs)))
     if loop is not None:
-      loop.end_step(step, state, m, [step, m])  # appends to `history`
+      loop.end_step(step, state, m, record=[step, m])  # appends to `history`
     elif not m["finite"]:
       raise FloatingPointError(f"RL {task.name}/{effort} step {step}: non-finite loss "
                                f"{m['loss']} or grad norm {m['grad_norm']}")

@@ -92,7 +92,7 @@ class RolloutEngine:
                        if decode_slots else None)
 
   def run(self, params, examples: Sequence[task_base.Example], efforts: Sequence[str],
-          budgets: Sequence[int], rng, environment=None,
+          *, budgets: Sequence[int], rng, environment=None,
           resume: Optional[Sequence[Trajectory]] = None,
           step_budget: Optional[int] = None) -> RolloutResult:
     """Roll out every example to <eos>, its budget, or `max_turns` tool calls.
@@ -230,7 +230,7 @@ def pad_batch(trajs: Sequence[Trajectory], pad_id: int, width: Optional[int] = N
           "sampler_logprobs": lps}
 
 
-def sft_trajectory(tok, example: task_base.Example, effort: str, response: str) -> Trajectory:
+def sft_trajectory(tok, example: task_base.Example, effort: str, *, response: str) -> Trajectory:
   """A reference response as a trajectory: observation spans masked like in a rollout."""
   ids = tok.encode(response) + [tok.eos_id]
   mask, inside = [], False

@@ -157,7 +157,7 @@ def decode_config(model_cfg: ModelConfig, scfg: SamplingConfig) -> ModelConfig:
 
 
 def decode_weights(model_cfg: ModelConfig, scfg: SamplingConfig, params,
-                   layout: Optional[str] = None):
+                   *, layout: Optional[str] = None):
   """(config, params) a decode runs with: fake-quantised once (QAT), not in every step, the
   projections in `layout` (default `decode_layout(scfg)`; transposed inside the caller's
   program, once per call, outside its decode loop), and cast to bf16 with
@@ -171,16 +171,17 @@ def decode_weights(model_cfg: ModelConfig, scfg: SamplingConfig, params,
   return model_cfg, params
 
 
-def prefill(model_cfg: ModelConfig, params, tokens, mask, cache: KVCache):
+def prefill(model_cfg: ModelConfig, params, tokens, *, mask, cache: KVCache):
   """Run left-aligned prompts [B, P] into the first P slots of `cache`; (hidden, cache).
 
   The prompt runs against a P-slot cache of its own, so its attention costs P x P whatever
   the cache's size (a prompt of at most `DECODE_BLOCK` tokens takes the dense path), and
   is then copied into the large cache; decoding continues at slot P."""
   b, p = tokens.shape
-  own = models.init_cache(model_cfg, b, p, cache.layers[0]["k"].dtype)
+  own = models.init_cache(model_cfg, b, p, dtype=cache.layers[0]["k"].dtype)
   hidden, own = models.forward_with_cache(model_cfg, params, tokens,
-                                          models.default_positions(mask), mask, own)
+                                          positions=models.default_positions(mask),
+                                          input_mask=mask, cache=own)
   put = lambda big, small: jax.lax.dynamic_update_slice_in_dim(big, small, 0, axis=2)
   layers = tuple({k: put(big[k], small[k]) for k in big}
                  for big, small in zip(cache.layers, own.layers))
@@ -189,7 +190,7 @@ def prefill(model_cfg: ModelConfig, params, tokens, mask, cache: KVCache):
   return hidden, cache.replace(layers=layers, valid=valid, index=jnp.asarray(p, jnp.int32))
 
 
-def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCache,
+def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, *, cache: KVCache,
               prompt_tokens, prompt_mask, row_keys, row_limits):
   """Returns (final cache, rollout); the cache comes back so its donated buffer is reused.
 
@@ -206,7 +207,7 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
       scfg) == "out_in" else (pre_cfg, pre_params)
   tokens, mask = prompt_tokens, prompt_mask  # left-aligned by Sampler.prepare
   prompt_lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
-  hidden, cache = prefill(pre_cfg, pre_params, tokens, mask, cache)
+  hidden, cache = prefill(pre_cfg, pre_params, tokens, mask=mask, cache=cache)
   logits = models.decode_logits(pre_cfg, pre_params, hidden[:, -1])
   # The draw for the token at sequence position p of a row is fold_in(row key, p): it depends
   # on neither the padding, the batch, nor how the trajectory was split into segments
@@ -233,7 +234,8 @@ def _generate(model_cfg: ModelConfig, scfg: SamplingConfig, params, cache: KVCac
     done = (s.done | jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
             | (s.step + 1 >= row_limits))
     hidden, cache = models.forward_with_cache(model_cfg, params, tok[:, None],
-                                              s.positions[:, None], live[:, None], s.cache)
+                                              positions=s.positions[:, None],
+                                              input_mask=live[:, None], cache=s.cache)
     logits = models.decode_logits(model_cfg, params, hidden[:, 0])
     # A live row's next token is at position prompt length + step + 1: the table's column
     # step + 1 (finished rows' draws are never written).
@@ -313,9 +315,9 @@ class Sampler:
     model_cfg = decode_model(model_cfg, scfg)  # bf16 activations and cache when asked
     self.model_cfg = model_cfg
     self.scfg = scfg
-    def fn(params, cache, prompt_tokens, prompt_mask, row_keys, row_limits):
-      return _generate(model_cfg, scfg, params, cache, prompt_tokens, prompt_mask, row_keys,
-                       row_limits)
+    def fn(params, cache, prompt_tokens, *, prompt_mask, row_keys, row_limits):
+      return _generate(model_cfg, scfg, params, cache=cache, prompt_tokens=prompt_tokens,
+                       prompt_mask=prompt_mask, row_keys=row_keys, row_limits=row_limits)
 
     if max_traces is not None:
       fn = chex.assert_max_traces(fn, n=max_traces)
@@ -375,7 +377,7 @@ class Sampler:
     mask = np.arange(width)[None, :] >= (width - lengths)[:, None]
     return jnp.asarray(tokens, jnp.int32), jnp.asarray(mask)
 
-  def row_args(self, b: int, rng, row_keys=None, max_new=None):
+  def row_args(self, b: int, rng, row_keys=None, *, max_new=None):
     """Each row's cap (`max_new`: checked, clipped to max_new_tokens) and PRNG key (given,
     or fold_in(rng, row)) for a batch of b prompts."""
     n = self.scfg.max_new_tokens
@@ -396,7 +398,7 @@ class Sampler:
       raise ValueError(f"{row_keys.shape[0]} row keys for a batch of {b} prompts")
     return limits, row_keys
 
-  def __call__(self, params, prompts, rng, prompt_mask=None, row_keys=None,
+  def __call__(self, params, prompts, rng, *, prompt_mask=None, row_keys=None,
                max_new=None) -> Rollout:
     """`rng`: one key, split per row as fold_in(rng, row); or pass `row_keys` [B, 2] to pin
     each row's random stream (partial rollouts, batch-independent sampling).
@@ -405,33 +407,35 @@ class Sampler:
     tokens, mask = self.prepare(prompts, prompt_mask)
     b, p = tokens.shape
     n = self.scfg.max_new_tokens
-    limits, row_keys = self.row_args(b, rng, row_keys, max_new)
+    limits, row_keys = self.row_args(b, rng, row_keys, max_new=max_new)
     if jax.process_count() == 1:
       cache = models.init_cache(self.model_cfg, b, p + n)
-      _, rollout = self._fn(params, cache, tokens, mask, row_keys, jnp.asarray(limits))
+      _, rollout = self._fn(params, cache, tokens, prompt_mask=mask, row_keys=row_keys,
+                            row_limits=jnp.asarray(limits))
       return rollout
     # Multi-process: every process holds the same prompts; they enter as replicated global
     # arrays on the params' mesh, and the rollout comes back in full to every host.
     rep = jax.sharding.NamedSharding(distributed.mesh_of(params), jax.sharding.PartitionSpec())
-    cache = _replicated_cache(self.model_cfg, b, p + n, rep)()
+    cache = _replicated_cache(self.model_cfg, b, p + n, rep=rep)()
     tokens, mask, row_keys, limits = distributed.to_global(
         (tokens, mask, row_keys, jnp.asarray(limits)), rep)
-    _, rollout = self._fn(params, cache, tokens, mask, row_keys, limits)
+    _, rollout = self._fn(params, cache, tokens, prompt_mask=mask, row_keys=row_keys,
+                          row_limits=limits)
     return distributed.gather(rollout)
 
 
-def sample(model_cfg: ModelConfig, params, prompts, rng, scfg: SamplingConfig,
+def sample(model_cfg: ModelConfig, params, prompts, *, rng, scfg: SamplingConfig,
            prompt_mask=None) -> Rollout:
   """Functional entry point; reuses one compiled Sampler per (model, sampling) config.
 
   Errors (ValueError, before anything compiles): a bad `scfg` field (SamplingConfig), and
   prompts that are empty, not integer token ids, outside the vocabulary or too long for
   max_seq_len - max_new_tokens; a pad_id or stop token outside the vocabulary."""
-  return _sampler(model_cfg, scfg)(params, prompts, rng, prompt_mask)
+  return _sampler(model_cfg, scfg)(params, prompts, rng, prompt_mask=prompt_mask)
 
 
 @functools.lru_cache(maxsize=64)
-def _replicated_cache(model_cfg: ModelConfig, batch: int, length: int, rep):
+def _replicated_cache(model_cfg: ModelConfig, batch: int, length: int, *, rep):
   """A compiled allocator of an empty KV cache laid out `rep` (one per shape, not per call)."""
   return jax.jit(lambda: models.init_cache(model_cfg, batch, length), out_shardings=rep)
 

@@ -109,7 +109,7 @@ def sft_batch(tok, examples: Sequence[task_base.Example], rng: np.random.RandomS
       effort = choices[rng.randint(len(choices))]
     else:
       raise ValueError(f"unknown effort_mode {effort_mode!r}; expected 'random' or 'style'")
-    trajs.append(rollout.sft_trajectory(tok, ex, effort, ex.solutions[style]))
+    trajs.append(rollout.sft_trajectory(tok, ex, effort, response=ex.solutions[style]))
   return train.TrainBatch.from_padded(rollout.pad_batch(trajs, tok.pad_id, width))
 
 
@@ -146,7 +146,7 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, batches: SftBatch
     state, m = trainer.step(state, batches(step))
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     if loop is not None:
-      loop.end_step(step, state, m, [step, m["loss"]])  # appends to `history`
+      loop.end_step(step, state, m, record=[step, m["loss"]])  # appends to `history`
     elif not m["finite"]:
       raise FloatingPointError(f"SFT step {step}: non-finite loss {m['loss']} or grad norm "
                                f"{m['grad_norm']}")
@@ -171,9 +171,9 @@ def evaluate(engine: rollout.RolloutEngine, params, task, examples: Sequence[tas
   for lo in range(0, len(examples), batch_size):
     exs = list(examples[lo:lo + batch_size])
     res = engine.run(params, exs, [effort] * len(exs),
-                     budgets[lo:lo + batch_size],
-                     jax.random.fold_in(rng, lo), environment=task.environment)
-    correct += task.verify_unless(exs, res.texts, res.over_budget, 0.0)
+                     budgets=budgets[lo:lo + batch_size],
+                     rng=jax.random.fold_in(rng, lo), environment=task.environment)
+    correct += task.verify_unless(exs, res.texts, res.over_budget, fill=0.0)
     lengths += [t.num_tokens for t in res.trajectories]
     over += [bool(ob) for ob in res.over_budget]
   return {"accuracy": float(np.mean(correct)), "mean_length": float(np.mean(lengths)),

@@ -18,9 +18,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mopd_jax import models
+from mopd_jax import choices, models
 
-MESH_AXES = ("data", "fsdp", "tensor", "teacher")
+MESH_AXES = choices.MESH_AXES
 BATCH_AXES = ("data", "fsdp")
 
 # logical axis name -> mesh axis (or tuple of mesh axes, or None = replicated)
@@ -63,7 +63,7 @@ def _axis_size(mesh: Mesh, axes) -> int:
   return math.prod(mesh.shape[a] for a in axes)
 
 
-def logical_to_spec(logical: P, shape, mesh: Mesh, rules=DEFAULT_RULES) -> P:
+def logical_to_spec(logical: P, shape, mesh: Mesh, *, rules=DEFAULT_RULES) -> P:
   """Map a logical PartitionSpec to mesh axes; a dim that does not divide stays replicated,
   and a mesh axis is used at most once per array."""
   table = dict(rules)
@@ -81,7 +81,7 @@ def logical_to_spec(logical: P, shape, mesh: Mesh, rules=DEFAULT_RULES) -> P:
 
 
 def param_shardings(cfg: models.ModelConfig, mesh: Mesh, rules=DEFAULT_RULES,
-                    num_stacked: Optional[int] = None):
+                    *, num_stacked: Optional[int] = None):
   """NamedSharding of every param. `num_stacked=K`: params stacked on a leading `teacher`
   axis of size K (the teacher bank)."""
   logical = models.param_logical_axes(cfg)
@@ -89,14 +89,15 @@ def param_shardings(cfg: models.ModelConfig, mesh: Mesh, rules=DEFAULT_RULES,
 
   def one(spec, shape):
     if num_stacked is None:
-      return NamedSharding(mesh, logical_to_spec(spec, shape.shape, mesh, rules))
+      return NamedSharding(mesh, logical_to_spec(spec, shape.shape, mesh, rules=rules))
     return NamedSharding(mesh, logical_to_spec(P("teacher", *spec),
-                                               (num_stacked,) + tuple(shape.shape), mesh, rules))
+                                               (num_stacked,) + tuple(shape.shape), mesh,
+                                               rules=rules))
 
   return jax.tree.map(one, logical, shapes, is_leaf=lambda x: isinstance(x, P))
 
 
-def init_sharded_params(cfg: models.ModelConfig, rng, mesh: Mesh, rules=DEFAULT_RULES):
+def init_sharded_params(cfg: models.ModelConfig, rng, mesh: Mesh, *, rules=DEFAULT_RULES):
   """Params initialised directly into their shards."""
   return models.init_params(cfg, rng, out_shardings=param_shardings(cfg, mesh, rules))
 

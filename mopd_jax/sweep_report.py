@@ -25,7 +25,7 @@ def sweep(reports: dict) -> dict:
   cells = []
   for d, e in Grid.from_json(grid).cells:
     for p in report.POLICIES:
-      got = [report.find_cell(reports[s]["cells"], p, d, e) for s in seeds]
+      got = [report.find_cell(reports[s]["cells"], p, d, effort=e) for s in seeds]
       got = [c for c in got if c is not None]
       if not got:
         continue

@@ -25,7 +25,6 @@ metadata endpoint (vLLM) is checked by tokenizing a probe text through its `/tok
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import socket
@@ -39,6 +38,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from mopd_jax import score_protocol as proto
+from mopd_jax.endpoints import RetryPolicy, parse_endpoints
 
 
 class TeacherUnavailable(RuntimeError):
@@ -51,53 +51,6 @@ class TeacherRequestError(RuntimeError):
 
 class _Transient(Exception):
   """A failure worth retrying elsewhere: timeout, refused connection, 5xx, 408, 429."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RetryPolicy:
-  timeout_s: float = 60.0  # per request, connection included
-  retries: int = 4  # tries after the first
-  backoff_s: float = 0.5  # the first retry's wait; doubles each retry
-  max_backoff_s: float = 8.0
-  jitter: float = 0.5  # each wait is scaled by a uniform draw in [1 - jitter, 1 + jitter]
-  down_s: float = 30.0  # a failed replica is skipped this long
-
-  def __post_init__(self):
-    if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0 or not (
-        0 <= self.jitter <= 1) or self.down_s < 0:
-      raise ValueError(f"invalid retry policy {self}")
-
-  def wait_s(self, attempt: int, rng: random.Random) -> float:
-    """The wait before retry `attempt` (1, 2, ...)."""
-    base = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-    return base * rng.uniform(1 - self.jitter, 1 + self.jitter)
-
-
-def parse_endpoints(value) -> dict:
-  """{cell: (url, ...)} from a mapping (cell -> URL or list of URLs) or the flag string
-  "gen/low=http://h1:8000|http://h2:8000,gen/max=http://h3:8000" ("" = none)."""
-  if isinstance(value, str):
-    out = {}
-    for item in filter(None, (x.strip() for x in value.split(","))):
-      cell, sep, urls = item.partition("=")
-      if not sep or not cell.strip() or not urls.strip():
-        raise ValueError(f"teacher.endpoints: {item!r} is not 'domain/effort=URL[|URL...]'")
-      if cell.strip() in out:
-        raise ValueError(f"teacher.endpoints names cell {cell.strip()!r} twice")
-      out[cell.strip()] = urls.split("|")
-    value = out
-  if not isinstance(value, Mapping):
-    raise ValueError(f"teacher.endpoints must map 'domain/effort' to URLs, got {value!r}")
-  out = {}
-  for cell, urls in value.items():
-    urls = [urls] if isinstance(urls, str) else list(urls)
-    urls = tuple(u.strip().rstrip("/") for u in urls if isinstance(u, str) and u.strip())
-    if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
-      raise ValueError(f"teacher.endpoints[{cell!r}] must be http(s) URLs, got {urls!r}")
-    if cell.count("/") != 1:
-      raise ValueError(f"teacher.endpoints: {cell!r} is not a 'domain/effort' cell")
-    out[cell] = urls
-  return out
 
 
 class Replicas:

@@ -89,7 +89,7 @@ def check_compatible(student_cfg: models.ModelConfig, teacher_cfg: models.ModelC
 
 def build_bank(teacher_cfg: models.ModelConfig, teachers: Mapping[str, dict] | Sequence[dict],
                names: Optional[Sequence[str]] = None,
-               student_cfg: Optional[models.ModelConfig] = None,
+               *, student_cfg: Optional[models.ModelConfig] = None,
                sharding=None) -> TeacherBank:
   """Stack K param pytrees into a bank. `teachers`: {name: params} or a list with `names`.
 
@@ -144,7 +144,7 @@ def score_stratified(bank: TeacherBank, tokens_KxbxT, input_mask_KxbxT, *,
   return jax.vmap(one)(params, tokens_KxbxT, input_mask_KxbxT, topk_ids)
 
 
-def teacher_logprobs(bank: TeacherBank, teacher_ids, tokens_BxT, input_mask_BxT=None, *,
+def teacher_logprobs(bank: TeacherBank, teacher_ids, tokens_BxT, *, input_mask_BxT=None,
                      chunk_size: int = 64):
   """[B, T] log-probs, row b scored by teacher `teacher_ids[b]` (routed layout)."""
   if input_mask_BxT is None:
@@ -228,7 +228,7 @@ def check_manifest_grid(manifest: dict, path: str, grid) -> None:
                      "and taus")
 
 
-def validate_manifest(manifest: dict, path: str, grid, student_cfg: models.ModelConfig,
+def validate_manifest(manifest: dict, path: str, grid, *, student_cfg: models.ModelConfig,
                       resolve_hf=None) -> None:
   """The run's grid, every cell of it present, each checkpoint where the manifest says, and
   each teacher of the student's architecture family and vocabulary; raises naming the
@@ -266,13 +266,13 @@ def validate_manifest(manifest: dict, path: str, grid, student_cfg: models.Model
 
 
 def load_bank(path: str, grid, student_cfg: models.ModelConfig,
-              teacher_cfg: models.ModelConfig, load_one, resolve_hf=None,
+              *, teacher_cfg: models.ModelConfig, load_one, resolve_hf=None,
               sharding=None) -> TeacherBank:
   """The grid's teachers from the manifest at `path`: checked (`validate_manifest`), each
   loaded with `load_one(entry) -> params`, stacked in the grid's order and placed with
   `sharding` (the stacked params' shardings)."""
   manifest = checkpoint.read_json(path)
-  validate_manifest(manifest, path, grid, student_cfg, resolve_hf)
+  validate_manifest(manifest, path, grid, student_cfg=student_cfg, resolve_hf=resolve_hf)
   plist = [load_one(manifest["teachers"][n]) for n in grid.names]
   return build_bank(teacher_cfg, plist, names=grid.names, student_cfg=student_cfg,
                     sharding=sharding)

@@ -27,9 +27,12 @@ from __future__ import annotations
 import string
 from typing import Iterable
 
+from mopd_jax import choices
+from mopd_jax.tokenizer_options import TOOL_MARKERS, TokenizerOptions
+
 DEFAULT_EFFORTS = ("low", "high", "max")  # the toy's efforts
 _HEAD = ("<pad>", "<bos>", "<eos>")
-_TOOL = ("<call>", "</call>", "<obs>", "</obs>")
+_TOOL = TOOL_MARKERS
 
 
 def specials(efforts=DEFAULT_EFFORTS) -> tuple:
@@ -106,12 +109,14 @@ class CharTokenizer:
     return "".join(out)
 
 
-EFFORT_FORMATS = ("token", "system", "user", "auto")
+EFFORT_FORMATS = choices.EFFORT_FORMATS
 _ROLE_OF = {"<pad>": "pad", "<bos>": "bos", "<eos>": "eos"}
 
 
 class HFTokenizer:
-  """The same interface over a Hugging Face `tokenizers` `tokenizer.json`.
+  """The same interface over a Hugging Face `tokenizers` `tokenizer.json`; the fields of
+  `options` (a `TokenizerOptions`, built by `config.RunConfig.tokenizer_options`) are the
+  settings named below.
 
   Special tokens. PAD/BOS/EOS are the tokens named by `pad_token`/`bos_token`/`eos_token`
   (the config) when given; else the ones the tokenizer's own files name
@@ -141,14 +146,14 @@ class HFTokenizer:
   "user" and "auto" put the line before the prompt's text.
   """
 
-  def __init__(self, path: str, *, pad_token: str | None = None,
-               bos_token: str | None = None, eos_token: str | None = None,
-               efforts=DEFAULT_EFFORTS, effort_format: str = "token", chat: bool = True,
-               system_line: str = "Reasoning effort: {effort}", tool_tokens=None,
-               tools=_TOOL):
+  def __init__(self, path: str, options: TokenizerOptions = TokenizerOptions(),
+               efforts=DEFAULT_EFFORTS):
     from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
     import os  # pylint: disable=g-import-not-at-top
     from mopd_jax import tokenizer_files  # pylint: disable=g-import-not-at-top
+    pad_token, bos_token, eos_token = options.pad_token, options.bos_token, options.eos_token
+    effort_format, chat, system_line = options.effort_format, options.chat, options.system_line
+    tool_tokens, tools = options.tool_tokens, options.tools
     path = str(path)
     if os.path.isdir(path):
       path = os.path.join(path, "tokenizer.json")
@@ -323,16 +328,17 @@ def _check_efforts(efforts) -> tuple:
   return efforts
 
 
-def load_tokenizer(spec: str = "char", efforts=DEFAULT_EFFORTS, **kwargs):
-  """`"char"` -> `CharTokenizer(efforts=efforts)` (the HF options `kwargs` do not apply to
-  it); a path to a `tokenizer.json` (or a folder holding one) -> `HFTokenizer(path,
-  efforts=efforts, **kwargs)`. ValueError for anything else."""
+def load_tokenizer(spec: str = "char", efforts=DEFAULT_EFFORTS,
+                   options: TokenizerOptions = TokenizerOptions()):
+  """`"char"` -> `CharTokenizer(efforts=efforts)` (the HF `options` do not apply to it); a
+  path to a `tokenizer.json` (or a folder holding one) -> `HFTokenizer(path, options,
+  efforts)`. ValueError for anything else."""
   import os  # pylint: disable=g-import-not-at-top
   if spec == "char":
     return CharTokenizer(efforts=efforts)
   if isinstance(spec, str) and (os.path.isfile(spec) or
                                 os.path.isfile(os.path.join(spec, "tokenizer.json"))):
-    return HFTokenizer(spec, efforts=efforts, **kwargs)
+    return HFTokenizer(spec, options, efforts=efforts)
   raise ValueError(f"unknown tokenizer {spec!r}: expected 'char' or a path to a tokenizer.json")
 
 

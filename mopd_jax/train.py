@@ -120,15 +120,15 @@ def init_state(params, optimizer) -> TrainState:
 
 
 def compute_loss(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
-                 batch: TrainBatch):
+                 *, batch: TrainBatch):
   """(loss, metrics) of the configured kind, from the student's chunked log-probs."""
   model_cfg, params = models.materialize(model_cfg, params)  # QAT: quantise once
   kind = LOSS_KINDS[loss_cfg.kind]
   if loss_cfg.fused_head and kind.separable:
     h = models.hidden_states(model_cfg, params, batch.tokens, input_mask=batch.input_mask)
     return logprobs.fused_token_loss(
-        model_cfg, params, h, batch.tokens,
-        lambda lp, b: loss_from_stats(loss_cfg, logprobs.TokenStats(lp), b), batch,
+        model_cfg, params, h, tokens_BxT=batch.tokens,
+        loss_fn=lambda lp, b: loss_from_stats(loss_cfg, logprobs.TokenStats(lp), b), aux=batch,
         chunk_size=loss_cfg.chunk_size)
   topk = kind.topk
   st = logprobs.token_stats(model_cfg, params, batch.tokens, input_mask=batch.input_mask,
@@ -139,7 +139,7 @@ def compute_loss(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
 
 
 def with_reference_logprobs(model_cfg: models.ModelConfig, loss_cfg: LossConfig, reference,
-                            batch: TrainBatch) -> TrainBatch:
+                            *, batch: TrainBatch) -> TrainBatch:
   """`batch` with `sampler_logprobs` replaced by the teacher-forced log-probs of the
   `reference` params (gradient-stopped): the old policy of PMD's log-ratio when it is held
   fixed for a whole phase instead of being the policy that sampled (one update old)."""
@@ -185,7 +185,7 @@ def split_microbatches(batch: TrainBatch, microbatches: int, group_size: int = 1
 
 
 def accumulate_gradients(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
-                         batch: TrainBatch, microbatches: int, grad_shardings=None,
+                         *, batch: TrainBatch, microbatches: int, grad_shardings=None,
                          mesh: Optional[Mesh] = None):
   """((loss, metrics), grads) of the whole batch, computed one microbatch at a time.
 
@@ -243,7 +243,7 @@ def accumulate_gradients(model_cfg: models.ModelConfig, loss_cfg: LossConfig, pa
     mb, w = xs
     mb = pin_rows(mb)
     (loss, metrics), g = jax.value_and_grad(
-        lambda p: compute_loss(model_cfg, loss_cfg, p, mb), has_aux=True)(params)
+        lambda p: compute_loss(model_cfg, loss_cfg, p, batch=mb), has_aux=True)(params)
     acc = constrain(jax.tree.map(lambda a, gi: a + w * gi.astype(jnp.float32), acc, g))
     return acc, (loss, metrics)
 
@@ -265,7 +265,7 @@ def accumulate_gradients(model_cfg: models.ModelConfig, loss_cfg: LossConfig, pa
 
 
 def train_step(model_cfg: models.ModelConfig, loss_cfg: LossConfig,
-               optimizer: optax.GradientTransformation, state: TrainState, batch: TrainBatch,
+               optimizer: optax.GradientTransformation, *, state: TrainState, batch: TrainBatch,
                microbatches: int = 1, grad_shardings=None, mesh: Optional[Mesh] = None):
   """One optimizer update. Non-finite loss or gradient: the update is not applied.
 
@@ -274,10 +274,11 @@ def train_step(model_cfg: models.ModelConfig, loss_cfg: LossConfig,
   """
   if microbatches == 1:
     (loss, metrics), grads = jax.value_and_grad(
-        lambda p: compute_loss(model_cfg, loss_cfg, p, batch), has_aux=True)(state.params)
+        lambda p: compute_loss(model_cfg, loss_cfg, p, batch=batch), has_aux=True)(state.params)
   else:
-    (loss, metrics), grads = accumulate_gradients(model_cfg, loss_cfg, state.params, batch,
-                                                  microbatches, grad_shardings, mesh)
+    (loss, metrics), grads = accumulate_gradients(
+        model_cfg, loss_cfg, state.params, batch=batch, microbatches=microbatches,
+        grad_shardings=grad_shardings, mesh=mesh)
   gnorm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -292,7 +293,7 @@ def train_step(model_cfg: models.ModelConfig, loss_cfg: LossConfig,
 
 
 def state_shardings(model_cfg: models.ModelConfig, optimizer, mesh: Mesh,
-                    rules=sharding.DEFAULT_RULES) -> TrainState:
+                    *, rules=sharding.DEFAULT_RULES) -> TrainState:
   """Shardings of the whole train state: optimizer moments follow their params."""
   p_sh = sharding.param_shardings(model_cfg, mesh, rules)
   abstract = jax.eval_shape(
@@ -301,19 +302,20 @@ def state_shardings(model_cfg: models.ModelConfig, optimizer, mesh: Mesh,
   # Moment trees mirror the params and take their shardings; scalars (counts) replicate.
   opt_sh = _replace_param_like(abstract.opt_state, jax.tree.map(lambda _: rep,
                                                                 abstract.opt_state),
-                               jax.tree.structure(abstract.params), p_sh)
+                               jax.tree.structure(abstract.params), p_sh=p_sh)
   return TrainState(step=rep, params=p_sh, opt_state=opt_sh)
 
 
-def _replace_param_like(tree, shard_tree, p_struct, p_sh):
+def _replace_param_like(tree, shard_tree, p_struct, *, p_sh):
   """Walk the optimizer state; wherever a subtree has the params' structure, use p_sh."""
   if jax.tree.structure(tree) == p_struct:
     return p_sh
   if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # NamedTuple states
-    return type(tree)(*(_replace_param_like(t, s, p_struct, p_sh)
+    return type(tree)(*(_replace_param_like(t, s, p_struct, p_sh=p_sh)
                         for t, s in zip(tree, shard_tree)))
   if isinstance(tree, (tuple, list)):
-    return type(tree)(_replace_param_like(t, s, p_struct, p_sh) for t, s in zip(tree, shard_tree))
+    return type(tree)(_replace_param_like(t, s, p_struct, p_sh=p_sh)
+                      for t, s in zip(tree, shard_tree))
   return shard_tree
 
 
@@ -325,11 +327,11 @@ class Trainer:
   """Jitted init and step with explicit shardings, for one (model, loss, optimizer) triple."""
 
   def __init__(self, model_cfg: models.ModelConfig, loss_cfg: LossConfig,
-               optim_cfg: OptimConfig, mesh: Mesh, rules=sharding.DEFAULT_RULES):
+               optim_cfg: OptimConfig, *, mesh: Mesh, rules=sharding.DEFAULT_RULES):
     self.model_cfg, self.loss_cfg, self.mesh = model_cfg, loss_cfg, mesh
     self.microbatches = optim_cfg.microbatches
     self.optimizer = make_optimizer(optim_cfg)
-    self.state_sharding = state_shardings(model_cfg, self.optimizer, mesh, rules)
+    self.state_sharding = state_shardings(model_cfg, self.optimizer, mesh, rules=rules)
     rep = NamedSharding(mesh, P())
     self._init = jax.jit(lambda params: init_state(params, self.optimizer),
                          in_shardings=(self.state_sharding.params,),
@@ -356,9 +358,10 @@ class Trainer:
     if key not in self._step_cache:
       def fn(s, b, *ref):
         if ref:
-          b = with_reference_logprobs(self.model_cfg, self.loss_cfg, ref[0], b)
-        return train_step(self.model_cfg, self.loss_cfg, self.optimizer, s, b,
-                          self.microbatches, self.state_sharding.params, self.mesh)
+          b = with_reference_logprobs(self.model_cfg, self.loss_cfg, ref[0], batch=b)
+        return train_step(self.model_cfg, self.loss_cfg, self.optimizer, state=s, batch=b,
+                          microbatches=self.microbatches,
+                          grad_shardings=self.state_sharding.params, mesh=self.mesh)
       # State in and out with the same shardings, donated: the update happens in place and
       # the old params/moments never coexist with the new ones in memory.
       self._step_cache[key] = jax.jit(

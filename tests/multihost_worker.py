@@ -57,7 +57,7 @@ def run_steps(mesh, workdir: str) -> dict:
   # gradient is ~0 turns a rounding-level difference of the cross-process reduction into a
   # sizeable fraction of lr; at 1e-3 one such element of 13k differed by 7e-5.
   sft = train.Trainer(cfg, train.LossConfig(kind="sft"),
-                      train.OptimConfig(lr=1e-4, warmup_steps=0), mesh)
+                      train.OptimConfig(lr=1e-4, warmup_steps=0), mesh=mesh)
   state = sft.init(params)
   for step in range(STEPS):
     tokens, im, lm, _ = _dataset(step, (), b)
@@ -83,7 +83,7 @@ def run_steps(mesh, workdir: str) -> dict:
                  out_shardings=sharding.batch_sharding(mesh, 2))
   # Same optimizer settings, so the SFT state (params and moments) carries straight on.
   mopd = train.Trainer(cfg, train.LossConfig(kind="mopd"),
-                       train.OptimConfig(lr=1e-4, warmup_steps=0), mesh)
+                       train.OptimConfig(lr=1e-4, warmup_steps=0), mesh=mesh)
   srows = distributed.process_rows(mesh, ROWS_PER_TEACHER)
   for step in range(STEPS):
     tokens, im, lm, slp = _dataset(100 + step, (NUM_TEACHERS,), ROWS_PER_TEACHER)

@@ -70,15 +70,15 @@ def test_truncated_importance_weights():
   lp = jnp.log(jnp.array([[0.5, 0.2, 0.1, 0.9]]))
   old = jnp.log(jnp.array([[0.5, 0.8, 0.01, 0.9]]))
   mask = jnp.array([[True, True, True, False]])
-  w = losses.truncated_importance_weights(lp, old, mask, 0.5, 2.0)
+  w = losses.truncated_importance_weights(lp, old, mask, low=0.5, high=2.0)
   np.testing.assert_allclose(w, [[1.0, 0.5, 2.0, 0.0]], rtol=1e-6)
   # On-policy (weights exactly 1) equals the unweighted loss, value and gradient.
   teacher = jnp.log(jnp.array([[0.4, 0.3, 0.2, 0.1]]))
-  f = lambda x, w: losses.mopd_loss(x, teacher, mask, 5.0, importance_weights=w)[0]
-  ones = losses.truncated_importance_weights(lp, lp, mask, 0.5, 2.0)
+  f = lambda x, w: losses.mopd_loss(x, teacher, mask, r_max=5.0, importance_weights=w)[0]
+  ones = losses.truncated_importance_weights(lp, lp, mask, low=0.5, high=2.0)
   assert f(lp, ones) == f(lp, None)
   np.testing.assert_array_equal(jax.grad(f)(lp, ones), jax.grad(f)(lp, None))
   with pytest.raises(ValueError, match="low <= 1 <= high"):
-    losses.truncated_importance_weights(lp, old, mask, 1.5, 2.0)
+    losses.truncated_importance_weights(lp, old, mask, low=1.5, high=2.0)
   with pytest.raises(ValueError, match="staleness must be 0"):
     async_scoring.run(None, 1, sample=None, submit=None, train=None, staleness=2)

@@ -15,9 +15,9 @@ class _Engine:
   def __init__(self):
     self.calls = []
 
-  def run(self, params, exs, efforts, caps, rng, environment=None):
+  def run(self, params, exs, efforts, *, budgets, rng, environment=None):
     del params, rng, environment
-    self.calls.append((list(efforts), list(caps)))
+    self.calls.append((list(efforts), list(budgets)))
     k = len(self.calls) - 1
     n = (10, 4, 7)[k]
     texts, trajs = [], []
@@ -37,7 +37,8 @@ def test_shortest_correct_sample_sets_b0_and_no_correct_sample_drops_the_example
   exs = [base.Example(f"u{i}", "m", p, 1, "1") for i, p in
          enumerate(["always", "long only", "never"])]
   engine = _Engine()
-  got = budgets.measure(engine, None, _Task(), exs, None, 3, jax.random.PRNGKey(0))
+  got = budgets.measure(engine, None, _Task(), examples=exs, prompt_effort=None, k=3,
+                        rng=jax.random.PRNGKey(0))
   assert got == [int(np.ceil(1.1 * 4)), 11, None]  # shortest correct: 4 and 10 tokens
   assert engine.calls[0] == ([None] * 3, [32] * 3)  # the teachers' prompt, capped only
   src = budgets.BudgetedSource(exs, dict(zip(["u0", "u1", "u2"], got)))

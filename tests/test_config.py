@@ -212,7 +212,7 @@ def test_tool_markers_follow_the_run_domains():
   c = toy.get_config("fast")
   rc = config.build(c, 1)
   assert rc.tool_markers == ("<call>", "</call>", "<obs>", "</obs>")
-  assert rc.tokenizer_options()["tools"] == rc.tool_markers
+  assert rc.tokenizer_options().tools == rc.tool_markers
   c = toy.get_config("fast")
   c.domains = "gen,cod"
   assert config.build(c, 1).tool_markers == ()

@@ -121,7 +121,8 @@ def test_engine_with_decode_slots_equals_static():
   budgets = [10, 40, 25, 5, 33]
   runs = [rollout.RolloutEngine(cfg, tok, max_response_tokens=40, max_turns=2,
                                 decode=rollout.DecodeOptions(decode_slots=slots)).run(
-      p, exs, ["high"] * 5, budgets, jax.random.PRNGKey(5), environment=task.environment)
+      p, exs, ["high"] * 5, budgets=budgets, rng=jax.random.PRNGKey(5),
+      environment=task.environment)
       for slots in (0, 2)]
   for a, b in zip(runs[0].trajectories, runs[1].trajectories):
     assert a.ids == b.ids and a.gen_mask == b.gen_mask and a.finished == b.finished

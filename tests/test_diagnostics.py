@@ -160,7 +160,7 @@ def test_loss_shares_equal_dense_per_cell_gradients():
   ones = np.ones(6, np.float32)
   assert overall["grad_norm_seq"] == pytest.approx(float(grad_norm(params, ones, True)), 1e-4)
   assert overall["grad_norm_tok"] == pytest.approx(float(grad_norm(params, ones, False)), 1e-4)
-  trainer_grad = jax.grad(lambda p: train.compute_loss(cfg, loss_cfg, p, batch)[0])(params)
+  trainer_grad = jax.grad(lambda p: train.compute_loss(cfg, loss_cfg, p, batch=batch)[0])(params)
   assert overall["grad_norm_seq"] == pytest.approx(float(optax.tree.norm(trainer_grad)), 1e-4)
   assert cells["gen/high"]["seq_weight_share"] == pytest.approx(2 / 5)  # row 5 holds no token
 
@@ -179,7 +179,7 @@ def test_loss_shares_follow_the_trainers_loss_with_its_options():
   batch = _batch(cfg, seed=1)
   loss_cfg = train.LossConfig(kind="pg", r_max=2.0)
   _, cells = diagnostics.loss_shares(cfg, loss_cfg, params, batch=batch, rows_of_cell=ROWS)
-  grad = jax.jit(jax.grad(lambda p, b: train.compute_loss(cfg, loss_cfg, p, b)[0]))
+  grad = jax.jit(jax.grad(lambda p, b: train.compute_loss(cfg, loss_cfg, p, batch=b)[0]))
   n_i = np.asarray(batch.loss_mask).sum(-1)
   total = None
   for name, rows in ROWS.items():
@@ -213,21 +213,23 @@ def test_train_on_records_the_measured_diagnostics_and_updates_alike():
                                    for i in range(3)], names=names)
   scorer = placement.TeacherScorer(bank, mesh, mesh)
   loss_cfg = train.LossConfig(kind="mopd")
-  trainer = train.Trainer(cfg, loss_cfg, train.OptimConfig(lr=1e-2, warmup_steps=0), mesh)
+  trainer = train.Trainer(cfg, loss_cfg, train.OptimConfig(lr=1e-2, warmup_steps=0), mesh=mesh)
   task = get_task("gen")
   per_cell = [task.generate(seed=i, n=2) for i in range(3)]
   engine = rollout.RolloutEngine(cfg, tok, max_response_tokens=8, max_turns=1)
-  sampled = mopd.sample_batch(params, bank, engine, {"gen": task}, list(cells), per_cell,
-                              {"low": 0.3, "high": 0.7, "max": 1.5}, jax.random.PRNGKey(3))
+  setup = mopd.StepSetup(bank, engine, {"gen": task}, list(cells),
+                         {"low": 0.3, "high": 0.7, "max": 1.5})
+  sampled = mopd.sample_batch(setup, params, per_cell, rng=jax.random.PRNGKey(3))
   scored = scorer(sampled.tokens, sampled.input_mask)
   probe = diagnostics.Probe(cfg, loss_cfg, tok, cells, EFFORTS)
 
   def measure(p, s, b):
-    kl = mopd.exact_kl_rows(cfg, p, bank, s)
+    kl = mopd.exact_kl_rows(cfg, p, bank, sampled=s)
     return diagnostics.merge(diagnostics.exact_kl_means(kl, s, names), probe.measure(p, s, b))
 
-  plain, rec0 = mopd.train_on(trainer, trainer.init(params), bank, sampled, scored, r_max=5.0)
-  measured, rec = mopd.train_on(trainer, trainer.init(params), bank, sampled, scored,
+  plain, rec0 = mopd.train_on(trainer, trainer.init(params), bank, sampled=sampled, scored=scored,
+                              r_max=5.0)
+  measured, rec = mopd.train_on(trainer, trainer.init(params), bank, sampled=sampled, scored=scored,
                                 r_max=5.0, measure=measure)
   for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(measured.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs import toy
-from mopd_jax import config as config_mod, grid as grid_mod, report, teachers
+from mopd_jax import config as config_mod, config_build, grid as grid_mod, report, teachers
 import suite_cli
 
 ROOT = suite_cli.ROOT
@@ -23,13 +23,13 @@ def _grid(domains, taus):
 
 def test_grid_from_config():
   c = toy.get_config("fast")
-  g = config_mod.run_grid(c)
+  g = config_build.run_grid(c)
   assert g.domains == ("gen", "agt", "cod") and g.effort_names == ("low", "high", "max")
   assert g.anneal_order == ("max", "high", "low") and g.by_budget == ("low", "high", "max")
   assert g.names == teachers.DEFAULT_NAMES and len(g.cells) == 9
   assert g.taus == {"low": 0.3, "high": 0.72, "max": 1.5}
   c.domains, c.efforts = "cod, gen", "max,low"  # order and spaces as written
-  g = config_mod.run_grid(c)
+  g = config_build.run_grid(c)
   assert g.names == ("cod/max", "cod/low", "gen/max", "gen/low")
   assert g.anneal_order == ("max", "low") and g.top_effort == "max"
   assert grid_mod.Grid.from_json(json.loads(json.dumps(g.to_json()))) == g
@@ -37,7 +37,7 @@ def test_grid_from_config():
   c.tasks.arith = {"task": "gen"}
   c.effort.turbo = {"tau": 3.0}
   c.domains, c.efforts = "arith", "turbo"
-  g = config_mod.run_grid(c)
+  g = config_build.run_grid(c)
   assert g.task_of("arith") == "gen" and g.names == ("arith/turbo",)
 
 

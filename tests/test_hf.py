@@ -406,7 +406,7 @@ def test_missing_and_misshapen_tensors(tiny_ckpt, tmp_path):
 
 def test_qwen3_mopd_config(tiny_ckpt):
   import configs.qwen3_mopd as q
-  from mopd_jax import config as config_mod
+  from mopd_jax import config as config_mod, config_build
   from mopd_jax.tokenizer import CharTokenizer
 
   full = q.get_config()
@@ -428,7 +428,7 @@ def test_qwen3_mopd_config(tiny_ckpt):
     for key in hf.BLOCK_KEYS[1:]:
       if key in view.model:
         del view.model[key]
-  cfg = config_mod.model_config(view, vocab)
+  cfg = config_build.model_config(view, vocab)
   assert cfg == hf.resolve_model_config(tiny.model, vocab)
   assert (cfg.d_model, cfg.num_layers, cfg.vocab_size) == (64, 2, vocab)
   assert cfg.family == "qwen3" and cfg.qk_norm and cfg.param_dtype == "float32"
@@ -496,9 +496,9 @@ def test_student_from_hugging_face_checkpoint(tmp_path):
   one whose embedding lacks rows for the tokenizer's last 3 tokens (the effort tokens): the
   run grows it."""
   import configs.qwen3_mopd as q
-  from mopd_jax import config as config_mod, hf
+  from mopd_jax import config_build, hf
   from mopd_jax.tokenizer import CharTokenizer
-  cfg = config_mod.model_config(q.get_config("tiny"), CharTokenizer().vocab_size - 3)
+  cfg = config_build.model_config(q.get_config("tiny"), CharTokenizer().vocab_size - 3)
   ckpt = tmp_path / "student"
   hf.save_checkpoint(cfg, jax.device_get(__import__("mopd_jax").models.init_params(
       cfg, jax.random.PRNGKey(3))), str(ckpt))
@@ -516,12 +516,12 @@ def test_teachers_from_hugging_face_checkpoints(tmp_path):
   """`teacher.hf_paths`: nine exported checkpoints of a deeper shape than the student are
   registered instead of trained, and MOPD distils from them."""
   import configs.qwen3_mopd as q
-  from mopd_jax import config as config_mod, hf, models
+  from mopd_jax import config_build, hf, models
   from mopd_jax.tokenizer import CharTokenizer
   cfg = q.get_config("tiny")
   vocab = CharTokenizer().vocab_size
   tcfg = hf.resolve_model_config(cfg.teacher, vocab)
-  assert tcfg.num_layers != config_mod.model_config(cfg, vocab).num_layers
+  assert tcfg.num_layers != config_build.model_config(cfg, vocab).num_layers
   paths = {}
   for i, cell in enumerate(f"{d}/{e}" for d in ("gen", "agt", "cod")
                            for e in ("low", "high", "max")):

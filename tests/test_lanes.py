@@ -15,8 +15,8 @@ def test_failed_rl_lane_processes_are_named_with_their_logs(tmp_path):
           "from mopd_jax.stages import context, rl\n"
           f"run = context.Run(toy.get_config('fast'), {str(tmp_path)!r})\n"
           "lanes_ = rl.lanes_of(run)\n"
-          "try:\n  lanes.run_side_by_side(run.workdir, run.config.to_json(), lanes_, 3, "
-          "[sum(rl.lane_steps(run, lane)) for lane in lanes_])\n"
+          "try:\n  lanes.run_side_by_side(run.workdir, run.config.to_json(), lanes_, "
+          "processes=3, total_steps=[sum(rl.lane_steps(run, lane)) for lane in lanes_])\n"
           "except RuntimeError as e:\n  print('RuntimeError:', e)\n")
   env = suite_cli.env()
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,

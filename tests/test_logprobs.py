@@ -90,7 +90,7 @@ def test_never_materialises_full_logits():
     return jax.jit(fn).lower(params, hidden, tokens).compile().memory_analysis().temp_size_in_bytes
 
   chunked = temp(lambda p, h, t: logprobs.token_stats_from_hidden(
-      cfg, p, h, t, chunk_size=16).logprobs)
+      cfg, p, h, tokens_BxT=t, options=logprobs.StatsOptions(chunk_size=16)).logprobs)
   full = temp(full_from_hidden)
   assert full >= full_bytes
   assert chunked < full_bytes / 8, (chunked, full)

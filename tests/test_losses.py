@@ -35,9 +35,9 @@ def _finite(tree):
 def test_student_equals_teacher_gives_zero_reward_loss_and_grad():
   z, _, tokens, mask = _setup(0)
   lp_t = _gather_lp(z, tokens)
-  r = losses.mopd_reward(_gather_lp(z, tokens), lp_t, mask, 1.0)
+  r = losses.mopd_reward(_gather_lp(z, tokens), lp_t, mask, r_max=1.0)
   np.testing.assert_array_equal(r, 0.0)
-  loss_fn = lambda z_: losses.mopd_loss(_gather_lp(z_, tokens), lp_t, mask, 1.0)
+  loss_fn = lambda z_: losses.mopd_loss(_gather_lp(z_, tokens), lp_t, mask, r_max=1.0)
   (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(z)
   assert float(loss) == 0.0
   np.testing.assert_array_equal(g, 0.0)
@@ -48,7 +48,7 @@ def test_student_equals_teacher_gives_zero_reward_loss_and_grad():
 def test_mopd_grad_matches_closed_form(seed, r_max):
   z_s, z_t, tokens, mask = _setup(seed)
   lp_t = _gather_lp(z_t, tokens)
-  loss_fn = lambda z: losses.mopd_loss(_gather_lp(z, tokens), lp_t, mask, r_max)[0]
+  loss_fn = lambda z: losses.mopd_loss(_gather_lp(z, tokens), lp_t, mask, r_max=r_max)[0]
   g = jax.grad(loss_fn)(z_s)
 
   m = np.asarray(mask)
@@ -71,9 +71,10 @@ def test_extreme_gaps_are_clipped():
   lp_s = jnp.array([[-1.0, -2.0, -3.0, -0.5]])
   lp_t = lp_s + jnp.array([[1e4, -1e4, 1e4, -1e4]])
   mask = jnp.ones_like(lp_s, bool)
-  r = losses.mopd_reward(lp_s, lp_t, mask, r_max)
+  r = losses.mopd_reward(lp_s, lp_t, mask, r_max=r_max)
   np.testing.assert_array_equal(r, [[r_max, -r_max, r_max, -r_max]])
-  (loss, m), g = jax.value_and_grad(losses.mopd_loss, has_aux=True)(lp_s, lp_t, mask, r_max)
+  (loss, m), g = jax.value_and_grad(losses.mopd_loss, has_aux=True)(lp_s, lp_t, mask,
+                                                                     r_max=r_max)
   assert _finite((loss, m, g))
   np.testing.assert_allclose(g, -r / 4)
   assert float(m["clip_frac"]) == 1.0
@@ -97,7 +98,8 @@ def test_padding_side_and_amount_invariance():
   @jax.jit
   def all_losses(lp_s, lp_t, mask):
     loss, m = losses.mopd_loss(lp_s, lp_t, mask, r_max=1.0)
-    pg, _ = losses.pg_loss(lp_s, lp_s, losses.mopd_reward(lp_s, lp_t, mask, 1.0), mask)
+    pg, _ = losses.pg_loss(lp_s, lp_s, losses.mopd_reward(lp_s, lp_t, mask, r_max=1.0),
+                           loss_mask=mask)
     topk, _ = losses.topk_kl_loss(lp_s[..., None], lp_t[..., None], mask)
     return jnp.stack([loss, pg, topk, m["kl"], m["num_rows"]])
 
@@ -112,13 +114,13 @@ def test_all_masked_batch_is_zero_with_finite_grads():
   lp_s = jnp.full((2, 3), -1.0)
   lp_t = jnp.full((2, 3), -5.0)
   mask = jnp.zeros((2, 3), bool)
-  vg = jax.jit(jax.value_and_grad(losses.mopd_loss, has_aux=True), static_argnums=3)
-  (loss, m), g = vg(lp_s, lp_t, mask, 1.0)
+  vg = jax.jit(jax.value_and_grad(losses.mopd_loss, has_aux=True), static_argnames="r_max")
+  (loss, m), g = vg(lp_s, lp_t, mask, r_max=1.0)
   assert float(loss) == 0.0 and _finite((m, g))
   np.testing.assert_array_equal(g, 0.0)
   assert float(m["num_tokens"]) == 0.0 and float(m["num_rows"]) == 0.0
   (pl, pm), pg = jax.jit(jax.value_and_grad(
-      lambda x: losses.pg_loss(x, lp_s, lp_t, mask), has_aux=True))(lp_s)
+      lambda x: losses.pg_loss(x, lp_s, lp_t, loss_mask=mask), has_aux=True))(lp_s)
   assert float(pl) == 0.0 and _finite((pm, pg))
   tl, tg = jax.jit(jax.value_and_grad(lambda x: losses.topk_kl_loss(x, x - 1, mask)[0]))(
       lp_s[..., None])
@@ -138,12 +140,13 @@ def test_nonfinite_values_in_masked_positions_do_not_leak():
     return jnp.where(keep, x, poison if x.ndim == 2 else poison[..., None])
 
   def mopd(z, lp_t, bad):
-    return losses.mopd_loss(spoil(_gather_lp(z, tokens), bad), lp_t, mask, 1.0)[0]
+    return losses.mopd_loss(spoil(_gather_lp(z, tokens), bad), lp_t, mask, r_max=1.0)[0]
 
   def pg(z, lp_t, bad):
     lp = spoil(_gather_lp(z, tokens), bad)
-    adv = losses.mopd_advantages(lp, lp_t, mask, 1.0, jnp.ones(B), alpha=0.5)
-    return losses.pg_loss(lp, spoil(jax.lax.stop_gradient(lp) - 0.1, bad), adv, mask)[0]
+    adv = losses.mopd_advantages(lp, lp_t, mask, r_max=1.0, outcome_advantage=jnp.ones(B),
+                                 alpha=0.5)
+    return losses.pg_loss(lp, spoil(jax.lax.stop_gradient(lp) - 0.1, bad), adv, loss_mask=mask)[0]
 
   def topk(z, lp_t, bad):
     lp = spoil(jax.nn.log_softmax(z, -1)[..., :3], bad)
@@ -161,11 +164,11 @@ def test_nonfinite_values_in_masked_positions_do_not_leak():
 def test_jit_with_static_hyperparameters():
   z_s, z_t, tokens, mask = _setup(6)
   lp_s, lp_t = _gather_lp(z_s, tokens), _gather_lp(z_t, tokens)
-  eager = losses.mopd_loss(lp_s, lp_t, mask, 0.5)[0]
+  eager = losses.mopd_loss(lp_s, lp_t, mask, r_max=0.5)[0]
   jitted = jax.jit(losses.mopd_loss, static_argnames="r_max")(lp_s, lp_t, mask, r_max=0.5)[0]
   np.testing.assert_allclose(jitted, eager, rtol=1e-6)
   with pytest.raises(TypeError, match="static"):
-    jax.jit(losses.mopd_loss)(lp_s, lp_t, mask, 0.5)
+    jax.jit(losses.mopd_loss)(lp_s, lp_t, mask, r_max=0.5)
 
 
 # ----------------------------------------------------------------------------- pg
@@ -178,12 +181,13 @@ def test_pg_grad_equals_mopd_grad_on_policy(seed, eps_low, eps_high):
 
   def pg(z):
     lp = _gather_lp(z, tokens)
-    adv = losses.mopd_advantages(lp, lp_t, mask, 0.5)
-    return losses.pg_loss(lp, jax.lax.stop_gradient(lp), adv, mask, eps_low=eps_low,
+    adv = losses.mopd_advantages(lp, lp_t, mask, r_max=0.5)
+    return losses.pg_loss(lp, jax.lax.stop_gradient(lp), adv, loss_mask=mask, eps_low=eps_low,
                           eps_high=eps_high)
 
   (_, m), g_pg = jax.value_and_grad(pg, has_aux=True)(z_s)
-  g_mopd = jax.grad(lambda z: losses.mopd_loss(_gather_lp(z, tokens), lp_t, mask, 0.5)[0])(z_s)
+  g_mopd = jax.grad(lambda z: losses.mopd_loss(_gather_lp(z, tokens), lp_t, mask,
+                                               r_max=0.5)[0])(z_s)
   np.testing.assert_allclose(g_pg, g_mopd, rtol=1e-6, atol=1e-9)
   assert float(jnp.max(jnp.abs(g_pg))) > 0
   # The first step on fresh samples is exactly on-policy.
@@ -200,7 +204,7 @@ def test_pg_asymmetric_clipping_hand_example():
 
   # eps_high=0.28 > eps_low=0.2: 1.25 is inside the band, 0.5 with A<0 is clipped at 0.8.
   (loss, m), g = jax.value_and_grad(
-      lambda x: losses.pg_loss(x, lp_old, adv[None], mask, eps_low=0.2, eps_high=0.28),
+      lambda x: losses.pg_loss(x, lp_old, adv[None], loss_mask=mask, eps_low=0.2, eps_high=0.28),
       has_aux=True)(lp)
   r = np.exp(np.asarray(lp) - lp_old)[0]
   obj = np.array([1.28, -r[1], r[2], -0.8, r[4], -r[5], r[6], -r[7]])
@@ -210,10 +214,10 @@ def test_pg_asymmetric_clipping_hand_example():
   assert float(m["clip_frac"]) == 2 / 8
 
   # Symmetric 0.2 band: 1.25 with A>0 is clipped too.
-  _, m_sym = losses.pg_loss(lp, lp_old, adv[None], mask, eps_low=0.2, eps_high=0.2)
+  _, m_sym = losses.pg_loss(lp, lp_old, adv[None], loss_mask=mask, eps_low=0.2, eps_high=0.2)
   assert float(m_sym["clip_frac"]) == 3 / 8
   # A huge log-ratio is clipped before exp.
-  _, m_big = losses.pg_loss(lp + 1e3, lp_old, adv[None], mask)
+  _, m_big = losses.pg_loss(lp + 1e3, lp_old, adv[None], loss_mask=mask)
   assert _finite(m_big)
 
 
@@ -221,7 +225,8 @@ def test_mopd_advantages_outcome_term():
   lp_s = jnp.array([[-1.0, -2.0], [-3.0, -1.0]])
   lp_t = jnp.array([[-1.5, -1.0], [-3.0, -1.0]])
   mask = jnp.array([[True, True], [True, False]])
-  adv = losses.mopd_advantages(lp_s, lp_t, mask, 0.8, jnp.array([2.0, -1.0]), alpha=0.5)
+  adv = losses.mopd_advantages(lp_s, lp_t, mask, r_max=0.8,
+                               outcome_advantage=jnp.array([2.0, -1.0]), alpha=0.5)
   np.testing.assert_allclose(adv, [[-0.5 + 1.0, 0.8 + 1.0], [-0.5, 0.0]])
 
 
@@ -234,7 +239,7 @@ def test_pmd_loss_matches_numpy():
   new, old, r = (rng.normal(size=(P, K)).astype(np.float32) for _ in range(3))
   res = (r - r.mean(1, keepdims=True)) - tau * (new - old)
   expected = np.mean(np.mean(res**2, axis=1))
-  (loss, m), g = jax.value_and_grad(losses.pmd_loss, has_aux=True)(new, old, r, tau)
+  (loss, m), g = jax.value_and_grad(losses.pmd_loss, has_aux=True)(new, old, r, tau_kl=tau)
   np.testing.assert_allclose(loss, expected, rtol=1e-6)
   np.testing.assert_allclose(g, -2 * tau * res / (P * K), rtol=1e-5)
   assert _finite(m)
@@ -249,11 +254,11 @@ def test_pmd_per_token_form_and_token_clip():
   seq = losses.sequence_logprobs(lp_old + delta, mask) - losses.sequence_logprobs(lp_old, mask)
   np.testing.assert_allclose(seq, [[-2.5, 0.6]], rtol=1e-6)
 
-  loss_unclipped, _ = losses.pmd_loss(lp_old + delta, lp_old, r, 0.5, loss_mask=mask)
-  loss_seq, _ = losses.pmd_loss(np.asarray(seq), np.zeros((P, K)), r, 0.5)
+  loss_unclipped, _ = losses.pmd_loss(lp_old + delta, lp_old, r, tau_kl=0.5, loss_mask=mask)
+  loss_seq, _ = losses.pmd_loss(np.asarray(seq), np.zeros((P, K)), r, tau_kl=0.5)
   np.testing.assert_allclose(loss_unclipped, loss_seq, rtol=1e-6)
 
-  loss, m = losses.pmd_loss(lp_old + delta, lp_old, r, 0.5, loss_mask=mask, token_clip=1.0)
+  loss, m = losses.pmd_loss(lp_old + delta, lp_old, r, tau_kl=0.5, loss_mask=mask, token_clip=1.0)
   log_ratio = np.array([0.5 - 1.0, 0.6])  # -3 clipped to -1; the 9 is masked out
   res = np.array([0.5, -0.5]) - 0.5 * log_ratio
   np.testing.assert_allclose(loss, np.mean(res**2), rtol=1e-6)
@@ -310,40 +315,40 @@ def test_validation_errors():
   mask = jnp.ones((2, 3), bool)
   for bad in (0.0, -1.0, float("nan")):
     with pytest.raises(ValueError, match=rf"r_max.*{bad}"):
-      losses.mopd_loss(lp, lp, mask, bad)
+      losses.mopd_loss(lp, lp, mask, r_max=bad)
   with pytest.raises(ValueError, match=r"r_max.*-0.5"):
-    losses.mopd_reward(lp, lp, mask, -0.5)
+    losses.mopd_reward(lp, lp, mask, r_max=-0.5)
   with pytest.raises(ValueError, match=r"\(2, 4\)"):
-    losses.mopd_loss(lp, jnp.zeros((2, 4)), mask, 1.0)
+    losses.mopd_loss(lp, jnp.zeros((2, 4)), mask, r_max=1.0)
   with pytest.raises(ValueError, match=r"\(3, 3\)"):
-    losses.mopd_loss(lp, lp, jnp.ones((3, 3)), 1.0)
+    losses.mopd_loss(lp, lp, jnp.ones((3, 3)), r_max=1.0)
   with pytest.raises(ValueError, match="2-D"):
-    losses.mopd_loss(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3, 4)), jnp.ones((2, 3, 4)), 1.0)
+    losses.mopd_loss(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3, 4)), jnp.ones((2, 3, 4)), r_max=1.0)
   with pytest.raises(ValueError, match=r"outcome_advantage.*\(3,\)"):
-    losses.mopd_advantages(lp, lp, mask, 1.0, jnp.zeros(3), alpha=1.0)
+    losses.mopd_advantages(lp, lp, mask, r_max=1.0, outcome_advantage=jnp.zeros(3), alpha=1.0)
   with pytest.raises(ValueError, match="alpha"):
-    losses.mopd_advantages(lp, lp, mask, 1.0, None, alpha=1.0)
+    losses.mopd_advantages(lp, lp, mask, r_max=1.0, outcome_advantage=None, alpha=1.0)
 
   with pytest.raises(ValueError, match=r"eps_low.*-0.1"):
-    losses.pg_loss(lp, lp, lp, mask, eps_low=-0.1)
+    losses.pg_loss(lp, lp, lp, loss_mask=mask, eps_low=-0.1)
   with pytest.raises(ValueError, match=r"eps_high.*-0.2"):
-    losses.pg_loss(lp, lp, lp, mask, eps_high=-0.2)
+    losses.pg_loss(lp, lp, lp, loss_mask=mask, eps_high=-0.2)
   with pytest.raises(ValueError, match="log_ratio_clip"):
-    losses.pg_loss(lp, lp, lp, mask, log_ratio_clip=0.0)
+    losses.pg_loss(lp, lp, lp, loss_mask=mask, log_ratio_clip=0.0)
   with pytest.raises(ValueError, match=r"\(2, 1\)"):
-    losses.pg_loss(lp, lp, jnp.zeros((2, 1)), mask)
+    losses.pg_loss(lp, lp, jnp.zeros((2, 1)), loss_mask=mask)
 
   with pytest.raises(ValueError, match=r"tau_kl.*0"):
-    losses.pmd_loss(lp, lp, lp, 0.0)
+    losses.pmd_loss(lp, lp, lp, tau_kl=0.0)
   with pytest.raises(ValueError, match=r"\(2, 2\)"):
-    losses.pmd_loss(lp, lp, jnp.zeros((2, 2)), 0.1)
+    losses.pmd_loss(lp, lp, jnp.zeros((2, 2)), tau_kl=0.1)
   with pytest.raises(ValueError, match="token_clip"):
-    losses.pmd_loss(lp, lp, lp, 0.1, token_clip=1.0)
+    losses.pmd_loss(lp, lp, lp, tau_kl=0.1, token_clip=1.0)
   with pytest.raises(ValueError, match=r"token_clip.*-1"):
-    losses.pmd_loss(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3, 4)), lp, 0.1,
+    losses.pmd_loss(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3, 4)), lp, tau_kl=0.1,
                     loss_mask=jnp.ones((2, 3, 4)), token_clip=-1.0)
   with pytest.raises(ValueError, match=r"rewards.*\(2,\)"):
-    losses.pmd_loss(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3, 4)), jnp.zeros(2), 0.1,
+    losses.pmd_loss(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3, 4)), jnp.zeros(2), tau_kl=0.1,
                     loss_mask=jnp.ones((2, 3, 4)))
   with pytest.raises(ValueError, match=r"\(2, 4\)"):
     losses.sequence_logprobs(lp, jnp.ones((2, 4)))

@@ -79,8 +79,8 @@ def test_cached_chunks_equal_full_forward(tiny):
   hs = []
   for lo, hi in [(0, 5), (5, 6), (6, 12)]:
     pos = jnp.broadcast_to(jnp.arange(lo, hi), (2, hi - lo))
-    h, cache = _forward_with_cache(cfg, params, tokens[:, lo:hi], pos,
-                                   jnp.ones((2, hi - lo), bool), cache)
+    h, cache = _forward_with_cache(cfg, params, tokens[:, lo:hi], positions=pos,
+                                   input_mask=jnp.ones((2, hi - lo), bool), cache=cache)
     hs.append(h)
   cached = models.logits_from_hidden(cfg, params, jnp.concatenate(hs, axis=1))
   np.testing.assert_allclose(cached, full, atol=1e-5)
@@ -129,7 +129,8 @@ def test_remat_same_loss_and_gradient(tiny, remat):
   for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
     np.testing.assert_allclose(b, a, atol=1e-6)
   cache = models.init_cache(rcfg, 2, 16)
-  h, _ = _forward_with_cache(rcfg, params, tokens, models.default_positions(mask), mask, cache)
+  h, _ = _forward_with_cache(rcfg, params, tokens, positions=models.default_positions(mask),
+                             input_mask=mask, cache=cache)
   np.testing.assert_allclose(models.logits_from_hidden(rcfg, params, h)[0],
                              _forward(cfg, params, tokens)[0], atol=1e-5)
 
@@ -188,8 +189,10 @@ def test_out_in_layout_is_the_same_model(tiny):
                              atol=1e-5)
   cache = models.init_cache(cfg, 2, 16)
   pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
-  h_o, _ = _forward_with_cache(ocfg, oparams, tokens, pos, jnp.ones((2, 9), bool), cache)
-  h_i, _ = _forward_with_cache(cfg, params, tokens, pos, jnp.ones((2, 9), bool), cache)
+  h_o, _ = _forward_with_cache(ocfg, oparams, tokens, positions=pos,
+                               input_mask=jnp.ones((2, 9), bool), cache=cache)
+  h_i, _ = _forward_with_cache(cfg, params, tokens, positions=pos,
+                               input_mask=jnp.ones((2, 9), bool), cache=cache)
   np.testing.assert_allclose(h_o, h_i, atol=1e-5)
   with pytest.raises(ValueError, match="materialise"):
     models.to_out_in(cfg.replace(quant="int8"), params)

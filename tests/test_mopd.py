@@ -125,7 +125,7 @@ def test_exact_kl_equals_the_dense_full_vocabulary_kl(effort_free):
                               accuracy=np.zeros(5), lengths=np.asarray([t.num_tokens
                                                                         for t in trajs]),
                               over=np.zeros(5, bool), spans=spans)
-  got = mopd.exact_kl_rows(s_cfg, student, bank, sampled, chunk_size=16)
+  got = mopd.exact_kl_rows(s_cfg, student, bank, sampled=sampled, chunk_size=16)
 
   fwd = jax.jit(lambda cfg, p, t, m: jax.nn.log_softmax(models.forward(cfg, p, t,
                                                                        input_mask=m), -1),

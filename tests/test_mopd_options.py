@@ -60,7 +60,7 @@ def test_alpha_changes_the_loss_and_zero_alpha_is_the_old_path(kind):
       teacher_topk_ids=None if topk is None else jnp.asarray(topk[1]))
   lc = train.LossConfig(kind=kind)
   value_and_grad = jax.jit(jax.value_and_grad(
-      lambda p, b: train.compute_loss(CFG, lc, p, b)[0]))
+      lambda p, b: train.compute_loss(CFG, lc, p, batch=b)[0]))
   loss_old, g_old = value_and_grad(params, old)
   adv = mopd.outcome_advantages([1.0, 0.0, 1.0, 0.0, 0.0, 1.0], [0, 0, 1, 1, 2, 2])
   zero = mopd.train_batch(arr, lp_t, topk=topk, alpha=0.0, advantages_B=adv)
@@ -89,7 +89,7 @@ def test_topk_mopd_step_is_zero_when_the_student_is_every_teacher():
   bank = teachers.build_bank(CFG, [params] * 9, names=teachers.DEFAULT_NAMES)
   scorer = placement.TeacherScorer(bank, mesh, mesh, top_k=4)
   trainer = train.Trainer(CFG, train.LossConfig(kind="topk"), train.OptimConfig(lr=1e-2),
-                          mesh)
+                          mesh=mesh)
   tasks = {d: get_task(d) for d in DOMAINS}
   cells = [(d, e) for d in DOMAINS for e in EFFORTS]
   per_cell = [tasks[d].generate(seed=i, n=1) for i, (d, _) in enumerate(cells)]

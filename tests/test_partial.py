@@ -41,14 +41,14 @@ def test_segments_equal_one_go_rollouts(params):
   exs = {d: t.generate(0, 4) for d, t in tasks.items()}
   pool = partial.RolloutPool(6)
   for j, d in enumerate(tasks):
-    pool.add(eng, exs[d], ["max"] * 4, jax.random.fold_in(rng, j), step=0)
+    pool.add(eng, exs[d], ["max"] * 4, rng=jax.random.fold_in(rng, j), step=0)
   steps = 0
   while not all(pool.complete(eng, r) for r in pool.rows):
-    pool.advance(eng, params, rng, lambda d: tasks[d].environment)
+    pool.advance(eng, params, rng, environment_of=lambda d: tasks[d].environment)
     steps += 1
   assert steps > 1  # the rows took several segments
   for j, d in enumerate(tasks):
-    whole = eng.run(params, exs[d], ["max"] * 4, [40] * 4, jax.random.fold_in(rng, j),
+    whole = eng.run(params, exs[d], ["max"] * 4, budgets=[40] * 4, rng=jax.random.fold_in(rng, j),
                     environment=tasks[d].environment)
     for a, r in zip(whole.trajectories, [r for r in pool.rows if r.example.domain == d]):
       _same(a, r.traj)
@@ -60,8 +60,8 @@ def test_take_limits_each_cell_and_the_state_round_trips(params):
   eng = _engine()
   task = get_task("gen")
   pool = partial.RolloutPool(5)
-  pool.add(eng, task.generate(0, 3), ["low", "max", "max"], jax.random.PRNGKey(1), step=0)
-  pool.add(eng, task.generate(1, 3), ["max", "max", "low"], jax.random.PRNGKey(2), step=1)
+  pool.add(eng, task.generate(0, 3), ["low", "max", "max"], rng=jax.random.PRNGKey(1), step=0)
+  pool.add(eng, task.generate(1, 3), ["max", "max", "low"], rng=jax.random.PRNGKey(2), step=1)
   for r in pool.rows[:4]:  # mark four complete by hand: two of step 0, two of step 1
     r.traj.finished = True
   cell = lambda r: r.effort
@@ -72,11 +72,11 @@ def test_take_limits_each_cell_and_the_state_round_trips(params):
       (1, "max", True), (1, "max", False), (1, "low", False)]
   for r in pool.rows:
     r.traj.finished = False
-  pool.advance(eng, params, jax.random.PRNGKey(0), lambda d: task.environment)
+  pool.advance(eng, params, jax.random.PRNGKey(0), environment_of=lambda d: task.environment)
   copy = partial.RolloutPool(5)
   copy.restore(json.loads(json.dumps(pool.state())))
   for p in (pool, copy):
-    p.advance(eng, params, jax.random.PRNGKey(0), lambda d: task.environment)
+    p.advance(eng, params, jax.random.PRNGKey(0), environment_of=lambda d: task.environment)
   assert len(copy.rows) == len(pool.rows)
   for a, b in zip(pool.rows, copy.rows):
     _same(a.traj, b.traj)
@@ -99,7 +99,7 @@ def test_rl_effort_phase_with_partial_rollouts(params):
   mesh = sharding.make_mesh({}, jax.devices()[:1])
 
   trainer = train.Trainer(CFG, train.LossConfig(kind="pmd", group_size=2, tau_kl=0.5),
-                          train.OptimConfig(lr=1e-3, warmup_steps=0, total_steps=3), mesh)
+                          train.OptimConfig(lr=1e-3, warmup_steps=0, total_steps=3), mesh=mesh)
 
   def run(pool, relogprob=None):  # one Trainer (its compiled step) for the three runs
     _, hist = rl.run_effort(trainer, trainer.init(params),

@@ -142,7 +142,7 @@ def _trainer(cfg=CFG, devices=1):
   """Cached: one compiled step serves every in-process test."""
   mesh = sharding.make_mesh({"data": 1, "fsdp": devices, "tensor": 1}, jax.devices()[:devices])
   return train.Trainer(cfg, train.LossConfig(kind="mopd"), train.OptimConfig(warmup_steps=0),
-                       mesh)
+                       mesh=mesh)
 
 
 def _params_like(cfg=CFG):
@@ -159,7 +159,7 @@ def _run_loop(directory, steps, nan_at=(), skip=False, every=1):
     for step in range(loop.start_step, steps):
       state, m = tr.step(state, _batch(step, nan=step in nan_at))
       m = {k: float(v) for k, v in jax.device_get(m).items()}
-      loop.end_step(step, state, m, [step, m["loss"]])
+      loop.end_step(step, state, m, record=[step, m["loss"]])
   return jax.device_get(state), loop
 
 
@@ -241,7 +241,7 @@ def test_teacher_manifest_validation(tmp_path):
   student = models.ModelConfig(**{**CFG.__dict__, "family": "qwen3"})
   grid = grid_mod.Grid(TOY_DOMAINS, tuple(grid_mod.Effort(e, t) for e, t in
                                           (("low", 0.3), ("high", 0.72), ("max", 1.5))))
-  check = lambda m: teachers.validate_manifest(m, "m.json", grid, student)
+  check = lambda m: teachers.validate_manifest(m, "m.json", grid, student_cfg=student)
   sig = teachers.model_signature(student)
   entries = {}
   for name in teachers.DEFAULT_NAMES:
@@ -300,7 +300,7 @@ def test_restore_onto_a_different_device_count_reshards(tmp_path):
   w = state.params["layers_0"]["mlp"]["gate_proj"]
   assert w.addressable_shards[0].data.shape[0] == w.shape[0] // 2  # really sharded
   with checkpoint.TrainLoop("reshard", directory, every=1, total_steps=1) as loop:
-    loop.end_step(0, state, {"finite": 1.0}, [0])
+    loop.end_step(0, state, {"finite": 1.0}, record=[0])
   checkpoint.save_params(directory + "_params", state.params)
   np.savez(directory + ".npz", **_named(state))  # plain arrays; read back without pickle
   out = subprocess.run([sys.executable, "-c", _RESTORE_ON_ONE_DEVICE, directory], cwd=ROOT,

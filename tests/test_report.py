@@ -188,7 +188,7 @@ def test_report_per_cell_kl_drop_standard_errors_and_diagnostics(tmp_path):
                                 "grad_norm_tok": share})
     history.append(rec)
   checkpoint.write_json(str(tmp_path / "mopd" / "history.json"), history)
-  rep = report.build(str(tmp_path), {}, {}, grid)
+  rep = report.build(str(tmp_path), {}, {}, grid=grid)
   assert all(c["accuracy_se"] == pytest.approx((0.8 * 0.2 / 100) ** 0.5) for c in rep["cells"])
   drop = rep["kl_exact_drop_per_cell"]
   assert drop["gen/low"] == {"first": pytest.approx(2.0 * (1 + 1 / 2) / 2),

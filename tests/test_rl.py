@@ -81,7 +81,7 @@ def test_rl_phase_samples_from_the_held_reference():
   engine.run = lambda params, *a, **k: used.append(params) or real_run(params, *a, **k)
   trainer = train.Trainer(cfg, train.LossConfig(kind="pmd", group_size=2, tau_kl=0.5),
                           train.OptimConfig(lr=1e-3, warmup_steps=0, total_steps=2),
-                          sharding.make_mesh({}, jax.devices()[:1]))
+                          mesh=sharding.make_mesh({}, jax.devices()[:1]))
 
   def run(sample_from, reference):
     used.clear()
@@ -100,10 +100,11 @@ def test_rl_phase_samples_from_the_held_reference():
   # one, and the batch keeps the groups' order (row i of a group of 2: policy, reference).
   both = run("both", ref)
   assert len(both) == 4 and [p is ref for p in both] == [False, True, False, True]
-  split = rl._run_split(engine, (start, ref), stream[0] * 1, ["high"] * 2, [30, 30],
-                        jax.random.PRNGKey(0), group_size=2, environment=None)
-  alone = real_run(start, stream[0][:1], ["high"], [30], jax.random.fold_in(
-      jax.random.PRNGKey(0), 0))
+  split = rl._run_split(engine, (start, ref), stream[0] * 1, shown=["high"] * 2,
+                        budgets=[30, 30], rng=jax.random.PRNGKey(0), group_size=2,
+                        environment=None)
+  alone = real_run(start, stream[0][:1], ["high"], budgets=[30],
+                   rng=jax.random.fold_in(jax.random.PRNGKey(0), 0))
   assert split.trajectories[0].ids == alone.trajectories[0].ids
   with pytest.raises(ValueError, match="sample_from"):
     run("teacher", ref)

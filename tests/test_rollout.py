@@ -28,11 +28,12 @@ def test_partial_rollout_equals_one_go(params, domain):
   eng = _engine()
   rng = jax.random.PRNGKey(5)
   budgets = [40] * len(exs)
-  whole = eng.run(params, exs, ["high"] * 4, budgets, rng, environment=task.environment)
-  part = eng.run(params, exs, ["high"] * 4, budgets, rng, environment=task.environment,
+  whole = eng.run(params, exs, ["high"] * 4, budgets=budgets, rng=rng, environment=task.environment)
+  part = eng.run(params, exs, ["high"] * 4, budgets=budgets, rng=rng, environment=task.environment,
                  step_budget=7)
   for _ in range(20):  # continue until nothing is left to decode
-    part = eng.run(params, exs, ["high"] * 4, budgets, rng, environment=task.environment,
+    part = eng.run(params, exs, ["high"] * 4, budgets=budgets, rng=rng,
+                   environment=task.environment,
                    resume=part.trajectories, step_budget=7)
   for a, b in zip(whole.trajectories, part.trajectories):
     assert a.ids == b.ids and a.gen_mask == b.gen_mask
@@ -43,7 +44,7 @@ def test_partial_rollout_equals_one_go(params, domain):
 def test_budget_cuts_and_flags_over_budget(params):
   task = get_task("gen")
   exs = task.generate(1, 6)
-  res = _engine().run(params, exs, ["low"] * 6, [3] * 6, jax.random.PRNGKey(0))
+  res = _engine().run(params, exs, ["low"] * 6, budgets=[3] * 6, rng=jax.random.PRNGKey(0))
   for t, over in zip(res.trajectories, res.over_budget):
     assert t.num_tokens <= 3
     assert over == (not t.finished)
@@ -52,7 +53,7 @@ def test_budget_cuts_and_flags_over_budget(params):
 def test_observations_are_masked_and_padded_batch_aligns():
   task = get_task("agt")
   ex = task.generate(0, 1)[0]
-  traj = rollout.sft_trajectory(TOK, ex, "max", ex.solutions["full"])
+  traj = rollout.sft_trajectory(TOK, ex, "max", response=ex.solutions["full"])
   text_ids = traj.ids
   inside = False
   for i, m in zip(text_ids, traj.gen_mask):

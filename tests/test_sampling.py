@@ -275,8 +275,8 @@ def test_blocked_cache_attention_equals_dense(q_slots):
   want = np.asarray(jnp.einsum("bkgts,bksh->bkgth", jax.nn.softmax(sc, -1), v))
   has_key = dense_mask.any(-1)  # [B, T]: a query with no valid key is undefined
   for block in (4, 8, 16):
-    got = np.asarray(transformer.decode_attention(qg, k, v, jnp.asarray(valid),
-                                                  jnp.asarray(qs, jnp.int32), block))
+    got = np.asarray(transformer.decode_attention(qg, k, v, kv_mask=jnp.asarray(valid),
+                                                  q_slots=jnp.asarray(qs, jnp.int32), block=block))
     for bb in range(b):
       for tt in range(t):
         if has_key[bb, tt]:

@@ -431,7 +431,7 @@ def test_hostile_programs_earn_nothing_and_leave_nothing(name, backend, monkeypa
         "PARENT", str(os.getpid()))
     t0 = time.monotonic()
     res = sandbox.run(src, sandbox.IOTests("f", tuple(TESTS)),
-                      sandbox.Limits(timeout_s=TIMEOUT), backend, static_check=False)
+                      sandbox.Limits(timeout_s=TIMEOUT), backend=backend, static_check=False)
     assert time.monotonic() - t0 < TIMEOUT + SLACK, res
     assert not res.passed and res.status != "refused", res
     server.settimeout(0.05)
@@ -456,15 +456,15 @@ def test_program_tests_mbpp_and_humaneval_conventions(backend):
                                "root_sum")
   wrong = sandbox.ProgramTests("assert root_sum([4]) == 3\n")
   want = "ok" if backend == "bwrap" else "refused"
-  assert sandbox.run(src, mbpp, limits, backend).status == want
-  assert sandbox.run(src, human, limits, backend).status == want
+  assert sandbox.run(src, mbpp, limits, backend=backend).status == want
+  assert sandbox.run(src, human, limits, backend=backend).status == want
   if backend == "bwrap":
-    assert sandbox.run(src, wrong, limits, backend).status == "wrong"
+    assert sandbox.run(src, wrong, limits, backend=backend).status == "wrong"
   plain = "def root_sum(xs):\n    return sum(int(x ** 0.5) for x in xs)\n"
-  assert sandbox.run(plain, mbpp, limits, backend).passed
-  assert sandbox.run(plain, wrong, limits, backend).status == "wrong"
+  assert sandbox.run(plain, mbpp, limits, backend=backend).passed
+  assert sandbox.run(plain, wrong, limits, backend=backend).status == "wrong"
   exits = "import sys\ndef root_sum(xs):\n    sys.exit(0)\n"  # an early exit is no pass
-  assert sandbox.run(exits, mbpp, limits, backend, static_check=False).status == "crash"
+  assert sandbox.run(exits, mbpp, limits, backend=backend, static_check=False).status == "crash"
 
 
 def test_static_check_refuses_match_class_attributes():

@@ -174,8 +174,8 @@ def test_command_line_serves_a_checkpoint_and_stops_on_sigterm(tmp_path):
   """`python -m mopd_jax.serve --hf_path DIR --cell gen/max` serves the checkpoint at the
   config's teacher temperature; SIGTERM ends it with status 0."""
   from configs import toy
-  from mopd_jax import config as config_mod, hf
-  cfg = config_mod.model_config(toy.get_config("tiny"), TOK.vocab_size)
+  from mopd_jax import config_build, hf
+  cfg = config_build.model_config(toy.get_config("tiny"), TOK.vocab_size)
   params = models.init_params(cfg, jax.random.PRNGKey(5))
   hf.save_checkpoint(cfg, params, str(tmp_path / "ckpt"))
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
@@ -221,7 +221,7 @@ def test_mopd_step_scored_by_the_server_equals_in_process():
   bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(20 + k))
                                    for k in range(len(names))], names=names)
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
-  trainer = train.Trainer(cfg, train.LossConfig(kind="mopd"), train.OptimConfig(lr=1e-2), mesh)
+  trainer = train.Trainer(cfg, train.LossConfig(kind="mopd"), train.OptimConfig(lr=1e-2), mesh=mesh)
   tasks = {d: get_task(d) for d in TOY_DOMAINS}
   cells = [tuple(n.split("/")) for n in names]
   per_cell = [tasks[d].generate(seed=i, n=2) for i, (d, _) in enumerate(cells)]

@@ -85,7 +85,7 @@ def test_pipeline_files_on_a_gs_workdir(gcs, tmp_path):
   history = [{"step": s, "kl": 1.0 / (s + 1), "reward_mean": -0.1,
               "cells": {n: {"kl": 0.5} for n in g.names}} for s in range(3)]
   checkpoint.write_json(storage.join(wd, "mopd", "history.json"), history)
-  rep = report.write(wd, {"seed": 0}, {"sft": 1.0, "total": 2.0}, g)
+  rep = report.write(wd, {"seed": 0}, {"sft": 1.0, "total": 2.0}, grid=g)
   assert len(rep["cells"]) == 12
   for name in ("report.json", "report.md", "cells.png", "kl.png", "length.png"):
     assert os.path.getsize(os.path.join(local, name)) > 100, name

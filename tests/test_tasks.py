@@ -312,7 +312,7 @@ def test_cod_programs_compute_their_answer():
     stale += int(claim) != ex.meta["b"]
   assert 0.2 < stale / 200 < 0.4
   with pytest.raises(ValueError, match="decimal literal"):
-    task.make("012", "1", 0, [1])
+    task.make("012", "1", 0, test_x=[1])
 
 
 # --- cod: fast path and sandbox ------------------------------------------------------------------
@@ -339,7 +339,7 @@ def test_cod_verify_batch_pools_the_sandbox_and_equals_verify():
   want = [one_by_one.verify(ex, r) for ex, r in zip(rows, responses)]
   assert task.verify_batch(rows, responses) == want == [1.0, 0.0, 1.0, 0.0] * 4
   assert task.num_sandbox_runs == 8 and task.num_verify_calls == 16
-  assert task.verify_unless(rows, responses, [i % 2 for i in range(16)], -1.0) == \
+  assert task.verify_unless(rows, responses, [i % 2 for i in range(16)], fill=-1.0) == \
       [1.0, -1.0, 1.0, -1.0] * 4
   assert task.num_sandbox_runs == 8  # the rows it scored were cached; skipped rows not run
 

@@ -62,7 +62,7 @@ def test_routed_rows_use_their_own_teacher(bank):
   b, plist = bank
   tokens, mask = _batch()
   ids = jnp.array([0, 8, 3, 3, 5, 1])
-  got = jax.jit(teachers.teacher_logprobs)(b, ids, tokens, mask)
+  got = jax.jit(teachers.teacher_logprobs)(b, ids, tokens, input_mask_BxT=mask)
   for row, k in enumerate(np.asarray(ids)):
     want = _teacher_forced(plist[k], tokens[row:row + 1], mask[row:row + 1])
     np.testing.assert_allclose(got[row], want[0], atol=1e-5)
@@ -78,7 +78,7 @@ def test_stratified_equals_routed(bank):
   strat = jax.jit(teachers.score_stratified)(b, jnp.asarray(tok_s), jnp.asarray(mask_s))
   assert strat.shape == (9, 3, 12)
   flat = teachers.scatter_stratified(strat, index, len(ids))
-  routed = teachers.teacher_logprobs(b, jnp.asarray(ids), tokens, mask)
+  routed = teachers.teacher_logprobs(b, jnp.asarray(ids), tokens, input_mask_BxT=mask)
   np.testing.assert_allclose(flat, routed, atol=1e-5)
 
 
@@ -96,7 +96,7 @@ def test_no_gradient_flows_into_teachers(bank):
 
   def f(bank_params):
     bb = b.replace(params=bank_params)
-    return jnp.sum(teachers.teacher_logprobs(bb, ids, tokens, mask))
+    return jnp.sum(teachers.teacher_logprobs(bb, ids, tokens, input_mask_BxT=mask))
 
   g = jax.grad(f)(b.params)
   assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree.leaves(g))

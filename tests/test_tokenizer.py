@@ -6,6 +6,7 @@ import pytest
 
 from mopd_jax import tokenizer as tok_lib
 from mopd_jax.tokenizer import DEFAULT_EFFORTS as EFFORTS, SPECIALS, CharTokenizer, HFTokenizer, load_tokenizer
+from mopd_jax.tokenizer_options import TokenizerOptions
 
 
 def _hf():
@@ -101,11 +102,11 @@ def test_hf_round_trip_and_specials(hf_path):
 
 
 def test_hf_reuses_named_tokens_and_keeps_existing_ids(hf_path, tmp_path):
-  t = HFTokenizer(hf_path, pad_token="<|endoftext|>", eos_token="<|endoftext|>")
+  t = HFTokenizer(hf_path, TokenizerOptions(pad_token="<|endoftext|>", eos_token="<|endoftext|>"))
   eot = _hf().Tokenizer.from_file(hf_path).token_to_id("<|endoftext|>")
   assert t.pad_id == t.eos_id == eot and t.bos_id != eot
   with pytest.raises(ValueError, match="has no token"):
-    HFTokenizer(hf_path, eos_token="</s>")
+    HFTokenizer(hf_path, TokenizerOptions(eos_token="</s>"))
   # A file that already has "<call>" keeps its id for it.
   raw = _hf().Tokenizer.from_file(hf_path)
   raw.add_special_tokens(["<call>"])
@@ -137,7 +138,8 @@ def test_load_tokenizer(hf_path):
   with pytest.raises(ValueError, match="unknown tokenizer"):
     load_tokenizer("/no/such/tokenizer.json")
   # The run passes its prompt options to any tokenizer; the toy's ignores them.
-  assert load_tokenizer("char", eos_token="x", chat=True).encode("ab") == \
+  char = load_tokenizer("char", options=TokenizerOptions(eos_token="x", chat=True))
+  assert char.encode("ab") == \
       CharTokenizer().encode("ab")
 
 
@@ -164,7 +166,7 @@ def test_hf_chat_template(hf_path, tmp_path):
   # An assistant's turn ends with "\n", no special token: the end of a response is unknown.
   with pytest.raises(ValueError, match="no end-of-turn token"):
     HFTokenizer(str(folder))
-  t = HFTokenizer(str(folder), eos_token="<|endoftext|>")
+  t = HFTokenizer(str(folder), TokenizerOptions(eos_token="<|endoftext|>"))
   assert t.chat_template == template
   out = t.apply_chat_template([{"role": "user", "content": "hi"}])
   assert out == "<|user|>hi\n<|assistant|>"
@@ -218,12 +220,12 @@ def test_prompts_by_chat_template_with_the_effort_as_token_or_system_line(hf_pat
   system line); effort None renders the teacher's prompt, with no effort at all; the toy
   layout without a chat template."""
   folder = _chat_folder(hf_path, tmp_path)
-  t = HFTokenizer(folder, eos_token="<|endoftext|>")
+  t = HFTokenizer(folder, TokenizerOptions(eos_token="<|endoftext|>"))
   user = "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
   assert t.decode(t.encode_prompt("2+2?", None)) == user
   assert t.encode_prompt("2+2?", "high") == t.encode(user) + [t.effort_id("high")]
-  s = HFTokenizer(folder, eos_token="<|endoftext|>", effort_format="system",
-                  system_line="Reasoning effort: {effort}")
+  s = HFTokenizer(folder, TokenizerOptions(eos_token="<|endoftext|>", effort_format="system",
+                                           system_line="Reasoning effort: {effort}"))
   assert s.decode(s.encode_prompt("2+2?", "low")) == \
       "<|im_start|>system\nReasoning effort: low<|im_end|>\n" + user
   assert s.encode_prompt("2+2?", None) == s.encode(user)
@@ -233,7 +235,7 @@ def test_prompts_by_chat_template_with_the_effort_as_token_or_system_line(hf_pat
     s.effort_id("low")
   with pytest.raises(ValueError, match="unknown effort"):
     s.encode_prompt("2+2?", "medium")
-  plain = HFTokenizer(folder, chat=False)
+  plain = HFTokenizer(folder, TokenizerOptions(chat=False))
   assert plain.encode_prompt("hi", "max") == ([plain.bos_id] + plain.encode("hi\n") +
                                               [plain.effort_id("max")])
   assert CharTokenizer().encode_prompt("hi", None) == CharTokenizer().encode_prompt(
@@ -241,15 +243,15 @@ def test_prompts_by_chat_template_with_the_effort_as_token_or_system_line(hf_pat
 
 
 def test_tool_markers_and_eos_reuse_existing_tokens(hf_path, tmp_path):
-  t = HFTokenizer(_chat_folder(hf_path, tmp_path), eos_token="<|endoftext|>",
-                  effort_format="system",
-                  tool_tokens=("<|endoftext|>", "x", "y", "z"))
-  base_vocab = HFTokenizer(hf_path, effort_format="system").vocab_size
+  t = HFTokenizer(_chat_folder(hf_path, tmp_path), TokenizerOptions(
+      eos_token="<|endoftext|>", effort_format="system",
+      tool_tokens=("<|endoftext|>", "x", "y", "z")))
+  base_vocab = HFTokenizer(hf_path, TokenizerOptions(effort_format="system")).vocab_size
   assert t.eos_id == t.call_id  # an existing token kept its id
   with pytest.raises(ValueError, match="4 tokens"):
-    HFTokenizer(hf_path, tool_tokens=("a", "b"))
+    HFTokenizer(hf_path, TokenizerOptions(tool_tokens=("a", "b")))
   with pytest.raises(ValueError, match="must contain"):
-    HFTokenizer(hf_path, effort_format="system", system_line="no placeholder")
+    HFTokenizer(hf_path, TokenizerOptions(effort_format="system", system_line="no placeholder"))
   assert base_vocab > 0
 
 
@@ -263,7 +265,8 @@ def test_fingerprint_tells_tokenizers_apart(hf_path):
   assert fp(char) != fp(CharTokenizer(efforts=("low", "high", "xhigh")))
   hf = HFTokenizer(hf_path)
   assert fp(hf) == fp(HFTokenizer(hf_path)) and fp(hf) != fp(char)
-  assert fp(hf) != fp(HFTokenizer(hf_path, eos_token="<|endoftext|>"))  # another EOS id
+  # another EOS id
+  assert fp(hf) != fp(HFTokenizer(hf_path, TokenizerOptions(eos_token="<|endoftext|>")))
   assert len(hf.token_table()) == hf.vocab_size
 
 
@@ -285,7 +288,8 @@ def test_families_prompts_and_specials_from_their_files(families, family):
   """With nothing named by the config: the end of a response, padding and BOS come from the
   family's files; the student's effort is a system line where the template has a system
   role and starts the user's turn where it raises on one; the teacher's prompt has none."""
-  t = HFTokenizer(families[family], efforts=("low", "high"), effort_format="auto", tools=())
+  t = HFTokenizer(families[family], TokenizerOptions(effort_format="auto", tools=()),
+                  efforts=("low", "high"))
   student, teacher = chat_families.EXPECTED[family]
   assert t.decode(t.encode_prompt("2+2?", "high")) == student
   assert t.encode_prompt("2+2?", "high") == t.encode(student)
@@ -300,7 +304,7 @@ def test_families_prompts_and_specials_from_their_files(families, family):
                                                                        raw.token_to_id(pad) is None)
   assert (t.call_id, t.call_end_id, t.obs_id, t.obs_end_id) == (None,) * 4
   # The config's names still win.
-  named = HFTokenizer(families[family], eos_token=bos, pad_token=bos, tools=())
+  named = HFTokenizer(families[family], TokenizerOptions(eos_token=bos, pad_token=bos, tools=()))
   assert named.eos_id == named.pad_id == t.bos_id
 
 
@@ -309,7 +313,7 @@ def test_families_render_as_transformers_renders(families, family):
   """The same text as transformers' apply_chat_template for the same files and messages."""
   transformers = pytest.importorskip("transformers")
   ref = transformers.PreTrainedTokenizerFast.from_pretrained(families[family])
-  ours = HFTokenizer(families[family], tools=())
+  ours = HFTokenizer(families[family], TokenizerOptions(tools=()))
   user = [{"role": "user", "content": "2+2?"}]
   chats = [(user, True), (user + [{"role": "assistant", "content": " 4 "}], False)]
   if family in ("qwen3", "llama3"):
@@ -328,12 +332,12 @@ def test_effort_format_can_be_forced(families):
   gemma, llama = families["gemma"], families["llama3"]
   with pytest.raises(ValueError, match="gemma/tokenizer_config.json: the chat template does "
                      "not render a system message"):
-    HFTokenizer(gemma, effort_format="system", tools=())
-  user = HFTokenizer(llama, effort_format="user", tools=())
+    HFTokenizer(gemma, TokenizerOptions(effort_format="system", tools=()))
+  user = HFTokenizer(llama, TokenizerOptions(effort_format="user", tools=()))
   assert user.decode(user.encode_prompt("2+2?", "max")) == (
       "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nReasoning effort: max\n\n"
       "2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
-  token = HFTokenizer(gemma, effort_format="token", tools=())
+  token = HFTokenizer(gemma, TokenizerOptions(effort_format="token", tools=()))
   assert token.encode_prompt("2+2?", "max") == token.encode(
       chat_families.EXPECTED["gemma"][1]) + [token.effort_id("max")]
 
@@ -341,7 +345,8 @@ def test_effort_format_can_be_forced(families):
 def test_tool_markers_taken_added_or_not_asked_for(families, caplog):
   import logging
   caplog.set_level(logging.INFO)
-  qwen = HFTokenizer(families["qwen3"], effort_format="auto", tools=tools_lib.MARKERS)
+  qwen = HFTokenizer(families["qwen3"],
+                     TokenizerOptions(effort_format="auto", tools=tools_lib.MARKERS))
   raw = _hf().Tokenizer.from_file(os.path.join(families["qwen3"], "tokenizer.json"))
   assert (qwen.call_id, qwen.call_end_id, qwen.obs_id, qwen.obs_end_id) == tuple(
       raw.token_to_id(m) for m in tools_lib.MARKERS)
@@ -349,8 +354,9 @@ def test_tool_markers_taken_added_or_not_asked_for(families, caplog):
   assert "tool markers <tool_call> </tool_call> <tool_response> </tool_response> taken from " \
       "the tokenizer" in caplog.text
   caplog.clear()
-  llama = HFTokenizer(families["llama3"], effort_format="auto", tools=tools_lib.MARKERS)
-  none = HFTokenizer(families["llama3"], effort_format="auto", tools=())
+  llama = HFTokenizer(families["llama3"],
+                      TokenizerOptions(effort_format="auto", tools=tools_lib.MARKERS))
+  none = HFTokenizer(families["llama3"], TokenizerOptions(effort_format="auto", tools=()))
   assert llama.vocab_size == none.vocab_size + 4
   assert llama.decode([llama.call_id, llama.obs_end_id]) == "<tool_call></tool_response>"
   assert [r.getMessage() for r in caplog.records if "tool markers" in r.getMessage()] == [
@@ -358,13 +364,14 @@ def test_tool_markers_taken_added_or_not_asked_for(families, caplog):
       "<tool_response> </tool_response> added to the vocabulary (<tool_call>, </tool_call>, "
       "<tool_response>, </tool_response>)"]
   # Four existing tokens named by the config replace the data's markers.
-  named = HFTokenizer(families["llama3"], effort_format="auto", tools=tools_lib.MARKERS,
-                      tool_tokens=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                                   "<|end_of_text|>"))
+  named = HFTokenizer(families["llama3"], TokenizerOptions(
+      effort_format="auto", tools=tools_lib.MARKERS,
+      tool_tokens=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                   "<|end_of_text|>")))
   assert named.vocab_size == none.vocab_size and named.call_end_id == none.encode(
       "<|end_header_id|>")[0]
   # The toy tokenizer always has its markers (its ids are fixed).
-  assert load_tokenizer("char", tools=()).call_id == 6
+  assert load_tokenizer("char", options=TokenizerOptions(tools=())).call_id == 6
 
 
 def _folder_with(tmp_path, source, **files):
@@ -396,7 +403,7 @@ def _folder_with(tmp_path, source, **files):
 def test_bad_tokenizer_files_are_one_line_naming_the_file(families, tmp_path, files, match):
   folder = _folder_with(tmp_path, families["gemma"], **files)
   with pytest.raises(ValueError, match=match) as e:
-    HFTokenizer(folder, tools=())
+    HFTokenizer(folder, TokenizerOptions(tools=()))
   assert "\n" not in str(e.value) and str(tmp_path) in str(e.value)
 
 

@@ -74,7 +74,7 @@ def test_every_dtype_mix_trains(param_dtype, dtype, tie, fused):
       cfg = _cfg(param_dtype, dtype, tie, quant)
       lc = train.LossConfig(kind=kind, fused_head=fused, group_size=2)
       (loss, _), grads = jax.value_and_grad(
-          lambda p: train.compute_loss(cfg, lc, p, _batch(kind)), has_aux=True)(params)
+          lambda p: train.compute_loss(cfg, lc, p, batch=_batch(kind)), has_aux=True)(params)
       out[f"{quant}/{kind}"] = (loss, grads)
     return out
 
@@ -101,7 +101,7 @@ def test_bf16_trainer_step_keeps_param_dtypes(fused):
   for micro in (1, 2):
     trainer = train.Trainer(cfg, train.LossConfig(kind="mopd", fused_head=fused),
                             train.OptimConfig(lr=1e-2, warmup_steps=0,
-                                              microbatches=micro), mesh)
+                                              microbatches=micro), mesh=mesh)
     params = models.init_params(cfg, jax.random.PRNGKey(0))
     state, m = trainer.step(trainer.init(params), _batch("mopd"))
     assert float(m["finite"]) == 1.0 and np.isfinite(float(m["loss"]))
@@ -125,7 +125,7 @@ def test_bf16_qwen3_mopd_step_end_to_end():
                                    for i in range(9)], names=teachers.DEFAULT_NAMES)
   scorer = placement.TeacherScorer(bank, mesh, mesh)
   trainer = train.Trainer(cfg, train.LossConfig(kind="mopd"),
-                          train.OptimConfig(lr=1e-2, warmup_steps=0), mesh)
+                          train.OptimConfig(lr=1e-2, warmup_steps=0), mesh=mesh)
   tasks = {d: get_task(d) for d in DOMAINS}
   cells = [(d, e) for d in DOMAINS for e in EFFORTS]
   per_cell = [tasks[d].generate(seed=i, n=1) for i, (d, _) in enumerate(cells)]

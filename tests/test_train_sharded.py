@@ -47,9 +47,9 @@ def test_sharded_step_equals_single_device(params, kind):
     # difference from showing up as a 2*lr parameter difference.
     tr = train.Trainer(CFG, train.LossConfig(kind=kind), train.OptimConfig(lr=1e-3,
                                                                            warmup_steps=0),
-                       mesh)
+                       mesh=mesh)
     state = tr.init(params)
-    grad_fn = jax.jit(jax.grad(lambda p, b: train.compute_loss(CFG, tr.loss_cfg, p, b)[0]),
+    grad_fn = jax.jit(jax.grad(lambda p, b: train.compute_loss(CFG, tr.loss_cfg, p, batch=b)[0]),
                       in_shardings=(tr.state_sharding.params, train.batch_shardings(mesh, batch)))
     grads = jax.device_get(grad_fn(params, batch))
     state, m = tr.step(state, batch)
@@ -118,7 +118,7 @@ def test_pg_step_matches_mopd_step_on_policy(params):
   for kind in ("mopd", "pg"):
     lc = train.LossConfig(kind=kind, eps_low=0.2, eps_high=0.2)
     # Jitted: op-by-op, every primitive of the forward and backward compiles on its own.
-    grads[kind] = jax.jit(jax.grad(lambda p, b: train.compute_loss(CFG, lc, p, b)[0]))(
+    grads[kind] = jax.jit(jax.grad(lambda p, b: train.compute_loss(CFG, lc, p, batch=b)[0]))(
         params, batch)
   for a, b in zip(jax.tree.leaves(grads["mopd"]), jax.tree.leaves(grads["pg"])):
     np.testing.assert_allclose(a, b, atol=1e-6)
@@ -128,7 +128,7 @@ def test_nonfinite_update_is_not_applied(params):
   batch = _batch()
   bad = batch.replace(teacher_logprobs=batch.teacher_logprobs.at[0, 10].set(jnp.nan),
                       loss_mask=batch.loss_mask.at[0, 10].set(True))
-  tr = train.Trainer(CFG, train.LossConfig(), train.OptimConfig(), _mesh())
+  tr = train.Trainer(CFG, train.LossConfig(), train.OptimConfig(), mesh=_mesh())
   state = tr.init(params)
   new, m = tr.step(state, bad)
   assert float(m["finite"]) == 0.0 and int(new.step) == 0
@@ -137,7 +137,7 @@ def test_nonfinite_update_is_not_applied(params):
 
 
 def test_teacher_params_not_in_train_state(params):
-  tr = train.Trainer(CFG, train.LossConfig(), train.OptimConfig(), _mesh())
+  tr = train.Trainer(CFG, train.LossConfig(), train.OptimConfig(), mesh=_mesh())
   state = tr.init(params)
   n_student = sum(x.size for x in jax.tree.leaves(params))
   n_opt = sum(x.size for x in jax.tree.leaves(state.opt_state))
@@ -154,7 +154,7 @@ def test_bad_mesh(shape, match):
 
 def test_batch_not_divisible(params):
   tr = train.Trainer(CFG, train.LossConfig(), train.OptimConfig(),
-                     _mesh(data=4, fsdp=2))
+                     mesh=_mesh(data=4, fsdp=2))
   batch = jax.tree.map(lambda x: x[:6], _batch())
   with pytest.raises(ValueError, match="batch size 6 is not divisible"):
     tr.step(tr.init(params), batch)
@@ -164,7 +164,7 @@ def test_bad_loss_inputs():
   with pytest.raises(ValueError, match="r_max"):
     train.LossConfig(r_max=0.0)
   with pytest.raises(ValueError, match="shape"):
-    losses.mopd_loss(jnp.zeros((2, 3)), jnp.zeros((2, 4)), jnp.ones((2, 3)), 1.0)
+    losses.mopd_loss(jnp.zeros((2, 3)), jnp.zeros((2, 4)), jnp.ones((2, 3)), r_max=1.0)
   with pytest.raises(ValueError, match="outside the bank"):
     teachers.check_teacher_ids([0, 12], 9)
 
@@ -189,7 +189,7 @@ def test_fused_head_loss_equals_generic(kind, extra):
   out = []
   for fused in (False, True):
     lcfg = train.LossConfig(kind=kind, fused_head=fused, **extra)
-    f = jax.jit(jax.value_and_grad(lambda p: train.compute_loss(cfg, lcfg, p, batch),
+    f = jax.jit(jax.value_and_grad(lambda p: train.compute_loss(cfg, lcfg, p, batch=batch),
                                    has_aux=True))
     out.append(jax.device_get(f(params)))
   ((l0, m0), g0), ((l1, m1), g1) = out
@@ -231,7 +231,8 @@ def test_microbatched_step_equals_full_batch(params, kind, extra):
   state = train.init_state(params, opt)
   out = {}
   for m in (1, 2, 4):
-    step = jax.jit(lambda s, b, m=m: train.train_step(CFG, lcfg, opt, s, b, microbatches=m))
+    step = jax.jit(lambda s, b, m=m: train.train_step(CFG, lcfg, opt, state=s, batch=b,
+                                                      microbatches=m))
     # LLVM at -O0: the HLO (and so the arithmetic) is unchanged, compilation is faster.
     out[m] = jax.device_get(step.lower(state, batch).compile(_FAST_COMPILE)(state, batch))
   ref_state, ref_m = out[1]
@@ -255,7 +256,7 @@ def test_trainer_microbatches_on_a_sharded_mesh(params):
   results = []
   for m in (1, 4):
     tr = train.Trainer(CFG, train.LossConfig(kind="mopd"),
-                       train.OptimConfig(lr=1e-3, warmup_steps=0, microbatches=m), mesh)
+                       train.OptimConfig(lr=1e-3, warmup_steps=0, microbatches=m), mesh=mesh)
     state = tr.init(params)
     placed = jax.device_put(batch, train.batch_shardings(mesh, batch))
     step = tr.jitted_step(placed).lower(state, placed).compile(_FAST_COMPILE)
@@ -271,15 +272,15 @@ def test_trainer_microbatches_on_a_sharded_mesh(params):
 def test_microbatch_bad_input(params):
   batch = _uneven_batch()
   with pytest.raises(ValueError, match="8 rows is not divisible into microbatches=3"):
-    train.accumulate_gradients(CFG, train.LossConfig(), params, batch, 3)
+    train.accumulate_gradients(CFG, train.LossConfig(), params, batch=batch, microbatches=3)
   with pytest.raises(ValueError, match="microbatches of 2 rows.*group_size=4"):
     train.accumulate_gradients(CFG, train.LossConfig(kind="grpo", group_size=4), params,
-                               batch, 4)
+                               batch=batch, microbatches=4)
   for bad in (0, -2, 1.5, True):
     with pytest.raises(ValueError, match="microbatches must be a positive int"):
       train.OptimConfig(microbatches=bad)
   # Through the Trainer: the error comes while tracing, before anything compiles.
-  tr = train.Trainer(CFG, train.LossConfig(), train.OptimConfig(microbatches=16), _mesh())
+  tr = train.Trainer(CFG, train.LossConfig(), train.OptimConfig(microbatches=16), mesh=_mesh())
   with pytest.raises(ValueError, match="8 rows is not divisible into microbatches=16"):
     tr.step(tr.init(params), batch)
 
@@ -298,7 +299,7 @@ def test_reference_params_stand_in_for_the_sampler_logprobs(params, sharded):
         CFG, p, base.tokens, input_mask=base.input_mask).logprobs)
 
   for mesh in ([_mesh(data=2, fsdp=2)] if sharded else [_mesh()]):
-    tr = train.Trainer(CFG, lcfg, train.OptimConfig(lr=1e-3, warmup_steps=0), mesh)
+    tr = train.Trainer(CFG, lcfg, train.OptimConfig(lr=1e-3, warmup_steps=0), mesh=mesh)
     out = {}
     for name, ref, batch in (("ref_self", params, base), ("forced_self", None, forced(params)),
                              ("ref_other", other, base), ("forced_other", None, forced(other))):

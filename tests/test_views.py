@@ -102,10 +102,11 @@ def test_the_run_builds_the_view_its_config_sets(flag, tmp_path):
   assert ctx.view == views.PromptView(teacher_sees_effort=flag)
 
 
-# (stage module, call, index of its positional effort argument or None: a `view=` keyword)
+# (stage module, call, the index of its positional effort argument or the name of its effort
+# keyword, or None: a `view=` keyword)
 STAGE_CALLS = (("sft", "SftDraw", None), ("rl", "PhaseSampling", None),
-               ("rl", "measure", 4), ("rl", "evaluate", 4),
-               ("mopd", "sample_batch", None), ("mopd", "run", 2),
+               ("rl", "measure", "prompt_effort"), ("rl", "evaluate", 4),
+               ("mopd", "StepSetup", None), ("mopd", "run", 2),
                ("mopd", "encode_prompt", 2), ("eval", "evaluate", 4))
 
 
@@ -135,7 +136,8 @@ def test_stages_ask_the_runs_view():
           assert {k.arg: ast.unparse(k.value) for k in node.keywords}.get("view") == \
               "ctx.view", where
         else:
-          shown = node.args[arg]
+          shown = (node.args[arg] if isinstance(arg, int) else
+                   next(k.value for k in node.keywords if k.arg == arg))
           src = ast.unparse(shown)
           assert "ctx.view." in src or src in from_view, where
         found.add((mod, call, arg))

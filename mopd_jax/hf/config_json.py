@@ -183,7 +183,7 @@ def _read_json(path: str) -> dict:
   return out
 
 
-def _int_field(hf: dict, key: str, default=None, lo: int = 1) -> int:
+def _int_field(hf: dict, key: str, default=None, *, lo: int = 1) -> int:
   """`hf[key]` (or `default` when absent or null) as an int >= lo; ValueError naming it."""
   v = hf.get(key)
   if v is None:

@@ -101,7 +101,7 @@ def _read_slice(handle, name: str, slices: tuple) -> np.ndarray:
   return handle.get_slice(name)[slices]
 
 
-def _read_block(handle, name: str, kind: str, shape: tuple, index: tuple) -> np.ndarray:
+def _read_block(handle, name: str, kind: str, *, shape: tuple, index: tuple) -> np.ndarray:
   """Block `index` (a tuple of slices into our array of `shape`) of param `name`, read from
   safetensors as the matching slice of the torch-layout tensor, in our layout."""
   b = _bounds(index, shape)

@@ -52,7 +52,7 @@ def _resolve_shardings(cfg: ModelConfig, sharding):
 
 
 def load_checkpoint(path: str, sharding=None, dtype=None,
-                    vocab_size: Optional[int] = None) -> Tuple[ModelConfig, dict]:
+                    *, vocab_size: Optional[int] = None) -> Tuple[ModelConfig, dict]:
   """(ModelConfig, params) of a Hugging Face model directory.
 
   `path`: a directory with `config.json` and `*.safetensors` (one file, several, or sharded
@@ -108,7 +108,8 @@ def load_checkpoint(path: str, sharding=None, dtype=None,
     new_shapes = {ours: shape for ours, _, _, shape in _param_specs(new_cfg)}
     for ours, name, kind, shape in specs:
       if new_shapes[ours] != shape:
-        stored = np.asarray(_read_block(tensors.handle_for(name), name, kind, shape, ()),
+        stored = np.asarray(_read_block(tensors.handle_for(name), name, kind, shape=shape,
+                                        index=()),
                             np.float32)
         axis = 0 if ours == ("embed",) else 1  # embed [V, D]; lm_head [D, V]
         extra = new_shapes[ours][axis] - shape[axis]
@@ -126,15 +127,16 @@ def load_checkpoint(path: str, sharding=None, dtype=None,
       value = (jnp.asarray(full) if shard_of is None else jax.make_array_from_callback(
           shape, shard_of(ours), lambda index, full=full: full[index]))
     elif shard_of is None:
-      block = _read_block(handle, name, kind, shape, ())
+      block = _read_block(handle, name, kind, shape=shape, index=())
       value = jnp.asarray(np.asarray(block, np_dtype))
     else:
       blocks: Dict[tuple, np.ndarray] = {}  # a block replicated on several devices is read once
 
-      def cb(index, handle=handle, name=name, kind=kind, shape=shape, blocks=blocks):
+      def cb(index, handle=handle, name=name, *, kind=kind, shape=shape, blocks=blocks):
         key = tuple(_bounds(index, shape))
         if key not in blocks:
-          blocks[key] = np.asarray(_read_block(handle, name, kind, shape, index), np_dtype)
+          blocks[key] = np.asarray(_read_block(handle, name, kind, shape=shape, index=index),
+                                   np_dtype)
         return blocks[key]
       value = jax.make_array_from_callback(shape, shard_of(ours), cb)
       blocks.clear()

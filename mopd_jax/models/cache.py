@@ -25,7 +25,7 @@ class KVCache:
     return self.valid.shape[1]
 
 
-def init_cache(cfg: ModelConfig, batch_size: int, num_slots: int, dtype=None) -> KVCache:
+def init_cache(cfg: ModelConfig, batch_size: int, num_slots: int, *, dtype=None) -> KVCache:
   dtype = cfg.jnp_dtype if dtype is None else dtype
   shape = (batch_size, cfg.num_kv_heads, num_slots, cfg.head_dim)
   layers = tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 
-def decode_attention(qg, k, v, kv_mask, q_slots, block: int):
+def decode_attention(qg, k, v, *, kv_mask, q_slots, block: int):
   """Queries against the cache in blocks up to the last query's slot (online softmax).
 
   qg [B, KV, G, T, hd]; k, v [B, KV, S, hd]; kv_mask [B, S]; q_slots [T] (increasing), or

@@ -33,7 +33,7 @@ def _quant_axis(path) -> int:
   return -1 if path and getattr(path[-1], "key", None) == "embed" else 0
 
 
-def _qdq(w, qmax: int, group_size: int, axis: int):
+def _qdq(w, qmax: int, group_size: int, *, axis: int):
   w32 = w.astype(jnp.float32)
   moved = jnp.moveaxis(w32, axis, -1)
   n = moved.shape[-1]
@@ -57,7 +57,7 @@ def fake_quantize(params, mode: str = "int4", group_size: int = 32):
   def one(path, w):
     if w.ndim < 2:
       return w
-    q, scale, shape = _qdq(w, qmax, group_size, _quant_axis(path))
+    q, scale, shape = _qdq(w, qmax, group_size, axis=_quant_axis(path))
     deq = jnp.moveaxis((q * scale).reshape(shape), -1, _quant_axis(path)).astype(w.dtype)
     return w + jax.lax.stop_gradient(deq - w)  # straight-through estimator
 
@@ -78,7 +78,7 @@ def export(params, mode: str = "int4", group_size: int = 32) -> dict:
       out[key] = {"float": np.asarray(w)}
       continue
     axis = _quant_axis(path)
-    q, scale, shape = _qdq(w, qmax, group_size, axis)
+    q, scale, shape = _qdq(w, qmax, group_size, axis=axis)
     q = np.asarray(q, np.int8)
     if qmax == 7:  # two signed 4-bit values per byte
       flat = (q.reshape(-1) & 0x0F).astype(np.uint8)

@@ -32,7 +32,7 @@ _NEG_INF = -1e30  # finite, so a fully masked row gives a uniform softmax instea
 DECODE_BLOCK = 256
 
 
-def _dense(x, w, in_dims: int = 1, out_in: bool = False, **dot_kw):
+def _dense(x, w, in_dims: int = 1, *, out_in: bool = False, **dot_kw):
   """x [..., *in] @ w -> [..., *out], as one 2-D matmul; w is [*in, *out] (`in_dims` input
   dims first) or, with `out_in`, [*out, *in].
 
@@ -55,16 +55,16 @@ def _dense(x, w, in_dims: int = 1, out_in: bool = False, **dot_kw):
   return y.reshape(*lead, *w.shape[in_dims:])
 
 
-def _param(module: nn.Module, name: str, init, shape, axes, dtype):
+def _param(module: nn.Module, name: str, init, *, shape, axes, dtype):
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
-def _weight(module: nn.Module, name: str, init, n_in: int, shape, axes, dtype):
+def _weight(module: nn.Module, name: str, init, *, n_in: int, shape, axes, dtype):
   """A projection weight of logical shape `shape` ([*in, *out], `n_in` input dims), stored
   [*out, *in] under `weight_layout="out_in"`."""
   if module.cfg.weight_layout == "out_in":
     shape, axes = (*shape[n_in:], *shape[:n_in]), (*axes[n_in:], *axes[:n_in])
-  return _param(module, name, init, shape, axes, dtype)
+  return _param(module, name, init, shape=shape, axes=axes, dtype=dtype)
 
 
 # Input dims of each block projection (the rest are output dims), for `to_out_in`.
@@ -97,8 +97,8 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), (self.axis_name,),
-                   self.param_dtype)
+    scale = _param(self, "scale", nn.initializers.ones, shape=(x.shape[-1],),
+                   axes=(self.axis_name,), dtype=self.param_dtype)
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
     return (y * scale.astype(jnp.float32)).astype(self.dtype)
@@ -152,11 +152,14 @@ class Attention(nn.Module):
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
     d, h, kv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     init = nn.initializers.normal(stddev=1.0 / math.sqrt(d))
-    wq = _weight(self, "q_proj", init, 1, (d, h, hd), ("embed", "heads", "head_dim"), pdt)
-    wk = _weight(self, "k_proj", init, 1, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pdt)
-    wv = _weight(self, "v_proj", init, 1, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pdt)
-    wo = _weight(self, "o_proj", nn.initializers.normal(stddev=1.0 / math.sqrt(h * hd)), 2,
-                 (h, hd, d), ("heads", "head_dim", "embed"), pdt)
+    wq = _weight(self, "q_proj", init, n_in=1, shape=(d, h, hd),
+                 axes=("embed", "heads", "head_dim"), dtype=pdt)
+    wk = _weight(self, "k_proj", init, n_in=1, shape=(d, kv, hd),
+                 axes=("embed", "kv_heads", "head_dim"), dtype=pdt)
+    wv = _weight(self, "v_proj", init, n_in=1, shape=(d, kv, hd),
+                 axes=("embed", "kv_heads", "head_dim"), dtype=pdt)
+    wo = _weight(self, "o_proj", nn.initializers.normal(stddev=1.0 / math.sqrt(h * hd)), n_in=2,
+                 shape=(h, hd, d), axes=("heads", "head_dim", "embed"), dtype=pdt)
     oi = cfg.weight_layout == "out_in"
     b, t = x.shape[:2]
     q = _dense(x.astype(dt), wq.astype(dt), out_in=oi)
@@ -164,9 +167,12 @@ class Attention(nn.Module):
     v = _dense(x.astype(dt), wv.astype(dt), out_in=oi)
     if cfg.attention_bias:
       zeros = nn.initializers.zeros
-      q = q + _param(self, "q_bias", zeros, (h, hd), ("heads", "head_dim"), pdt).astype(dt)
-      k = k + _param(self, "k_bias", zeros, (kv, hd), ("kv_heads", "head_dim"), pdt).astype(dt)
-      v = v + _param(self, "v_bias", zeros, (kv, hd), ("kv_heads", "head_dim"), pdt).astype(dt)
+      q = q + _param(self, "q_bias", zeros, shape=(h, hd), axes=("heads", "head_dim"),
+                     dtype=pdt).astype(dt)
+      k = k + _param(self, "k_bias", zeros, shape=(kv, hd), axes=("kv_heads", "head_dim"),
+                     dtype=pdt).astype(dt)
+      v = v + _param(self, "v_bias", zeros, shape=(kv, hd), axes=("kv_heads", "head_dim"),
+                     dtype=pdt).astype(dt)
     if cfg.qk_norm:
       q = RMSNorm(cfg.norm_eps, dt, pdt, "head_dim", name="q_norm")(q)
       k = RMSNorm(cfg.norm_eps, dt, pdt, "head_dim", name="k_norm")(k)
@@ -189,7 +195,7 @@ class Attention(nn.Module):
     g = h // kv
     qg = jnp.transpose(q.reshape(b, t, kv, g, hd), (0, 2, 3, 1, 4))  # [B, KV, G, T, hd]
     if layer_cache is not None and num_slots > DECODE_BLOCK:
-      out = decode_attention(qg, k, v, kv_mask, q_slots, DECODE_BLOCK)
+      out = decode_attention(qg, k, v, kv_mask=kv_mask, q_slots=q_slots, block=DECODE_BLOCK)
     else:
       scores = jnp.einsum("bkgth,bksh->bkgts", qg, k).astype(jnp.float32) / math.sqrt(hd)
       causal = query_slots(q_slots)[:, :, None] >= jnp.arange(num_slots)  # [1|B, T, S]
@@ -209,14 +215,16 @@ class MLP(nn.Module):
     cfg = self.cfg
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
     init = nn.initializers.normal(stddev=1.0 / math.sqrt(cfg.d_model))
-    wg = _weight(self, "gate_proj", init, 1, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), pdt)
-    wu = _weight(self, "up_proj", init, 1, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), pdt)
+    wg = _weight(self, "gate_proj", init, n_in=1, shape=(cfg.d_model, cfg.mlp_dim),
+                 axes=("embed", "mlp"), dtype=pdt)
+    wu = _weight(self, "up_proj", init, n_in=1, shape=(cfg.d_model, cfg.mlp_dim),
+                 axes=("embed", "mlp"), dtype=pdt)
     wd = _weight(self, "down_proj", nn.initializers.normal(stddev=1.0 / math.sqrt(cfg.mlp_dim)),
-                 1, (cfg.mlp_dim, cfg.d_model), ("mlp", "embed"), pdt)
+                 n_in=1, shape=(cfg.mlp_dim, cfg.d_model), axes=("mlp", "embed"), dtype=pdt)
     oi = cfg.weight_layout == "out_in"
     x = x.astype(dt)
-    hidden = jax.nn.silu(_dense(x, wg.astype(dt), out_in=oi)) * _dense(x, wu.astype(dt),
-                                                                       out_in=oi)
+    hidden = (jax.nn.silu(_dense(x, wg.astype(dt), out_in=oi)) *
+              _dense(x, wu.astype(dt), out_in=oi))
     return _dense(hidden, wd.astype(dt), out_in=oi)
 
 
@@ -418,7 +426,7 @@ def forward(cfg: ModelConfig, params, tokens, *, input_mask=None, positions=None
   return logits_from_hidden(cfg, params, h)
 
 
-def forward_with_cache(cfg: ModelConfig, params, tokens, positions, input_mask,
+def forward_with_cache(cfg: ModelConfig, params, tokens, *, positions, input_mask,
                        cache: KVCache):
   """Run a chunk [B, T] through the model, writing its k/v at slots cache.index.. .
 
@@ -435,7 +443,7 @@ def forward_with_cache(cfg: ModelConfig, params, tokens, positions, input_mask,
   return h, cache.replace(layers=layers, valid=valid, index=cache.index + t)
 
 
-def forward_at_slots(cfg: ModelConfig, params, tokens, positions, input_mask, cache: KVCache,
+def forward_at_slots(cfg: ModelConfig, params, tokens, *, positions, input_mask, cache: KVCache,
                      row_slots):
   """Like `forward_with_cache`, but row b's chunk [T] is written at its own slots
   row_slots[b] .. row_slots[b] + T - 1 (continuous batching: each decode slot holds a

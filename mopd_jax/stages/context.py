@@ -19,8 +19,9 @@ from typing import Callable, Optional
 import jax
 import ml_collections
 
-from mopd_jax import (checkpoint, config as config_mod, metrics, models, placement, profiling,
-                      rollout, sharding, storage, teachers, train, views)
+from mopd_jax import (checkpoint, config as config_mod, config_build, metrics, models,
+                      placement, profiling, rollout, sharding, storage, teachers, train,
+                      views)
 from mopd_jax.tasks import base as task_base
 from mopd_jax.tokenizer import load_tokenizer
 
@@ -38,10 +39,11 @@ class Run:
     self.view = views.PromptView.from_config(config.teacher)
     try:  # a tokenizer the config cannot use is a config error: one line, exit status 2
       self.tok = load_tokenizer(config.model.tokenizer_path or "char",
-                                efforts=self.grid.effort_names, **config.tokenizer_options())
+                                efforts=self.grid.effort_names,
+                                options=config.tokenizer_options())
     except ValueError as e:
       raise config_mod.ConfigError(str(e)) from e
-    self.model_cfg = config_mod.model_config(config, self.tok.vocab_size)
+    self.model_cfg = config_build.model_config(config, self.tok.vocab_size)
     # The student's mesh, and the teachers' (the same one unless disaggregated).
     self.mesh, self.teacher_mesh = placement.config_meshes(config)
     self.taus = self.grid.taus
@@ -81,12 +83,10 @@ class Run:
       return ""
     from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)
     c = self.config
-    opts = c.tokenizer_options()
     return datasets.records_settings(
         spec, budget_source=c.budget.source,
         max_prompt_tokens=c.data.max_prompt_tokens, on_too_long=c.data.on_too_long,
-        tokenizer=c.model.tokenizer_path, tokenizer_options={
-            k: list(v) if isinstance(v, tuple) else v for k, v in opts.items()},
+        tokenizer=c.model.tokenizer_path, tokenizer_options=c.tokenizer_options().to_json(),
         efforts=self.grid.effort_names)
 
   def split(self, domain: str, split: str, measured_b0: bool = True):
@@ -113,7 +113,7 @@ class Run:
       return None
     return self.path("budgets", f"{domain}.json")
 
-  def iterator(self, domain: str, batch_size: int, salt: int, seed: Optional[int] = None):
+  def iterator(self, domain: str, batch_size: int, salt: int, *, seed: Optional[int] = None):
     """Training batches; `seed` (default: the run's) sets the data order, not the data.
     A record domain is read by grain, each process from its own shard; a toy domain by the
     order-preserving ResumableIterator (mopd_jax/tasks/datasets.py)."""
@@ -180,8 +180,9 @@ class Run:
     shard = sharding.param_shardings(self.teacher_cfg, self.teacher_mesh,
                                      num_stacked=len(self.grid.names))
     return teachers.load_bank(manifest or self.path("teachers.json"), self.grid,
-                              self.model_cfg, self.teacher_cfg, self.load_teacher,
-                              self.resolve_teacher_hf, sharding=shard)
+                              self.model_cfg, teacher_cfg=self.teacher_cfg,
+                                  load_one=self.load_teacher,
+                              resolve_hf=self.resolve_teacher_hf, sharding=shard)
 
   def params_like(self):
     """Shapes, dtypes and the student mesh's shardings of the params: the target every
@@ -204,7 +205,7 @@ class Run:
 
   # --- training loops --------------------------------------------------------------------------
   @contextlib.contextmanager
-  def training(self, name: str, directory: str, trainer: train.Trainer, total_steps: int,
+  def training(self, name: str, directory: str, trainer: train.Trainer, *, total_steps: int,
                init: Callable[[], train.TrainState], data_state: Callable[[], dict] = dict,
                restore_data: Callable[[dict], None] = lambda data: None):
     """The skeleton of every training loop: yields (loop, state, bar).
@@ -234,7 +235,7 @@ class Progress:
   """A progress line per loop with rate and ETA (tqdm); where the profile switch traces."""
 
   def __init__(self, name: str, total: int, initial: int = 0,
-               switch: Optional[profiling.Switch] = None):
+               *, switch: Optional[profiling.Switch] = None):
     from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
     # Every process runs the same loop; only process 0 draws the bar (like MetricsLogger).
     self.bar = tqdm(total=total, initial=initial, desc=name, unit="step", dynamic_ncols=True,

@@ -77,8 +77,9 @@ def run(ctx: Run) -> None:
   trainer = train.Trainer(ctx.model_cfg, loss_cfg,
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps, microbatches=c.microbatches),
-                          ctx.mesh)
+                          mesh=ctx.mesh)
   tasks = {d: ctx.task(d) for d in grid.domains}
+  setup = mopd.StepSetup(bank, ctx.engine, tasks, grid.cells, ctx.taus, view=ctx.view)
   shared = c.prompts_across_efforts == "shared"
   mix = tuple(c.effort_mix)
   n_eff = len(grid.efforts)
@@ -115,13 +116,12 @@ def run(ctx: Run) -> None:
   def sample(params, step):
     drawn_at[step] = {d: it.state() for d, it in iters.items()}
     # Effort draws: a pure function of (seed, step), so a resumed run draws the same.
-    per_cell = mopd.cell_prompts(iters, grid, c.prompts_per_cell, shared, mix,
-                                 np.random.RandomState([ctx.config.seed, step]))
+    per_cell = mopd.cell_prompts(iters, grid, c.prompts_per_cell, shared=shared, mix=mix,
+                                 rng=np.random.RandomState([ctx.config.seed, step]))
     rng = jax.random.fold_in(jax.random.PRNGKey(ctx.config.seed + 3), step)
     sampled = mopd.sample_batch(
-        params, bank, ctx.engine, tasks, grid.cells, per_cell, ctx.taus, rng,
-        rows_per_teacher=c.prompts_per_cell * (n_eff if mix else 1),
-        view=ctx.view, pool=pool, step=step)
+        setup, params, per_cell, rng=rng,
+        rows_per_teacher=c.prompts_per_cell * (n_eff if mix else 1), pool=pool, step=step)
     if pool is not None and c.partial_mode == "recompute":
       sampled.arr = partial.recompute_logprobs(ctx.model_cfg, params, sampled.arr)
     return sampled
@@ -150,14 +150,14 @@ def run(ctx: Run) -> None:
     def fn(params, sampled, batch):
       out = [probe.measure(params, sampled, batch)] if ends else []
       if exact:
-        kl = mopd.exact_kl_rows(ctx.model_cfg, params, scoring, sampled)
+        kl = mopd.exact_kl_rows(ctx.model_cfg, params, scoring, sampled=sampled)
         out.insert(0, diagnostics.exact_kl_means(kl, sampled, bank.router.names))
       return diagnostics.merge(*out)
     return fn
 
   def train_fn(state, sampled, scored):
     step = int(state.step)
-    state, rec = mopd.train_on(trainer, state, bank, sampled, scorer.fetch(scored),
+    state, rec = mopd.train_on(trainer, state, bank, sampled=sampled, scored=scorer.fetch(scored),
                                r_max=c.r_max, alpha=c.alpha, measure=measure(step))
     if pool is not None:  # rows still decoding, and the trained rows' count
       rec.metrics.update(in_flight=float(len(pool.rows)), rows=float(len(sampled.lengths)))
@@ -176,7 +176,7 @@ def run(ctx: Run) -> None:
     for d, pos in states.items():
       iters[d].restore(pos)
     overall, cells = diagnostics.exact_kl_means(
-        mopd.exact_kl_rows(ctx.model_cfg, student, scoring, sampled), sampled,
+        mopd.exact_kl_rows(ctx.model_cfg, student, scoring, sampled=sampled), sampled,
         bank.router.names)
     checkpoint.write_json(ctx.path("mopd", START), {"policy": "sft", **overall,
                                                     "cells": cells})
@@ -190,13 +190,14 @@ def run(ctx: Run) -> None:
             f"{pool_size if pool_size is not None else 'restored'} teacher trajectories")
     return trainer.init(student)
 
-  with ctx.training("mopd", ctx.path("mopd", "ckpt"), trainer, c.steps, init=init,
+  with ctx.training("mopd", ctx.path("mopd", "ckpt"), trainer, total_steps=c.steps, init=init,
                     data_state=data_state, restore_data=restore_data) as (loop, state, bar):
 
     def on_step(step, state, rec):
       last_step[0] = step
       drawn_at.pop(step, None)
-      loop.end_step(step, state, rec.metrics, {"step": step, **rec.metrics, "cells": rec.cells})
+      loop.end_step(step, state, rec.metrics, record={"step": step, **rec.metrics,
+                                                      "cells": rec.cells})
       bar.update(rec.metrics, keys=("loss", "kl", "accuracy", "length"))
       log.scalars(step, rec.metrics)
       for name, cm in rec.cells.items():
@@ -240,8 +241,9 @@ def teacher_sft_init(ctx: Run, student, bank: teachers.TeacherBank):
   trainer = train.Trainer(ctx.model_cfg, train.LossConfig(kind="sft"),
                           train.OptimConfig(lr=ctx.config.sft.lr, warmup_steps=0,
                                             total_steps=total, microbatches=c.microbatches),
-                          ctx.mesh)
-  with ctx.training("mopd init: teacher SFT", ctx.path("mopd", "init_ckpt"), trainer, total,
+                          mesh=ctx.mesh)
+  with ctx.training("mopd init: teacher SFT", ctx.path("mopd", "init_ckpt"), trainer,
+                    total_steps=total,
                     init=lambda: trainer.init(student)) as (loop, state, bar):
     if loop.start_step == total:
       return state.params, None  # finished before a restart: no need to rebuild the pool
@@ -255,7 +257,7 @@ def teacher_sft_init(ctx: Run, student, bank: teachers.TeacherBank):
       state, m = trainer.step(state, train.TrainBatch.from_padded(
           rollout.pad_batch(picks, ctx.tok.pad_id, width)))
       m = {k: float(v) for k, v in jax.device_get(m).items()}
-      loop.end_step(step, state, m, [step, m["loss"]])
+      loop.end_step(step, state, m, record=[step, m["loss"]])
       bar.update(m)
   return state.params, len(pool)
 
@@ -271,8 +273,8 @@ def teacher_pool(ctx: Run, bank: teachers.TeacherBank) -> list:
     tparams = jax.tree.map(lambda x, k=k: x[k], bank.params)
     exs = next(ctx.iterator(d, c.init_samples_per_cell, salt=300 + k))
     res = ctx.make_engine(ctx.teacher_cfg, c.teacher_temperature).run(
-        tparams, exs, [ctx.view.teacher(e)] * len(exs), ctx.budgets(exs, e),
-        jax.random.PRNGKey(ctx.config.seed + 400 + k), environment=ctx.task(d).environment)
+        tparams, exs, [ctx.view.teacher(e)] * len(exs), budgets=ctx.budgets(exs, e),
+        rng=jax.random.PRNGKey(ctx.config.seed + 400 + k), environment=ctx.task(d).environment)
     # The student learns the teacher's response after its own prompt (`view.student(e)`).
     pool += [dataclasses.replace(t, prompt_ids=rollout.encode_prompt(ctx.tok, ex,
                                                                      ctx.view.student(e)))

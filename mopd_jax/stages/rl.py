@@ -79,9 +79,10 @@ def measure_budgets(ctx: Run) -> None:
     task, b0, solved = ctx.task(d), {}, {}
     for split in ("train", "validation", "test"):
       exs = exs_of(ctx, d, split)
-      got = budgets.measure(ctx.engine, params, task, exs,
-                            ctx.view.teacher(ctx.grid.top_effort), ctx.config.budget.samples,
-                            jax.random.PRNGKey(ctx.config.seed * 100 + 60 + i))
+      got = budgets.measure(ctx.engine, params, task, examples=exs,
+                            prompt_effort=ctx.view.teacher(ctx.grid.top_effort),
+                            k=ctx.config.budget.samples,
+                            rng=jax.random.PRNGKey(ctx.config.seed * 100 + 60 + i))
       b0.update({ex.uid: v for ex, v in zip(exs, got)})
       solved[split] = sum(v is not None for v in got)
     counts = budgets.summary(b0)
@@ -124,15 +125,16 @@ def run(ctx: Run) -> None:
   processes = lanes_mod.process_count(ctx.config.rl, len(lanes))
   if processes > 1:
     # Each lane process keeps its records in its lane directory; they join the manifest here.
-    lanes_mod.run_side_by_side(ctx.workdir, ctx.config.to_json(indent=1), lanes, processes,
-                               [sum(lane_steps(ctx, lane)) for lane in lanes])
+    lanes_mod.run_side_by_side(ctx.workdir, ctx.config.to_json(indent=1), lanes,
+                               processes=processes,
+                               total_steps=[sum(lane_steps(ctx, lane)) for lane in lanes])
     for lane in lanes:
       manifest.setdefault(lane.section, {}).update(lanes_mod.read_records(lane))
   else:
     trainers = {}
     for lane in lanes:
       section = manifest.setdefault(lane.section, {})
-      for name, entry in train_lane(ctx, lane, section, trainers):
+      for name, entry in train_lane(ctx, lane, section, trainers=trainers):
         section[name] = entry
         checkpoint.write_json(path, manifest)  # each teacher on record once it exists
   cell, outside_seed = ctx.config.outside
@@ -151,7 +153,7 @@ def run(ctx: Run) -> None:
   print(teachers.teacher_table(manifest))
 
 
-def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None,
+def train_lane(ctx: Run, lane: Lane, done: dict, *, trainers: Optional[dict] = None,
                on_step=None) -> Iterator[tuple]:
   """Trains the lane's efforts not yet in `done` (its manifest section so far), yielding
   (name, manifest entry) as each teacher is frozen; the caller records it.
@@ -173,7 +175,7 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
       trainers[key] = train.Trainer(
           ctx.model_cfg, loss_cfg,
           train.OptimConfig(lr=ph["lr"], warmup_steps=0, total_steps=ph["steps"],
-                            microbatches=c.microbatches), ctx.mesh)
+                            microbatches=c.microbatches), mesh=ctx.mesh)
     return trainers[key]
 
   like = ctx.params_like()
@@ -212,10 +214,10 @@ def train_lane(ctx: Run, lane: Lane, done: dict, trainers: Optional[dict] = None
 
     # One checkpoint directory per (domain, effort) run: lanes never share state.
     with ctx.training(f"rl {tag}{name}", storage.join(lane.directory, f"ckpt_{effort}"),
-                      trainer, ph["steps"], init=lambda p=params: trainer.init(p),
+                      trainer, total_steps=ph["steps"], init=lambda p=params: trainer.init(p),
                       data_state=data_state, restore_data=restore_data) as (loop, state, bar):
 
-      def log_step(step, m, bar=bar, effort=effort, log=log):
+      def log_step(step, m, bar=bar, *, effort=effort, log=log):
         bar.update(m)
         log.scalars(step, m)
         if on_step is not None:

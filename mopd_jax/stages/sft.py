@@ -38,7 +38,7 @@ def train_sft(ctx: Run, seed: int, name: str, directory: str):
   trainer = train.Trainer(ctx.model_cfg, train.LossConfig(kind="sft"),
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps, weight_decay=c.weight_decay,
-                                            microbatches=c.microbatches), ctx.mesh)
+                                            microbatches=c.microbatches), mesh=ctx.mesh)
   iters = {d: ctx.iterator(d, c.batch_size, salt=i, seed=seed)
            for i, d in enumerate(ctx.grid.domains)}
   schedule = c.schedule
@@ -57,7 +57,7 @@ def train_sft(ctx: Run, seed: int, name: str, directory: str):
     return rollout.padded_width(max(prompt_len(ex) + len(ctx.tok.encode(ex.solutions["full"]))
                                     + 1 for ex in exs))
 
-  with ctx.training(name, storage.join(directory, "ckpt"), trainer, c.steps,
+  with ctx.training(name, storage.join(directory, "ckpt"), trainer, total_steps=c.steps,
                     init=lambda: trainer.init(ctx.initial_params(seed)),
                     data_state=lambda: {d: it.state() for d, it in iters.items()},
                     restore_data=restore_data) as (loop, state, bar):

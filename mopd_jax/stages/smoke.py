@@ -14,7 +14,8 @@ def run(ctx: Run) -> list:
   prompts = [[tok.bos_id] + tok.encode(p) for p in c.smoke.prompts]
   scfg = sampling.SamplingConfig(max_new_tokens=c.smoke.max_new_tokens,
                                  stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
-  out = sampling.sample(ctx.model_cfg, params, prompts, jax.random.PRNGKey(c.seed + 1), scfg)
+  out = sampling.sample(ctx.model_cfg, params, prompts, rng=jax.random.PRNGKey(c.seed + 1),
+                        scfg=scfg)
   texts = []
   for b, prompt in enumerate(c.smoke.prompts):
     gen = [int(t) for t, m in zip(out.tokens[b], out.loss_mask[b]) if m]

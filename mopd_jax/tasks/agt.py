@@ -91,7 +91,7 @@ class AgtTask(base.Task):
   tool_markers = (CALL_OPEN, CALL_CLOSE, OBS_OPEN, OBS_CLOSE)
 
   def __init__(self, num_people: int = 8, hops: int = 3, memo_hops: int = 2,
-               stale_prob: float = 0.3):
+               *, stale_prob: float = 0.3):
     super().__init__()
     if not (1 <= memo_hops < hops and hops + 3 <= num_people <= len(NAMES)):
       raise ValueError("need 1 <= memo_hops < hops and hops + 3 <= num_people <= 26")
@@ -101,7 +101,7 @@ class AgtTask(base.Task):
     self.stale_prob = stale_prob
     self.environment = AgtEnvironment()
 
-  def make(self, boss: dict, start: str, hops: int, memo: list, seed: int = 0,
+  def make(self, boss: dict, start: str, hops: int, *, memo: list, seed: int = 0,
            index: int = 0) -> base.Example:
     """The example for a world, a start person, a hop count and the memo chain (a list of
     names from `start`, read `A>B>C`: A's boss is B, whose boss is C)."""
@@ -123,7 +123,8 @@ class AgtTask(base.Task):
                      brief=BRIEF_MARK + "".join(calls[k:]) + "#" + answer,
                      direct="#" + answer)
     meta = dict(boss=boss, chain=chain, memo=list(memo))
-    return base.make_example(self.name, seed, index, prompt, answer, solutions, meta)
+    return base.make_example(self.name, seed, index, prompt=prompt, answer=answer,
+                             solutions=solutions, meta=meta)
 
   def problem_key(self, example: base.Example):
     """The question's chain of bosses: the memo and the people off the chain do not change
@@ -149,7 +150,7 @@ class AgtTask(base.Task):
       memo = chain[:k + 1]
       if rng.random() < self.stale_prob:
         memo = memo[:-1] + [rest[int(rng.integers(0, len(rest)))]]
-      yield self.make(boss, chain[0], h, memo, seed, i)
+      yield self.make(boss, chain[0], h, memo=memo, seed=seed, index=i)
 
   def _verify(self, example: base.Example, response: str) -> float:
     got = base.final_answer(response)

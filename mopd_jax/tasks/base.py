@@ -21,12 +21,13 @@ import math
 import re
 from typing import Any, Callable, Iterable, Sequence
 
+from mopd_jax import choices
 from mopd_jax.tokenizer import CharTokenizer
 
 TOY_DOMAINS = ("gen", "agt", "cod")  # the toy's registered tasks (configs/toy.py runs these)
 STYLES = ("full", "brief", "direct")  # reasoning styles of the reference solutions, longest first
 B0_MARGIN = 1.1  # b0 = ceil(B0_MARGIN * (full-response tokens + 1 EOS))
-ON_TOO_LONG = ("error", "skip")
+ON_TOO_LONG = choices.ON_TOO_LONG
 
 _CHAR_TOKENIZER = CharTokenizer()
 
@@ -250,7 +251,7 @@ class Task:
     return example.prompt
 
   def generate(self, seed: int, n: int, exclude: Iterable[str] = (),
-               exclude_problems: Iterable = ()) -> list[Example]:
+               *, exclude_problems: Iterable = ()) -> list[Example]:
     """`n` examples with distinct prompts, none in `exclude` and none whose `problem_key` is
     in `exclude_problems`; deterministic in (seed, n)."""
     if not (isinstance(n, int) and n >= 0):
@@ -290,7 +291,7 @@ class Task:
     return [self.verify(ex, r) for ex, r in zip(examples, responses)]
 
   def verify_unless(self, examples: Sequence[Example], responses: Sequence[str], skip,
-                    fill: float) -> list:
+                    *, fill: float) -> list:
     """`verify_batch` of the rows not in `skip` (e.g. over budget), `fill` for the others;
     the verifier sees only the rows it scores."""
     keep = [i for i, s in enumerate(skip) if not s]
@@ -316,7 +317,7 @@ def guarded_reward(fn: Callable[..., float], *args) -> tuple:
     return 0.0, f"{type(e).__name__}: {e}"[:300]
 
 
-def make_example(task: str, seed: int, index: int, prompt: str, answer: str,
+def make_example(task: str, seed: int, index: int, *, prompt: str, answer: str,
                  solutions: dict, meta: dict, tokenizer=None) -> Example:
   return Example(uid=f"{task}-{seed}-{index}", domain=task, prompt=prompt,
                  b0=compute_b0(solutions["full"], tokenizer), answer=answer,

@@ -127,7 +127,7 @@ class CodTask(base.Task):
       out.append(str(r))
     return "".join(out)
 
-  def make(self, slope: str, intercept: str, claimed_b: int, test_x, seed: int = 0,
+  def make(self, slope: str, intercept: str, claimed_b: int, *, test_x, seed: int = 0,
            index: int = 0) -> base.Example:
     """The example for the literals `slope` and `intercept` (decimal strings, no leading
     zero), the comment's claimed intercept and the hidden test inputs."""
@@ -142,8 +142,9 @@ class CodTask(base.Task):
     solutions = dict(full=f"={ps}%{m}*x+{pi}%{m}\n#{expr}", brief=f"~{ps}\n#{expr}",
                      direct=f"#{expr}")
     tests = [[int(t), a * int(t) + b] for t in test_x]
-    return base.make_example(self.name, seed, index, f"{code}#b={int(claimed_b)}", expr,
-                             solutions, dict(a=a, b=b, claimed_b=int(claimed_b), tests=tests))
+    return base.make_example(self.name, seed, index, prompt=f"{code}#b={int(claimed_b)}",
+                             answer=expr, solutions=solutions,
+                             meta=dict(a=a, b=b, claimed_b=int(claimed_b), tests=tests))
 
   def problem_key(self, example: base.Example):
     """The program (its slope and intercept literals): the comment's claimed intercept and
@@ -163,7 +164,7 @@ class CodTask(base.Task):
       if rng.random() < self.stale_prob:
         claimed = (b + int(rng.integers(1, m))) % m
       test_x = (rng.permutation(31)[:self.num_hidden] - 10).tolist()
-      yield self.make(slope, intercept, claimed, test_x, seed, i)
+      yield self.make(slope, intercept, claimed, test_x=test_x, seed=seed, index=i)
 
   # verification
   def program_of(self, response: str) -> tuple[str | None, tuple | None]:
@@ -214,7 +215,7 @@ class CodTask(base.Task):
     key, source = job
     self.num_sandbox_runs += 1
     tests = sandbox.IOTests("f", tuple((x, y) for x, y in example.meta["tests"]))
-    return self._remember(key, sandbox.run(source, tests, self._limits(), self.backend))
+    return self._remember(key, sandbox.run(source, tests, self._limits(), backend=self.backend))
 
   def verify_batch(self, examples, responses) -> list:
     """`verify` of every row, with the sandbox runs on a pool of `workers` (each distinct

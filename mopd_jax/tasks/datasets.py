@@ -86,7 +86,7 @@ def records_settings(spec, *, budget_source: str, max_prompt_tokens: int, on_too
 
 
 def make_config(domain: str, seed: int = 0, sizes: Sequence[int] | None = None,
-                task: str = "", records: str = "") -> TaskConfig:
+                *, task: str = "", records: str = "") -> TaskConfig:
   """The config for (domain, seed, sizes, task); the defaults are the registered
   `mopd_tasks/<d>`. `task`: the registered task generating the domain ("" = `domain`).
   `records`: a record domain's `records_settings`."""
@@ -173,9 +173,11 @@ def record_splits(domain: str, settings: dict, seed: int) -> tuple:
   """({split: [Example]}, counts) of a record domain (`records_settings`); DataError names
   the file and line of a bad record."""
   from mopd_jax.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  from mopd_jax.tokenizer_options import TokenizerOptions  # pylint: disable=g-import-not-at-top
   s = settings
-  tok = load_tokenizer(s["tokenizer"] or "char", efforts=s["efforts"], **(
-      s["tokenizer_options"] if s["tokenizer"] else {}))
+  options = (TokenizerOptions.from_json(s["tokenizer_options"]) if s["tokenizer"] else
+             TokenizerOptions())
+  tok = load_tokenizer(s["tokenizer"] or "char", efforts=s["efforts"], options=options)
   train, test, counts = recs_mod.load_domain(s["train"], s["test"], s["verifier"])
   # Validation: records held out of train by a permutation of the seed (at most a tenth).
   n_val = min(s["validation"], len(train) // 10)
@@ -205,9 +207,9 @@ def record_counts(builder) -> dict:
 
 
 def make_builder(domain: str, data_dir: str, seed: int = 0,
-                 sizes: Sequence[int] | None = None, task: str = "",
+                 *, sizes: Sequence[int] | None = None, task: str = "",
                  records: str = "") -> MopdTasks:
-  config = make_config(domain, seed, sizes, task, records)
+  config = make_config(domain, seed, sizes, task=task, records=records)
   # tfds refuses a config object that shares a registered config's name: pass the name then.
   registered = {c.name for c in MopdTasks.BUILDER_CONFIGS}
   return MopdTasks(data_dir=str(data_dir),
@@ -216,9 +218,9 @@ def make_builder(domain: str, data_dir: str, seed: int = 0,
 
 
 def prepare(domain: str, data_dir: str, seed: int = 0,
-            sizes: Sequence[int] | None = None, task: str = "", records: str = "") -> MopdTasks:
+            *, sizes: Sequence[int] | None = None, task: str = "", records: str = "") -> MopdTasks:
   """Builds the dataset into `data_dir` unless it is already there; returns the builder."""
-  builder = make_builder(domain, data_dir, seed, sizes, task, records)
+  builder = make_builder(domain, data_dir, seed, sizes=sizes, task=task, records=records)
   builder.download_and_prepare(file_format=FILE_FORMAT)
   return builder
 
@@ -255,13 +257,13 @@ class ExampleSource:
     return f"ExampleSource({self._source!r}, len={len(self)})"
 
 
-def load_split(domain: str, split: str, data_dir: str, seed: int = 0,
+def load_split(domain: str, split: str, data_dir: str, *, seed: int = 0,
                sizes: Sequence[int] | None = None, task: str = "",
                records: str = "") -> ExampleSource:
   """Random-access `Example`s of one split, building the dataset first if needed."""
   if split not in SPLITS:
     raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-  builder = prepare(domain, data_dir, seed, sizes, task, records)
+  builder = prepare(domain, data_dir, seed, sizes=sizes, task=task, records=records)
   return ExampleSource(builder.as_data_source(split=split))
 
 
@@ -276,7 +278,7 @@ class ResumableIterator:
   saved one would have produced.
   """
 
-  def __init__(self, source, batch_size: int, seed: int, shuffle: bool = True,
+  def __init__(self, source, batch_size: int, seed: int, *, shuffle: bool = True,
                num_epochs: int | None = None):
     if not (isinstance(batch_size, int) and batch_size > 0):
       raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")

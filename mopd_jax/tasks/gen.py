@@ -86,8 +86,9 @@ class GenTask(base.Task):
     solutions = dict(full=full + "\n#" + answer, brief=brief + "\n#" + answer,
                      direct="#" + answer)
     prompt = "+".join(map(str, terms)) + f" mod {m} s{half}={memo}"
-    return base.make_example(self.name, uid_seed, index, prompt, answer, solutions,
-                             dict(terms=terms, values=values, memo=memo))
+    return base.make_example(self.name, uid_seed, index, prompt=prompt, answer=answer,
+                             solutions=solutions,
+                             meta=dict(terms=terms, values=values, memo=memo))
 
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 1)

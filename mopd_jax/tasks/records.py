@@ -238,7 +238,7 @@ class RecordsTask(base.Task):
   # class: mopd_jax/config.py asks the verifier.
 
   def __init__(self, backend: Optional[str] = None, workers: int = 2,
-               timeout_s: float = 5.0, memory_mb: int = 256,
+               timeout_s: float = 5.0, *, memory_mb: int = 256,
                observation_markers: tuple = tools.MARKERS[2:]):
     super().__init__()
     from mopd_jax.tasks import sandbox  # pylint: disable=g-import-not-at-top

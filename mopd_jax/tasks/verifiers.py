@@ -42,7 +42,7 @@ class Verifier:
   """A named reward function of (response, record) that never raises."""
 
   def __init__(self, name: str, fn: Callable[[str, Mapping], float], fields: tuple,
-               check: Optional[Callable] = None):
+               *, check: Optional[Callable] = None):
     self.name, self._fn, self.fields, self._check = name, fn, fields, check
     self.calls = self.errors = 0
     self.last_error = ""
@@ -72,7 +72,7 @@ class Verifier:
 
 
 def register(name: str, fields: tuple = (), check: Optional[Callable] = None,
-             tool_markers: tuple = ()):
+             *, tool_markers: tuple = ()):
   """Registers `fn(response, record) -> float` as verifier `name`; `fields`: tuples of
   alternative field names, one of each needed in every record; `check(record)`: why a
   record is unusable beyond a missing field, or None; `tool_markers`: the four markers of
@@ -104,7 +104,7 @@ def get(name: str, **options) -> Verifier:
     raise ValueError(f"unknown verifier {name!r}; registered: {list(registered())}")
   fn, fields, check = _REGISTRY[name]
   return Verifier(name, (lambda r, rec: fn(r, rec, **options)) if options else fn, fields,
-                  check)
+                  check=check)
 
 
 # --- math ----------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def verify_python_tests(response: str, record: Mapping, *,
   code = extract_code(response)
   if code is None:
     return 0.0
-  return float(sandbox.run(code, code_tests(record), limits, backend).passed)
+  return float(sandbox.run(code, code_tests(record), limits, backend=backend).passed)
 
 
 # --- exact ---------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def extract_program(response_text: str) -> str | None:
   return body if body.strip() else None
 
 
-def run(source: str, tests, limits: Limits = Limits(), backend: str | None = None, *,
+def run(source: str, tests, limits: Limits = Limits(), *, backend: str | None = None,
         static_check: bool | None = None) -> SandboxResult:
   """Runs `source` against `tests` (IOTests or ProgramTests) under `limits`; never raises on
   bad source. `backend`: "bwrap", "inprocess" or None (the best here, see resolve_backend).
@@ -95,7 +95,7 @@ def run(source: str, tests, limits: Limits = Limits(), backend: str | None = Non
     reason = check_source(source, tests.func if isinstance(tests, IOTests) else None)
     if reason is not None:
       return SandboxResult(False, n, "refused", reason)
-  return _run_unchecked(source, tests, inputs, expected, limits, backend)
+  return _run_unchecked(source, tests, inputs, expected=expected, limits=limits, backend=backend)
 
 
 def run_many(jobs, limits: Limits = Limits(), backend: str | None = None, *,
@@ -107,9 +107,9 @@ def run_many(jobs, limits: Limits = Limits(), backend: str | None = None, *,
   backend = resolve_backend(backend)
   jobs = list(jobs)
   if workers == 1 or len(jobs) <= 1:
-    return [run(src, t, limits, backend) for src, t in jobs]
+    return [run(src, t, limits, backend=backend) for src, t in jobs]
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-    return list(pool.map(lambda job: run(job[0], job[1], limits, backend), jobs))
+    return list(pool.map(lambda job: run(job[0], job[1], limits, backend=backend), jobs))
 
 
 def run_program(source: str, tests: Sequence[tuple[Any, Any]], *, func_name: str = "f",
@@ -119,7 +119,7 @@ def run_program(source: str, tests: Sequence[tuple[Any, Any]], *, func_name: str
   IOTests). Errors: ValueError only for bad arguments from the caller."""
   limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
   return run(source, IOTests(func_name, tuple(tests) if isinstance(tests, list) else tests),
-             limits, backend, static_check=static_check)
+             limits, backend=backend, static_check=static_check)
 
 
 def reward(source: str, tests: Sequence[tuple[Any, Any]], **kwargs) -> float:

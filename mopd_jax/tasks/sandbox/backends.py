@@ -138,7 +138,7 @@ def resolve_backend(backend: str | None = None) -> str:
   return "inprocess"
 
 
-def _run_unchecked(source, tests, inputs, expected, limits, backend):
+def _run_unchecked(source, tests, inputs, *, expected, limits, backend):
   n = len(inputs) if inputs is not None else tests.num_tests
   nonce, salt = os.urandom(32), os.urandom(16)
   drop = _DROP_PRIVILEGES and os.geteuid() == 0

@@ -1,0 +1,19 @@
+"""The named choices of the run config that algorithm modules also switch on.
+
+A leaf module: it imports nothing from mopd_jax, so `mopd_jax.config` (the schema) and the
+modules that act on these values both import it without the schema importing an algorithm.
+"""
+
+# Mesh axes, in the order of a mesh's dimensions (mopd_jax/sharding.py).
+MESH_AXES = ("data", "fsdp", "tensor", "teacher")
+# Where the teachers run: on the student's devices or on a sub-mesh of their own
+# (mopd_jax/placement.py).
+PLACEMENTS = ("colocated", "disaggregated")
+# What a record domain does with a prompt over `data.max_prompt_tokens` (mopd_jax/tasks/base.py).
+ON_TOO_LONG = ("error", "skip")
+# Where the student's effort goes in its prompt (mopd_jax/tokenizer.py: HFTokenizer).
+EFFORT_FORMATS = ("token", "system", "user", "auto")
+# How partial rollouts that span policy versions are trained on (mopd_jax/partial.py).
+PARTIAL_MODES = ("recompute", "importance")
+# Whether a MOPD step's efforts draw distinct prompts or share them (mopd_jax/mopd.py).
+PROMPT_MODES = ("distinct", "shared")

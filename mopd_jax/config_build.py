@@ -1,0 +1,105 @@
+"""Builds a run's `config.RunConfig`: the schema's checked blocks (mopd_jax/config.py)
+resolved against the registered tasks and verifiers, and the rules of the algorithms that
+own a value (the RL reference spec, the lane processes, the profiled loop, the MOPD prompt
+mode). `config.build` calls `build`; the schema itself imports no algorithm.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from mopd_jax import config as config_mod
+from mopd_jax import grid as grid_mod
+from mopd_jax import lanes, mopd, profiling, rl, sft, storage
+from mopd_jax.tasks import base as task_base
+
+
+def run_grid(config: ml_collections.ConfigDict) -> grid_mod.Grid:
+  """The run's domains x efforts (`config.domains`, `config.efforts`; see mopd_jax.grid)."""
+  return grid_mod.from_config(config, task_base.registered())
+
+
+def model_config(config, vocab_size: int):
+  """The student's ModelConfig of a RunConfig (or a ConfigDict): a preset with overrides,
+  or a Hugging Face checkpoint's."""
+  from mopd_jax import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
+  block = config.model.mapping() if isinstance(config, config_mod.RunConfig) else config.model
+  return hf.resolve_model_config(block, vocab_size)
+
+
+def build(config: ml_collections.ConfigDict, num_devices: int) -> config_mod.RunConfig:
+  """The RunConfig of `config` for a run on `num_devices` devices; ValueError naming the
+  field (config.build turns it into a ConfigError)."""
+  fields = config_mod.schema_fields(config)
+  grid = run_grid(config)  # raises on unknown domains or efforts, naming the known ones
+  known_domains = frozenset(dict(config.tasks or {})) | frozenset(task_base.registered())
+  s = fields["sft"]
+  fields["sft"] = dataclasses.replace(
+      s, schedule=tuple(sft.schedule(s.schedule, grid.domains, known_domains)),
+      style_weights=sft.domain_style_weights(s.style_weights, grid.domains, known_domains))
+  records = _records(config, grid)
+  rc = config_mod.RunConfig(**fields, grid=grid, known_domains=known_domains,
+                            records=records, tool_markers=_tool_markers(grid, records),
+                            source=config)
+  config_mod.cross_checks(rc, num_devices)
+  _algorithm_checks(rc)
+  return rc
+
+
+def _records(config, grid) -> dict:
+  """The RecordsSpec of each domain of the grid that runs the `records` task; a task block
+  of another task may hold only `task`."""
+  from mopd_jax.tasks import verifiers  # pylint: disable=g-import-not-at-top
+  out = {}
+  for d in grid.domains:
+    block = dict((config.tasks or {}).get(d) or {})
+    name = f"tasks.{d}"
+    if grid.task_of(d) != "records":
+      extra = sorted(set(block) - {"task"})
+      if extra:
+        raise ValueError(f"{name} has field(s) {extra}; a domain of task "
+                         f"{grid.task_of(d)!r} takes only 'task'")
+      continue
+    spec = config_mod.records_spec(block, name)
+    if spec.verifier not in verifiers.registered():
+      raise ValueError(f"{name}.verifier={spec.verifier!r}; registered verifiers: "
+                       f"{list(verifiers.registered())}")
+    paths = {}
+    for split in ("train", "test"):
+      p = getattr(spec, split)
+      if not p:
+        raise ValueError(f"{name}.{split} must name a JSONL or Parquet file")
+      paths[split] = storage.join(p)  # absolute, so the lanes' processes read the same
+    out[d] = dataclasses.replace(spec, **paths)
+  return out
+
+
+def _tool_markers(grid, records: dict) -> tuple:
+  """RunConfig.tool_markers; ValueError when two domains write different markers (one
+  tokenizer has one set)."""
+  from mopd_jax.tasks import verifiers  # pylint: disable=g-import-not-at-top
+  needed = {}
+  for d in grid.domains:
+    spec = records.get(d)
+    markers = (verifiers.tool_markers(spec.verifier) if spec is not None else
+               task_base.task_class(grid.task_of(d)).tool_markers)
+    if markers:
+      needed.setdefault(tuple(markers), d)
+  if len(needed) > 1:
+    raise ValueError("domains " + " and ".join(f"{d!r} ({' '.join(m)})" for m, d in
+                                                needed.items()) +
+                     " write different tool markers; a run's tokenizer has one set")
+  return next(iter(needed), ())
+
+
+def _algorithm_checks(c: config_mod.RunConfig) -> None:
+  """The values whose rules live with the algorithm that reads them."""
+  refs = rl.references(c.rl.reference, c.grid.anneal_order)  # raises on a bad spec
+  if set(refs.values()) != {"sampler"} and c.rl.loss != "pmd":
+    raise ValueError(f"rl.reference={c.rl.reference!r} holds PMD's old policy "
+                     f"fixed for an effort phase; it needs rl.loss='pmd', got {c.rl.loss!r}")
+  lanes.process_count(c.rl, 1)  # raises on a bad rl.lane_processes
+  profiling.spec_from_config(c.profile, "")  # raises on a loop name it cannot trace
+  m = c.mopd
+  mopd.prompt_mode(m.prompts_across_efforts, m.effort_mix, c.grid.effort_names)
