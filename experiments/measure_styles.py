@@ -226,9 +226,10 @@ def main(argv=None) -> dict:
     task = get_task(d)
     results[d] = {}
     for style in STYLES:
-      r = sft.evaluate(engine, state.params, task, test, sft.STYLE_EFFORT[style],
-                       [args.max_response_tokens] * len(test), jax.random.PRNGKey(args.seed),
-                       batch_size=len(test))
+      r = sft.evaluate(engine, state.params, task, examples=test,
+                       effort=sft.STYLE_EFFORT[style],
+                       budgets=[args.max_response_tokens] * len(test),
+                       rng=jax.random.PRNGKey(args.seed), batch_size=len(test))
       ref = float(np.mean([len(tok.encode(e.solutions[style])) + 1 for e in test]))
       if args.show:
         res = engine.run(state.params, test[:args.show], [sft.STYLE_EFFORT[style]] * args.show,

@@ -55,7 +55,7 @@ def schedule(spec: str, domains: Sequence[str], known: Sequence[str]) -> list:
   return out
 
 
-def domain_style_weights(spec, domains: Sequence[str], known: Sequence[str],
+def domain_style_weights(spec, domains: Sequence[str], known: Sequence[str], *,
                          styles: Sequence[str] = task_base.STYLES) -> dict:
   """`sft.style_weights` as {domain: (w_full, w_brief, w_direct)} for the run's `domains`;
   a domain it does not name draws its styles uniformly, a known domain outside the run is
@@ -157,9 +157,9 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, batches: SftBatch
   return state, history
 
 
-def evaluate(engine: rollout.RolloutEngine, params, task, examples: Sequence[task_base.Example],
-             effort: Optional[str], budgets: Sequence[int], rng,
-             batch_size: int = 64) -> dict:
+def evaluate(engine: rollout.RolloutEngine, params, task, *,
+             examples: Sequence[task_base.Example], effort: Optional[str],
+             budgets: Sequence[int], rng, batch_size: int = 64) -> dict:
   """Accuracy, mean and 90th-percentile length and over-budget rate of greedy-or-sampled
   rollouts at `budgets`.
 

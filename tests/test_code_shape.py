@@ -46,11 +46,6 @@ POSITIONAL_BY_PROTOCOL = {
     "tokenizer_files.py:_environment.tojson": "a Jinja filter: templates pass json.dumps's "
                                               "options positionally",
 }
-# Keyword-only once the SFT modules (sft.py, stages/sft.py, tasks/gen.py) change next.
-PENDING_KEYWORD_ONLY = {
-    "sft.py:domain_style_weights", "sft.py:evaluate", "stages/sft.py:train_sft",
-    "tasks/gen.py:GenTask.make",
-}
 
 
 def _modules():
@@ -124,11 +119,11 @@ def test_parameters_after_the_third_are_keyword_only():
       n = num_positional(fn)
       if n > MAX_POSITIONAL:
         seen.add(key)
-        if key not in POSITIONAL_BY_PROTOCOL and key not in PENDING_KEYWORD_ONLY:
+        if key not in POSITIONAL_BY_PROTOCOL:
           wide[key] = n
   assert not wide, (f"functions with more than {MAX_POSITIONAL} positional parameters (put a "
                     f"`*` after the third, or justify it in POSITIONAL_BY_PROTOCOL): {wide}")
-  listed = set(POSITIONAL_BY_PROTOCOL) | PENDING_KEYWORD_ONLY
+  listed = set(POSITIONAL_BY_PROTOCOL)
   assert listed <= seen, f"keyword-only now: remove from the lists: {sorted(listed - seen)}"
 
 

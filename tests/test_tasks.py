@@ -297,9 +297,9 @@ def test_running_sum_digits_are_zero_half_the_time(name, uniform):
 
 def test_draw_digits_refuses_nothing_and_covers_the_base():
   rng = np.random.default_rng(0)
-  assert set(base.draw_digits(rng, 3, 500, 0.5)) == {0, 1, 2}
-  assert set(base.draw_digits(rng, 3, 500, None)) == {0, 1, 2}
-  assert base.draw_digits(rng, 3, 0, 0.5) == []
+  assert set(base.draw_digits(rng, 3, 500, zero_prob=0.5)) == {0, 1, 2}
+  assert set(base.draw_digits(rng, 3, 500, zero_prob=None)) == {0, 1, 2}
+  assert base.draw_digits(rng, 3, 0, zero_prob=0.5) == []
 
 
 def test_cod_programs_compute_their_answer():

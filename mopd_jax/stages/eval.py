@@ -34,13 +34,14 @@ def run(ctx: Run) -> None:
       for policy, model_cfg, params in runs:
         # pi_SFT and the student see the effort; a teacher sees its prompts as it was trained.
         shown = ctx.view.of(policy, effort)
-        m = sft.evaluate(ctx.make_engine(model_cfg, ec.temperature), params, task, exs,
-                         shown, budgets, jax.random.PRNGKey(11))
+        m = sft.evaluate(ctx.make_engine(model_cfg, ec.temperature), params, task,
+                         examples=exs, effort=shown, budgets=budgets,
+                         rng=jax.random.PRNGKey(11))
         if ec.samples:
           engine = ctx.make_engine(model_cfg, ec.sample_temperature)
           m["sample_accuracy"] = sum(
-              sft.evaluate(engine, params, task, exs, shown, budgets,
-                           jax.random.PRNGKey(1000 + k))["accuracy"]
+              sft.evaluate(engine, params, task, examples=exs, effort=shown,
+                           budgets=budgets, rng=jax.random.PRNGKey(1000 + k))["accuracy"]
               for k in range(ec.samples)) / ec.samples
         cells.append({"policy": policy, "domain": domain, "effort": effort, **m})
       bar.update(cells[-1], keys=("accuracy", "mean_length"))

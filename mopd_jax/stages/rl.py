@@ -238,8 +238,9 @@ def train_lane(ctx: Run, lane: Lane, done: dict, *, trainers: Optional[dict] = N
                                   log=log_step, loop=loop)
     log.close()
     # The lane's teacher is validated on the prompts it trains on.
-    metrics = sft.evaluate(ctx.eval_engine, state.params, task, val, ctx.view.teacher(effort),
-                           ctx.budgets(val, effort), jax.random.PRNGKey(7))
+    metrics = sft.evaluate(ctx.eval_engine, state.params, task, examples=val,
+                           effort=ctx.view.teacher(effort), budgets=ctx.budgets(val, effort),
+                           rng=jax.random.PRNGKey(7))
     checkpoint.save_params(out, state.params)
     yield name, {
         "domain": domain, "effort": effort, "tau": ctx.taus[effort],

@@ -18,20 +18,20 @@ def run(ctx: Run) -> None:
     ctx.mark_done("sft", {"steps": 0, "final_loss": None, "seconds": time.time() - t0,
                           "loss_curve": [], "source": ctx.config.model.hf_path or "init"})
     return
-  state, history = train_sft(ctx, ctx.config.seed, "sft", ctx.path("sft"))
+  state, history = train_sft(ctx, ctx.config.seed, "sft", directory=ctx.path("sft"))
   checkpoint.save_params(ctx.path("sft", "params"), state.params)
   info = {"steps": ctx.config.sft.steps, "final_loss": history[-1][1],
           "seconds": time.time() - t0, "loss_curve": history}
   cell, seed = ctx.config.outside
   if cell:
-    state, hist = train_sft(ctx, seed, "sft outside", ctx.path("sft", "outside"))
+    state, hist = train_sft(ctx, seed, "sft outside", directory=ctx.path("sft", "outside"))
     checkpoint.save_params(ctx.path("sft", "outside", "params"), state.params)
     info["outside"] = {"cell": cell, "seed": seed, "final_loss": hist[-1][1],
                        "loss_curve": hist}
   ctx.mark_done("sft", info)
 
 
-def train_sft(ctx: Run, seed: int, name: str, directory: str):
+def train_sft(ctx: Run, seed: int, name: str, *, directory: str):
   """One SFT run of `seed` (init, data order, batch rng), checkpointed under `directory`;
   returns (state, loss history)."""
   c = ctx.config.sft

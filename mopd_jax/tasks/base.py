@@ -341,7 +341,7 @@ def rng_for(seed: int, *salt: int):
 ZERO_PROB = 0.5
 
 
-def draw_digits(rng, base_: int, n: int, zero_prob) -> list:
+def draw_digits(rng, base_: int, n: int, *, zero_prob) -> list:
   """`n` digits in [0, base_): 0 with probability `zero_prob` and the others equally likely
   (None: all uniform)."""
   if zero_prob is None:

@@ -156,7 +156,7 @@ class CodTask(base.Task):
     m = self.modulus
     digits = min(m, 10)  # digits 0..m-1 (for m = 3: A % 3 is the digit sum mod 3)
     lit = lambda n: str(int(rng.integers(1, digits))) + "".join(
-        str(d) for d in base.draw_digits(rng, digits, n - 1, self.zero_prob))
+        str(d) for d in base.draw_digits(rng, digits, n - 1, zero_prob=self.zero_prob))
     for i in itertools.count():
       slope, intercept = lit(self.slope_digits), lit(self.intercept_digits)
       b = int(intercept) % m

@@ -63,7 +63,7 @@ class GenTask(base.Task):
       raise ValueError(f"stale_prob must be in [0, 1), got {stale_prob!r}")
     self.num_terms, self.modulus, self.stale_prob = num_terms, modulus, stale_prob
 
-  def make(self, terms, memo=None, uid_seed: int = 0, index: int = 0) -> base.Example:
+  def make(self, terms, memo=None, uid_seed: int = 0, *, index: int = 0) -> base.Example:
     """The example for `terms` whose prompt claims `memo` as the first half's sum mod m
     (None: the true one)."""
     terms = [int(t) for t in terms]
@@ -93,11 +93,11 @@ class GenTask(base.Task):
   def _stream(self, seed: int):
     rng = base.rng_for(seed, 1)
     for i in itertools.count():
-      terms = base.draw_digits(rng, self.modulus, self.num_terms, self.zero_prob)
+      terms = base.draw_digits(rng, self.modulus, self.num_terms, zero_prob=self.zero_prob)
       memo = sum(terms[:self.num_terms // 2]) % self.modulus
       if rng.random() < self.stale_prob:
         memo = (memo + int(rng.integers(1, self.modulus))) % self.modulus
-      yield self.make(terms, memo, seed, i)
+      yield self.make(terms, memo, seed, index=i)
 
   def problem_key(self, example: base.Example):
     """The terms: the memo does not change the answer."""
