@@ -42,7 +42,7 @@ def test_grid_from_config():
 
 
 @pytest.mark.parametrize("field, value, match", [
-    ("domains", "gen,math", r"unknown domain\(s\) \['math'\].*known: \['agt', 'cod', 'gen', 'gen_pairs', 'records'\]"),
+    ("domains", "gen,math", r"unknown domain\(s\) \['math'\].*known: \['agt', 'cod', 'cod_uniform', 'gen', 'gen_pairs', 'gen_uniform', 'records'\]"),
     ("efforts", "low,medium", r"unknown effort\(s\) \['medium'\].*known: \['high', 'low', "
                               r"'max'\]"),
     ("domains", "gen,,gen", "repeats a name"),

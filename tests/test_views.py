@@ -105,9 +105,9 @@ def test_the_run_builds_the_view_its_config_sets(flag, tmp_path):
 # (stage module, call, the index of its positional effort argument or the name of its effort
 # keyword, or None: a `view=` keyword)
 STAGE_CALLS = (("sft", "SftDraw", None), ("rl", "PhaseSampling", None),
-               ("rl", "measure", "prompt_effort"), ("rl", "evaluate", 4),
+               ("rl", "measure", "prompt_effort"), ("rl", "evaluate", "effort"),
                ("mopd", "StepSetup", None), ("mopd", "run", 2),
-               ("mopd", "encode_prompt", 2), ("eval", "evaluate", 4))
+               ("mopd", "encode_prompt", 2), ("eval", "evaluate", "effort"))
 
 
 def test_stages_ask_the_runs_view():
