@@ -105,15 +105,7 @@ class HfPaths:
 
   def __call__(self, name: str, v):
     if isinstance(v, str):
-      out = {}
-      for item in filter(None, (x.strip() for x in v.split(","))):
-        cell, sep, path = item.partition("=")
-        if not sep or not cell.strip() or not path.strip():
-          raise ValueError(f"{name}: {item!r} is not 'domain/effort=directory'")
-        if cell.strip() in out:
-          raise ValueError(f"{name} names cell {cell.strip()!r} twice")
-        out[cell.strip()] = path.strip()
-      return out
+      return endpoints.cell_items(name, v, "domain/effort=directory")
     if not isinstance(v, (Mapping, ml_collections.ConfigDict)):
       raise ValueError(f"{name} must map 'domain/effort' to a checkpoint directory "
                        f"('gen/low=DIR,gen/max=DIR'), got {v!r}")

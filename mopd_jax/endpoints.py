@@ -31,19 +31,27 @@ class RetryPolicy:
     return base * rng.uniform(1 - self.jitter, 1 + self.jitter)
 
 
+def cell_items(name: str, text: str, form: str) -> dict:
+  """{cell: value text} of a per-cell flag string (`teacher.endpoints`, `teacher.hf_paths`) "gen/low=X,gen/max=Y" (`form`: what one item
+  looks like, for the error); an item without a cell or a value, or a cell named twice,
+  raises."""
+  out = {}
+  for item in filter(None, (x.strip() for x in text.split(","))):
+    cell, sep, value = item.partition("=")
+    if not sep or not cell.strip() or not value.strip():
+      raise ValueError(f"{name}: {item!r} is not '{form}'")
+    if cell.strip() in out:
+      raise ValueError(f"{name} names cell {cell.strip()!r} twice")
+    out[cell.strip()] = value.strip()
+  return out
+
+
 def parse_endpoints(value) -> dict:
   """{cell: (url, ...)} from a mapping (cell -> URL or list of URLs) or the flag string
   "gen/low=http://h1:8000|http://h2:8000,gen/max=http://h3:8000" ("" = none)."""
   if isinstance(value, str):
-    out = {}
-    for item in filter(None, (x.strip() for x in value.split(","))):
-      cell, sep, urls = item.partition("=")
-      if not sep or not cell.strip() or not urls.strip():
-        raise ValueError(f"teacher.endpoints: {item!r} is not 'domain/effort=URL[|URL...]'")
-      if cell.strip() in out:
-        raise ValueError(f"teacher.endpoints names cell {cell.strip()!r} twice")
-      out[cell.strip()] = urls.split("|")
-    value = out
+    value = {cell: urls.split("|") for cell, urls in
+             cell_items("teacher.endpoints", value, "domain/effort=URL[|URL...]").items()}
   if not isinstance(value, Mapping):
     raise ValueError(f"teacher.endpoints must map 'domain/effort' to URLs, got {value!r}")
   out = {}
