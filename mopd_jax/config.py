@@ -28,8 +28,8 @@ from typing import Any, Mapping
 import ml_collections
 
 from mopd_jax import choices, endpoints
-from mopd_jax.config_checks import (Bool, Endpoints, HfPaths, Int, Num, OneOf, Raw, Seq, Sizes,
-                                    Str)
+from mopd_jax.config_checks import (Bool, DirPattern, Endpoints, HfPaths, Int, Num, OneOf, Raw,
+                                    Seq, Sizes, Str)
 from mopd_jax.tokenizer_options import TokenizerOptions
 
 # Top-level blocks that tools other than the pipeline read (benchmarks/memory_plan.py).
@@ -308,7 +308,8 @@ _BLOCKS = {"checkpoint": CheckpointConfig, "placement": PlacementConfig,
            "rl": RlConfig, "mopd": MopdConfig, "rollout": RolloutConfig, "eval": EvalConfig,
            "sandbox": SandboxConfig,
            "profile": ProfileConfig, "smoke": SmokeConfig}
-_TOP = {"seed": Int(0), "stages": Str(), "log_every": Int(), "skip_nonfinite": Bool()}
+_TOP = {"seed": Int(0), "stages": Str(), "log_every": Int(), "skip_nonfinite": Bool(),
+        "compile_cache": DirPattern()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,6 +320,7 @@ class RunConfig:
   stages: tuple
   log_every: int
   skip_nonfinite: bool
+  compile_cache: str
   grid: "grid.Grid"  # mopd_jax/grid.py
   known_domains: frozenset  # domains any config block or registered task defines
   checkpoint: CheckpointConfig

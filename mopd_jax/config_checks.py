@@ -56,6 +56,20 @@ class Str:
 
 
 @dataclasses.dataclass(frozen=True)
+class DirPattern:
+  """A directory path in which `{workdir}` stands for the run's workdir, or "" (off)."""
+
+  def __call__(self, name: str, v):
+    v = Str()(name, v)
+    try:
+      v.format(workdir="")
+    except (KeyError, IndexError, ValueError) as e:
+      raise ValueError(f"{name} may name only {{workdir}} in braces, got {v!r} ({e!r})") \
+          from None
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
 class Bool:
   def __call__(self, name: str, v):
     if not isinstance(v, bool):

@@ -23,6 +23,7 @@ import os
 import time
 from typing import Optional
 
+import jax
 import ml_collections
 
 from mopd_jax import checkpoint, distributed
@@ -47,12 +48,33 @@ def run(config: ml_collections.ConfigDict, workdir: Optional[str] = None) -> dic
   if workdir is None and stages != ["smoke"]:
     raise ConfigError("--workdir is required for every stage but smoke")
   ctx = Run(config, workdir or os.getcwd())
+  use_compile_cache(ctx.config.compile_cache, ctx.workdir)
   timings = {}
   with checkpoint.sigterm_guard():
     for stage in STAGES:
       if stage in stages:
         run_stage(ctx, stage, timings)
   return timings
+
+
+def use_compile_cache(pattern: str, workdir: str) -> Optional[str]:
+  """Turns on JAX's persistent compilation cache at `pattern` (`{workdir}` replaced), for
+  this process and, through the environment, the processes it spawns (the RL lanes); every
+  program is kept, however quick its compile. A JAX_COMPILATION_CACHE_DIR already set (a
+  user's, the test suite's) wins; "" leaves the cache as the environment has it. Returns
+  the directory in use, or None."""
+  chosen = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+  if not chosen and pattern:
+    chosen = pattern.format(workdir=workdir)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = chosen
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    jax.config.update("jax_compilation_cache_dir", chosen)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                      int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
+  return chosen or None
 
 
 def run_stage(ctx: Run, stage: str, timings: dict) -> None:

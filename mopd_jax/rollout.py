@@ -26,7 +26,7 @@ from mopd_jax.tasks import base as task_base
 
 def encode_prompt(tok, example: task_base.Example, effort: Optional[str]) -> list:
   """The example's prompt ids as the tokenizer renders them (`tok.encode_prompt`: the toy's
-  `<bos> prompt "\n" <effort>`, or a chat template with the effort as a token or a system
+  `<bos> <effort> prompt "\n"`, or a chat template with the effort as a token or a system
   line); `effort=None` renders it without the effort, as the teachers see it."""
   return tok.encode_prompt(example.prompt, effort)
 

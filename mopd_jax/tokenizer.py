@@ -10,7 +10,8 @@ the config's order, between the PAD/BOS/EOS and the tool markers. The toy's thre
 give the ids listed in `SPECIALS`.
 
 Prompts. `encode_prompt(text, effort)` is the one place a prompt becomes ids. The toy
-layout is `<bos> text "\n" <effort>`; a Hugging Face tokenizer with a chat template renders
+layout is `<bos> <effort> text "\n"` (the effort first, so the text is at the same offsets
+from the reply with or without it); a Hugging Face tokenizer with a chat template renders
 the prompt as a user message with the generation prompt, and the effort as its special token
 after it (`effort_format="token"`), as a system line such as `Reasoning effort: high`
 ("system"), or as that line at the start of the user's turn ("user", for templates with no
@@ -87,11 +88,12 @@ class CharTokenizer:
     return ids
 
   def encode_prompt(self, text: str, effort: str | None) -> list:
-    """<bos> text "\n" <effort>, or without the effort token when `effort` is None. The
-    effort token comes last, so the reply's first token (where the style is chosen) is
-    predicted at the effort token itself."""
-    ids = [self.bos_id] + self.encode(text + "\n")
-    return ids if effort is None else ids + [self.effort_id(effort)]
+    """<bos> <effort> text "\n", or without the effort token when `effort` is None. The
+    effort token comes first, so the text stands at the same offsets from the reply with
+    and without it: what a model learns to copy from a prompt with an effort (a name at a
+    fixed place) it also finds in the teachers' effort-free prompts."""
+    head = [self.bos_id] if effort is None else [self.bos_id, self.effort_id(effort)]
+    return head + self.encode(text + "\n")
 
   def token_table(self) -> list:
     """[(id, token string)] of every id."""
@@ -278,7 +280,7 @@ class HFTokenizer:
   def encode_prompt(self, text: str, effort: str | None) -> list:
     """The prompt's ids: by the chat template (a user message, the generation prompt; the
     effort as a system message, at the start of the user's turn, or as its token after the
-    generation prompt), else the toy layout `<bos> text "\n" <effort>`. `effort=None`: no
+    generation prompt), else the toy layout `<bos> <effort> text "\n"`. `effort=None`: no
     effort at all."""
     if effort is not None and effort not in self.efforts:
       raise ValueError(f"unknown effort {effort!r}; expected one of {self.efforts}")
@@ -286,7 +288,7 @@ class HFTokenizer:
     if not self.chat:
       if effort is not None and self.effort_format == "system":
         text = self.system_line.format(effort=effort) + "\n" + text
-      return [self.bos_id] + self.encode(text + "\n") + token
+      return [self.bos_id] + token + self.encode(text + "\n")
     messages = [{"role": "user", "content": text}]
     line = None if effort is None else self.system_line.format(effort=effort)
     if line is not None and self.effort_format == "system":

@@ -173,6 +173,7 @@ def test_batch_not_divisible_by_data_axis():
     (["--config.sft.stepz=3"], "'stepz' Did you mean \"steps\""),
     (["--config.sft.steps=abc"], "--config.sft.steps=abc: invalid literal for int()"),
     (["--config.mopd.r_max=-1"], "mopd.r_max must be a finite number > 0"),
+    (["--config.compile_cache={run}/xla"], "compile_cache may name only {workdir} in braces"),
     (["--config.stages=data", "--workdir="], "--workdir is required"),
 ])
 def test_command_line_errors_are_one_line_and_exit_2(args, match):

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -296,3 +297,31 @@ def test_style_mix_counts_every_sampled_response(workdir, tmp_path):
     assert set(styles) <= {"full", "brief", "direct"}
     assert all(0.0 <= s["accuracy"] <= 1.0 and s["mean_length"] > 0 for s in styles.values())
   assert "accuracy" in proc.stdout
+
+
+_CACHE_CHILD = r"""
+import os, sys
+import jax, jax.numpy as jnp
+from mopd_jax import pipeline
+got = pipeline.use_compile_cache("{workdir}/xla", sys.argv[1])
+jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(7)).block_until_ready()
+print("CACHE", got, os.environ["JAX_COMPILATION_CACHE_DIR"])
+"""
+
+
+def test_compile_cache_goes_under_the_workdir_and_to_child_processes(tmp_path):
+  """`compile_cache`: the run's programs land in the directory (`{workdir}` replaced), which
+  the environment passes on to the lanes; a JAX_COMPILATION_CACHE_DIR already set wins."""
+  env = {k: v for k, v in suite_cli.env().items() if not k.startswith("JAX_PERSISTENT")
+         and k != "JAX_COMPILATION_CACHE_DIR"}
+  out = subprocess.run([sys.executable, "-c", _CACHE_CHILD, str(tmp_path)], cwd=suite_cli.ROOT,
+                       env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  want = str(tmp_path / "xla")
+  assert f"CACHE {want} {want}" in out.stdout
+  assert os.listdir(want)  # the jitted program, although it compiled in milliseconds
+  mine = str(tmp_path / "mine")
+  out = subprocess.run([sys.executable, "-c", _CACHE_CHILD, str(tmp_path)], cwd=suite_cli.ROOT,
+                       env=dict(env, JAX_COMPILATION_CACHE_DIR=mine), capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0 and f"CACHE {mine} {mine}" in out.stdout, out.stderr[-2000:]
