@@ -103,11 +103,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # but leave the teacher's own mistakes unpenalised (its greedy answer ran over budget on
   # 7-9% of agt/high's validation prompts; 2% with both).
   c.rl.sample_from = "both"
-  # The budget phases: against pi_SFT a smaller tau_kl gives sharper teachers; at lr 5e-4
-  # agt/high settles on the direct answer (5 tokens) within 20 steps instead of the more
-  # accurate brief style. 20 steps: they regress onto pi_SFT's samples, which hold every
-  # style from the first step on.
-  c.rl.anneal_lr = 3e-4
+  # The budget phases: against pi_SFT a smaller tau_kl gives sharper teachers. At lr 3e-4
+  # seed 1's gen/high teacher still began the full style on 27% of its validation prompts
+  # after its 20 steps (over budget); at 5e-4 none (0.567 at 14 tokens), and agt/high keeps
+  # the brief style (0.72 at 23). 20 steps: they regress onto pi_SFT's samples, which hold
+  # every style from the first step on.
+  c.rl.anneal_lr = 5e-4
   c.rl.anneal_tau_kl = 0.2
   c.rl.anneal_steps = 0 if fast else 20
   # The plateau rule stays off: agt/max's reward (64 samples a step) is too noisy to tell a
