@@ -97,8 +97,13 @@ def checks(rep: dict) -> list:
   for d in grid.domains:
     for e in grid.effort_names:
       sa, ta = get("student", d, e, key="accuracy"), get("teacher", d, e, key="accuracy")
+      ok = None
+      if sa is not None and ta is not None:
+        se = accuracy_diff_se(find_cell(cells, "student", d, effort=e),
+                              find_cell(cells, "teacher", d, effort=e))
+        ok = sa >= 0.9 * ta - 1e-9 or (se is not None and ta - sa <= 2 * se + 1e-9)
       add(f"student {d}/{e} accuracy / teacher's", None if sa is None else [sa, ta],
-          ">= 0.9 x", ok=None if sa is None or ta is None else sa >= 0.9 * ta - 1e-9)
+          ">= 0.9 x, or within 2 SE", ok=ok)
       sl, tl = get("student", d, e, key="mean_length"), get("teacher", d, e, key="mean_length")
       add(f"student {d}/{e} mean length / teacher's", None if sl is None else [sl, tl],
           "within +-25%", ok=None if sl is None or tl is None else abs(sl - tl) <= 0.25 * tl)
@@ -177,6 +182,17 @@ def binomial_se(p: float, n: int) -> Optional[float]:
   return float(np.sqrt(p * (1.0 - p) / n)) if n else None
 
 
+def accuracy_diff_se(a: dict, b: dict) -> Optional[float]:
+  """The standard error of the difference of two cells' accuracies, each measured on its
+  own `n` examples; None when either lacks them. A near-chance cell (a low effort's guess at
+  0.04) cannot resolve a 10% relative gap on 300 examples: two equally good guessers differ
+  by more than that about 40% of the time, so the student's accuracy result also accepts a
+  gap within two of these."""
+  if not a.get("n") or not b.get("n"):
+    return None
+  return float(np.hypot(binomial_se(a["accuracy"], a["n"]), binomial_se(b["accuracy"], b["n"])))
+
+
 def teachers_like_sft(rep: dict) -> list:
   """The cells whose teacher does not differ from pi_SFT there: the same mean length within
   half a token (the same style) and accuracies within two standard errors of their
@@ -188,7 +204,7 @@ def teachers_like_sft(rep: dict) -> list:
     f = find_cell(rep["cells"], "sft", d, effort=e)
     if t is None or f is None or not t.get("n") or not f.get("n"):
       continue
-    se = np.hypot(binomial_se(t["accuracy"], t["n"]), binomial_se(f["accuracy"], f["n"]))
+    se = accuracy_diff_se(t, f)
     if (abs(t["mean_length"] - f["mean_length"]) <= 0.5 and
         abs(t["accuracy"] - f["accuracy"]) <= 2 * se + 1e-9):
       out.append(f"{d}/{e}")

@@ -235,3 +235,24 @@ def test_report_names_teachers_no_different_from_pi_sft():
   assert "Teachers no different from pi_SFT in their own cell (the same mean length within " \
       "half a token, accuracies within two standard errors): `gen/high`." in " ".join(
           report.markdown(rep).split())
+
+
+@pytest.mark.parametrize("student, teacher, n, ok", [
+    (0.93, 1.00, 300, True),    # >= 0.9 x
+    (0.85, 1.00, 300, False),   # 0.15 below a sure teacher: 7 standard errors
+    (0.033, 0.047, 300, True),  # a guess: 0.70 x, 0.8 standard errors below
+    (0.153, 0.190, 300, True),  # 0.81 x, 1.2 standard errors below
+    (0.10, 0.19, 300, False),   # 3.1 standard errors below
+    (0.10, 0.19, 0, False),     # no example counts: the ratio alone decides
+])
+def test_student_accuracy_result_allows_sampling_noise(student, teacher, n, ok):
+  """The student's accuracy result: >= 0.9 x its teacher's, or within two standard errors
+  of the difference (a near-chance cell on 300 examples cannot resolve 10%)."""
+  from mopd_jax import report
+  grid = {"domains": ["gen"], "efforts": {"max": 1.0}}
+  cells = [{"policy": p, "domain": "gen", "effort": "max", "accuracy": a, "mean_length": 9.0,
+            "over_budget_rate": 0.0, **({"n": n} if n else {})}
+           for p, a in (("student", student), ("teacher", teacher), ("sft", 0.5))]
+  rep = {"grid": grid, "cells": cells, "kl": {}, "wall_seconds": {}}
+  got = {c["name"]: c["ok"] for c in report.checks(rep)}
+  assert got["student gen/max accuracy / teacher's"] is ok
