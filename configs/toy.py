@@ -1,7 +1,7 @@
 """The embedded toy config: the whole pipeline on a 2-core CPU, in K3's form (the student's
 prompt carries the effort, the teachers' prompts do not).
 
-Run (about 11 minutes on 2 CPU cores: SFT 170 s, RL 215 s, MOPD 215 s, eval 60 s):
+Run (about 13 minutes on 2 CPU cores: seed 0 757 s, SFT 200 s, RL 260 s, MOPD 217 s, eval 78 s):
     python -m experiments.run --config configs/toy.py --workdir /tmp/mopd_toy
 The ablation in which the teachers see the effort: add --config.teacher.effort_in_prompt=True.
 Smoke variant of every stage (used by the tests, well under 2 minutes):

@@ -19,14 +19,17 @@ stage, process 0 writes the shared files, and a barrier ends each stage. Layout:
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 import time
 from typing import Optional
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 
-from mopd_jax import checkpoint, distributed
+from mopd_jax import checkpoint, distributed, storage
 from mopd_jax.config import ConfigError
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
@@ -57,24 +60,36 @@ def run(config: ml_collections.ConfigDict, workdir: Optional[str] = None) -> dic
   return timings
 
 
+_CACHE_SET_HERE = [None]  # the cache directory this module put in the environment
+
+
 def use_compile_cache(pattern: str, workdir: str) -> Optional[str]:
   """Turns on JAX's persistent compilation cache at `pattern` (`{workdir}` replaced), for
   this process and, through the environment, the processes it spawns (the RL lanes); every
-  program is kept, however quick its compile. A JAX_COMPILATION_CACHE_DIR already set (a
-  user's, the test suite's) wins; "" leaves the cache as the environment has it. Returns
-  the directory in use, or None."""
-  chosen = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-  if not chosen and pattern:
-    chosen = pattern.format(workdir=workdir)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = chosen
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-    jax.config.update("jax_compilation_cache_dir", chosen)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                      float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes",
-                      int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
-  return chosen or None
+  program is kept, however quick its compile. A JAX_COMPILATION_CACHE_DIR set outside (a
+  user's, the test suite's) wins; "" leaves the cache as the environment has it. A workdir
+  on object storage keeps its cache on local disk (under the temp dir, one per workdir).
+  Returns the directory in use, or None."""
+  outside = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+  if outside and outside != _CACHE_SET_HERE[0]:
+    return outside
+  if not pattern:
+    return outside or None
+  if storage.is_remote(workdir):
+    local = hashlib.sha256(workdir.encode()).hexdigest()[:16]
+    workdir = os.path.join(tempfile.gettempdir(), "mopd_jax_workdirs", local)
+  chosen = pattern.format(workdir=workdir)
+  if _CACHE_SET_HERE[0] not in (None, chosen):
+    compilation_cache.reset_cache()  # a second run in this process: its own directory
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_SET_HERE[0] = chosen
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+  jax.config.update("jax_compilation_cache_dir", chosen)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                    int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
+  return chosen
 
 
 def run_stage(ctx: Run, stage: str, timings: dict) -> None:

@@ -306,6 +306,10 @@ from mopd_jax import pipeline
 got = pipeline.use_compile_cache("{workdir}/xla", sys.argv[1])
 jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(7)).block_until_ready()
 print("CACHE", got, os.environ["JAX_COMPILATION_CACHE_DIR"])
+# A second run in the same process (a notebook) gets its own directory.
+second = pipeline.use_compile_cache("{workdir}/xla", sys.argv[1] + "/second")
+jax.jit(lambda x: jnp.cos(x) * 5)(jnp.ones(9)).block_until_ready()
+print("SECOND", second, sorted(os.listdir(second)) != [])
 """
 
 
@@ -320,6 +324,7 @@ def test_compile_cache_goes_under_the_workdir_and_to_child_processes(tmp_path):
   want = str(tmp_path / "xla")
   assert f"CACHE {want} {want}" in out.stdout
   assert os.listdir(want)  # the jitted program, although it compiled in milliseconds
+  assert f"SECOND {tmp_path / 'second' / 'xla'} True" in out.stdout
   mine = str(tmp_path / "mine")
   out = subprocess.run([sys.executable, "-c", _CACHE_CHILD, str(tmp_path)], cwd=suite_cli.ROOT,
                        env=dict(env, JAX_COMPILATION_CACHE_DIR=mine), capture_output=True,
