@@ -77,7 +77,7 @@ def use_compile_cache(pattern: str, workdir: str) -> Optional[str]:
     return outside or None
   if storage.is_remote(workdir):
     local = hashlib.sha256(workdir.encode()).hexdigest()[:16]
-    workdir = os.path.join(tempfile.gettempdir(), "mopd_jax_workdirs", local)
+    workdir = storage.join(tempfile.gettempdir(), "mopd_jax_workdirs", local)
   chosen = pattern.format(workdir=workdir)
   if _CACHE_SET_HERE[0] not in (None, chosen):
     compilation_cache.reset_cache()  # a second run in this process: its own directory

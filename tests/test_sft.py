@@ -81,7 +81,8 @@ def test_no_effort_share_covers_the_teachers_prompt_format():
   rec = base.Example("r", "gen", "1+1", 5, "2", solutions={"full": "#2"})
   batch = sft.sft_batch(tok, [rec], np.random.RandomState(0), width=16,
                         draw=sft.SftDraw("random"))
-  assert tok.decode(np.asarray(batch.tokens)[0]).startswith("<bos>1+1\n<")
+  text = tok.decode(np.asarray(batch.tokens)[0])  # the toy layout: the effort after <bos>
+  assert text.startswith("<bos><") and text[5:].split(">", 1)[1].startswith("1+1\n"), text
   with pytest.raises(ValueError, match="no reference response"):
     sft.sft_batch(tok, [base.Example("s", "gen", "1+1", 5, "2")], np.random.RandomState(0),
                   width=16, draw=sft.SftDraw("random"))
