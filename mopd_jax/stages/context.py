@@ -49,7 +49,6 @@ class Run:
     self.taus = self.grid.taus
     self.data_dir = config.data.dir or storage.join(self.workdir, "data")
     self._budgeted = {}  # (domain, split) -> budgets.BudgetedSource
-    self._engines = {}  # (model config, temperature) -> rollout.RolloutEngine
 
   # --- files ---------------------------------------------------------------------------------
   def path(self, *parts) -> str:
@@ -131,18 +130,12 @@ class Run:
   @functools.lru_cache(maxsize=None)
   def make_engine(self, model_cfg: models.ModelConfig,
                   temperature: float) -> rollout.RolloutEngine:
-    """The rollout engine of (model, temperature), built once per run: its jitted sampler
-    programs trace and compile once, not again for every teacher, phase and eval cell
-    (params are arguments, so one engine serves every policy of that model config)."""
-    key = (model_cfg, float(temperature))
-    if key not in self._engines:
-      c = self.config.rollout
-      decode = rollout.DecodeOptions(temperature=temperature, dtype=c.sampling_dtype,
-                                     decode_slots=c.decode_slots, admission=c.admission)
-      self._engines[key] = rollout.RolloutEngine(
-          model_cfg, self.tok, max_response_tokens=c.max_response_tokens,
-          max_turns=c.max_turns, decode=decode)
-    return self._engines[key]
+    """One rollout engine (and its compiled sampler) per (model, temperature)."""
+    c = self.config.rollout
+    decode = rollout.DecodeOptions(temperature=temperature, dtype=c.sampling_dtype,
+                                   decode_slots=c.decode_slots, admission=c.admission)
+    return rollout.RolloutEngine(model_cfg, self.tok, max_response_tokens=c.max_response_tokens,
+                                 max_turns=c.max_turns, decode=decode)
 
   @property
   def engine(self) -> rollout.RolloutEngine:
