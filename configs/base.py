@@ -17,10 +17,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seed = 0  # every rng in the run is derived from this
   c.stages = "data,sft,rl,mopd,eval,report"  # comma-separated subset, run in pipeline order
   c.log_every = 10  # console / TensorBoard interval in steps
-  # JAX's persistent compilation cache for the run's processes (the RL lanes, MOPD and eval
-  # compile many of the same programs): a directory, `{workdir}` replaced by the workdir;
-  # "" = off. A JAX_COMPILATION_CACHE_DIR already in the environment wins. Point two runs at
-  # one directory (e.g. ~/.cache/mopd_jax/xla) and the second reuses what the first compiled.
+  # JAX's persistent compilation cache for the run's processes (the RL lanes inherit it): a
+  # directory, `{workdir}` replaced by the workdir; "" = off. A resumed run reuses what the
+  # interrupted one compiled; point two runs at one directory (e.g. ~/.cache/mopd_jax/xla)
+  # and the second reuses the first's. A JAX_COMPILATION_CACHE_DIR in the environment wins.
   c.compile_cache = "{workdir}/xla_cache"
   # A step whose loss or gradient norm is not finite is never applied. False: stop with a
   # message naming the step and the metric; True: skip such steps and count the skips.

@@ -96,11 +96,11 @@ def checks(rep: dict) -> list:
           ok=None if over is None else over <= 0.05)
   for d in grid.domains:
     for e in grid.effort_names:
-      sa, ta = get("student", d, e, key="accuracy"), get("teacher", d, e, key="accuracy")
+      sc, tc = find_cell(cells, "student", d, effort=e), find_cell(cells, "teacher", d, effort=e)
+      sa, ta = (None if c is None else c["accuracy"] for c in (sc, tc))
       ok = None
       if sa is not None and ta is not None:
-        se = accuracy_diff_se(find_cell(cells, "student", d, effort=e),
-                              find_cell(cells, "teacher", d, effort=e))
+        se = accuracy_diff_se(sc, tc)
         ok = sa >= 0.9 * ta - 1e-9 or (se is not None and ta - sa <= 2 * se + 1e-9)
       add(f"student {d}/{e} accuracy / teacher's", None if sa is None else [sa, ta],
           ">= 0.9 x, or within 2 SE", ok=ok)
