@@ -1,7 +1,7 @@
 """The embedded toy config: the whole pipeline on a 2-core CPU, in K3's form (the student's
 prompt carries the effort, the teachers' prompts do not).
 
-Run (about 13 minutes on 2 CPU cores: seed 0 757 s, SFT 200 s, RL 260 s, MOPD 217 s, eval 78 s):
+Run (13 to 20 minutes on 2 CPU cores, whose speed varies from run to run: seed 0 757 s and 1162 s):
     python -m experiments.run --config configs/toy.py --workdir /tmp/mopd_toy
 The ablation in which the teachers see the effort: add --config.teacher.effort_in_prompt=True.
 Smoke variant of every stage (used by the tests, well under 2 minutes):
@@ -64,11 +64,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # cod's after ~100. Seed 1: cod's after ~60, gen's not within 390 (nor within 200 of a
   # gen-only run), so gen's full style is the fragile one.
   c.sft.schedule = "gen,cod,agt,gen,cod,agt,gen,cod"
-  # agt and cod: pi_SFT's greedy decode follows its most likely style, and with three equal
-  # weights which one wins varies from run to run (with equal cod weights seed 0's greedy cod
-  # was the full style, 0.938, which left its max teacher 6 points to add). Brief twice as
-  # likely makes pi_SFT's greedy agt and cod brief; RL at max then has to find full among its
-  # samples (a quarter of them), as RL from a cold start is meant to.
+  # Every domain: pi_SFT's greedy decode follows its most likely style, and with three
+  # equal weights which one wins varies from run to run (with equal cod weights seed 0's
+  # greedy cod was the full style, 0.938, which left its max teacher 6 points to add; with
+  # equal gen weights seed 4's greedy gen was full, 0.990, which left it 1). Brief twice as
+  # likely makes pi_SFT's greedy answer brief in every domain; RL at max then has to find
+  # full among its samples (a quarter of them), as RL from a cold start is meant to.
   # AdamW's decoupled weight decay 0.1: without it seed 1's SFT never learned gen's full
   # style (its loss stayed at 0.48 through all 390 of gen's updates); with it, it does, late
   # (gen's loss falls from 0.50 to 0.23 over its last ~150 updates; the gen/max teacher then
@@ -78,6 +79,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sft.style_weights = ml_collections.ConfigDict({"agt": (1.0, 2.0, 1.0)})
   if not fast:
     c.sft.style_weights.cod = (1.0, 2.0, 1.0)
+    c.sft.style_weights.gen = (1.0, 2.0, 1.0)
     c.sft.weight_decay = 0.1
   # 24 sequences per update: half the compute of 48 for the same 1040 updates; on seed 0
   # it learned cod's full style (sampled accuracy 0.77) where 48 did not (0.34), gen's and
