@@ -47,16 +47,19 @@ def main(argv):
 
   from mopd_jax import checkpoint, config as config_mod, distributed, pipeline, teacher_client
   try:
-    # Multi-host: start jax.distributed (config.distributed or JAX_* environment variables)
-    # before the first device query below initialises a backend.
+    # The RunConfig, built once here and handed down: every check but the device count.
+    # Multi-host: start jax.distributed (its typed `distributed` block or JAX_* environment
+    # variables) before the first device query initialises a backend, then check the mesh.
+    run_config = config_mod.build(config, None)
     try:
-      distributed.initialize(config.distributed)
+      distributed.initialize(run_config.distributed)
     except ValueError as e:
       raise config_mod.ConfigError(str(e)) from e
+    config_mod.check_devices(run_config, jax.device_count())
     logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                  jax.device_count(), jax.default_backend(), jax.process_index(),
                  jax.process_count())
-    pipeline.run(config, _WORKDIR.value)
+    pipeline.run(run_config, _WORKDIR.value)
   except config_mod.ConfigError as e:  # a bad config value or flag: one line, exit status 2
     if logging.get_verbosity() >= 1:
       raise

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import ml_collections
 
@@ -367,9 +367,11 @@ class RunConfig:
     return (t.outside_cell, t.outside_seed) if t.outside_cell else (None, None)
 
 
-def build(config: ml_collections.ConfigDict, num_devices: int) -> RunConfig:
+def build(config: ml_collections.ConfigDict, num_devices: Optional[int]) -> RunConfig:
   """The RunConfig of `config`, every check of the module docstring applied for a run on
-  `num_devices` devices. Raises ConfigError."""
+  `num_devices` devices; None leaves out the mesh's device count, for an entry point that
+  builds the config before jax.distributed starts (then `check_devices`). Raises
+  ConfigError."""
   # The grid, the records and the checks that need the registered tasks, the verifiers or an
   # algorithm's own rule are resolved by mopd_jax/config_build.py, imported here so that
   # importing the schema imports no algorithm.
@@ -413,18 +415,26 @@ def records_spec(block, name: str) -> RecordsSpec:
   return _block(RecordsSpec, block, name)
 
 
-def cross_checks(c: RunConfig, num_devices: int) -> None:
-  """The rules that tie fields together and need no algorithm."""
-  grid = c.grid
+def check_devices(c: RunConfig, num_devices: int) -> None:
+  """The mesh (with the teachers' sub-mesh when disaggregated) against the run's devices.
+  Raises ConfigError."""
   n = math.prod(c.mesh.values())
   if c.placement.teachers == "disaggregated":
-    if not c.placement.teacher_mesh:
-      raise ValueError("placement.teachers='disaggregated' needs placement.teacher_mesh "
-                       "(axis sizes of the teachers' sub-mesh)")
     n += math.prod(c.placement.teacher_mesh.values())
   if n != num_devices:
-    raise ValueError(f"mesh {c.mesh} (with the teacher placement {c.placement.teachers}) "
-                     f"has {n} devices but {num_devices} are available")
+    raise ConfigError(f"mesh {c.mesh} (with the teacher placement {c.placement.teachers}) "
+                      f"has {n} devices but {num_devices} are available")
+
+
+def cross_checks(c: RunConfig, num_devices: Optional[int]) -> None:
+  """The rules that tie fields together and need no algorithm; the device count unless
+  `num_devices` is None."""
+  grid = c.grid
+  if c.placement.teachers == "disaggregated" and not c.placement.teacher_mesh:
+    raise ValueError("placement.teachers='disaggregated' needs placement.teacher_mesh "
+                     "(axis sizes of the teachers' sub-mesh)")
+  if num_devices is not None:
+    check_devices(c, num_devices)
   m = c.mopd
   weighted = m.staleness or (m.partial_rollout_tokens and m.partial_mode == "importance")
   if weighted and not m.is_bounds[0] <= 1 <= m.is_bounds[1]:

@@ -6,6 +6,7 @@ mode). `config.build` calls `build`; the schema itself imports no algorithm.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import ml_collections
 
@@ -28,9 +29,11 @@ def model_config(config, vocab_size: int):
   return hf.resolve_model_config(block, vocab_size)
 
 
-def build(config: ml_collections.ConfigDict, num_devices: int) -> config_mod.RunConfig:
-  """The RunConfig of `config` for a run on `num_devices` devices; ValueError naming the
-  field (config.build turns it into a ConfigError)."""
+def build(config: ml_collections.ConfigDict,
+          num_devices: Optional[int]) -> config_mod.RunConfig:
+  """The RunConfig of `config` for a run on `num_devices` devices (None: every check but
+  the mesh's device count); ValueError naming the field (config.build turns it into a
+  ConfigError)."""
   fields = config_mod.schema_fields(config)
   grid = run_grid(config)  # raises on unknown domains or efforts, naming the known ones
   known_domains = frozenset(dict(config.tasks or {})) | frozenset(task_base.registered())
@@ -99,7 +102,7 @@ def _algorithm_checks(c: config_mod.RunConfig) -> None:
   if set(refs.values()) != {"sampler"} and c.rl.loss != "pmd":
     raise ValueError(f"rl.reference={c.rl.reference!r} holds PMD's old policy "
                      f"fixed for an effort phase; it needs rl.loss='pmd', got {c.rl.loss!r}")
-  lanes.process_count(c.rl, 1)  # raises on a bad rl.lane_processes
+  lanes.check_processes(c.rl)
   profiling.spec_from_config(c.profile, "")  # raises on a loop name it cannot trace
   m = c.mopd
   mopd.prompt_mode(m.prompts_across_efforts, m.effort_mix, c.grid.effort_names)

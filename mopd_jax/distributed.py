@@ -17,6 +17,7 @@ run, and where it happens:
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Mapping, Optional
 
@@ -35,8 +36,9 @@ def settings(block: Optional[Mapping] = None,
              environ: Optional[Mapping] = None) -> Optional[dict]:
   """The jax.distributed.initialize arguments a config block (else the environment) asks
   for; None means stay single-process, {} means let JAX detect everything (TPU pods, SLURM).
-  Raises ValueError on inconsistent settings."""
-  block = dict(block or {})
+  Raises ValueError on inconsistent settings. `block`: a mapping or the typed `distributed`
+  block of a RunConfig."""
+  block = dataclasses.asdict(block) if dataclasses.is_dataclass(block) else dict(block or {})
   environ = os.environ if environ is None else environ
   addr = block.get("coordinator_address") or environ.get(ENV["coordinator_address"], "")
   n = int(block.get("num_processes") or environ.get(ENV["num_processes"]) or 0)

@@ -11,9 +11,9 @@ lanes one after another, every host taking part in each.
 
 The rl stage spawns, per lane,
 
-    python -m mopd_jax.stages.rl --workdir DIR --lane N --config DIR/rl/lanes_config.json
+    python -m mopd_jax.lanes --workdir DIR --lane N --config DIR/rl/lanes_config.json
 
-which reads the run's resolved config from the file it is given, writes its console
+(`main` below, the lane worker) which reads the run's resolved config from the file it is given, writes its console
 output to <lane dir>/lane.log (through a local mirror copied up when the lane ends, for a
 workdir on object storage: mopd_jax/storage.py) and its progress to <lane dir>/progress.json (the parent draws
 one bar per lane from these), and exits with the pipeline's preemption code after a SIGTERM
@@ -23,6 +23,8 @@ naming it and its log, and a re-run trains only what is missing.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import signal
 import subprocess
@@ -39,12 +41,19 @@ PROGRESS = "progress.json"
 LOG = "lane.log"
 
 
-def process_count(c, num_lanes: int) -> int:
-  """How many lane processes the `rl` config `c` asks for, and this run allows."""
+def check_processes(c) -> int:
+  """`rl.lane_processes` of the `rl` config `c`, checked (no JAX call: the config is built
+  before jax.distributed starts)."""
   k = c.lane_processes
   if not isinstance(k, int) or k < 1:
     raise ValueError(f"rl.lane_processes={k!r}; expected an integer >= 1 (1 = the lanes one "
                      "after another in this process)")
+  return k
+
+
+def process_count(c, num_lanes: int) -> int:
+  """How many lane processes the `rl` config `c` asks for, and this run allows."""
+  k = check_processes(c)
   if jax.process_count() > 1:
     return 1
   return min(k, num_lanes)
@@ -88,7 +97,7 @@ def run_side_by_side(workdir: str, config_json: str, lanes: Sequence, *, process
         i = pending.pop(0)
         mirrors[i] = storage.LocalMirror(lanes[i].directory)  # the subprocess writes its log
         log = open(os.path.join(mirrors[i].local, LOG), "a")  # local: the mirror's folder
-        cmd = [sys.executable, "-m", "mopd_jax.stages.rl", "--workdir", workdir,
+        cmd = [sys.executable, "-m", "mopd_jax.lanes", "--workdir", workdir,
                "--lane", str(i), "--config", config_path]
         running[i] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log)
       if checkpoint.preemption_requested() and not preempted:
@@ -149,3 +158,47 @@ def _show(bar, lane) -> None:
     bar.set_postfix({k: f"{p[k]:.3f}" if isinstance(p[k], float) else p[k]
                      for k in ("effort", "reward", "length") if k in p}, refresh=False)
     bar.update(p["done"] - bar.n)
+
+
+def main(argv=None) -> None:
+  """The lane worker: lane `--lane` of the run whose resolved config is `--config`, trained
+  by the rl stage's `train_lane`, its finished teachers kept in the lane's records."""
+  parser = argparse.ArgumentParser(description="One lane of the rl stage (spawned by it).")
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--lane", type=int, required=True)
+  parser.add_argument("--config", required=True, help="the run's resolved config (JSON)")
+  args = parser.parse_args(argv)
+  # The stage imports this module to spawn its workers; the worker imports the stage.
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from mopd_jax.stages import rl as rl_stage  # pylint: disable=g-import-not-at-top
+  from mopd_jax.stages.context import Run  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict(json.loads(storage.read_text(args.config)))
+  ctx = Run(config, args.workdir)
+  lane = rl_stage.lanes_of(ctx)[args.lane]
+  storage.makedirs(lane.directory)
+  # Teachers this lane finished in an earlier run of the lanes one after another count too.
+  manifest = checkpoint.read_json(ctx.path(rl_stage.MANIFEST), default={})
+  names = {f"{lane.domain}/{e}" for e in lane.efforts}
+  record = {k: v for k, v in manifest.get(lane.section, {}).items()
+            if k in names and v.get("origin") != "outside"}
+  record.update(read_records(lane))
+  steps = rl_stage.lane_steps(ctx, lane)
+  progress = storage.join(lane.directory, PROGRESS)
+
+  def on_step(effort, step, m):
+    done = sum(steps[:lane.efforts.index(effort)]) + step + 1
+    checkpoint.write_json(progress, {"done": done, "effort": effort, "reward": m["reward"],
+                                     "length": m["length"]})
+
+  try:
+    with checkpoint.sigterm_guard():
+      for name, entry in rl_stage.train_lane(ctx, lane, record, on_step=on_step):
+        record[name] = entry
+        checkpoint.write_json(storage.join(lane.directory, RECORDS), record)
+  except checkpoint.Preempted as e:
+    print(f"PREEMPTED: {e}", file=sys.stderr, flush=True)
+    sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
+
+
+if __name__ == "__main__":
+  main()

@@ -23,14 +23,14 @@ import hashlib
 import os
 import tempfile
 import time
-from typing import Optional
+from typing import Optional, Union
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 
 from mopd_jax import checkpoint, distributed, storage
-from mopd_jax.config import ConfigError
+from mopd_jax.config import ConfigError, RunConfig, build
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
 
@@ -39,23 +39,27 @@ STAGES = {"smoke": smoke.run, "data": data.run, "sft": sft.run, "rl": rl.run,
           "mopd": mopd.run, "eval": eval_stage.run, "report": report.run}
 
 
-def run(config: ml_collections.ConfigDict, workdir: Optional[str] = None) -> dict:
-  """Runs the config's stages in order; returns their wall seconds.
+def run(config: Union[RunConfig, ml_collections.ConfigDict],
+        workdir: Optional[str] = None) -> dict:
+  """Runs the config's stages in order; returns their wall seconds. `config`: the run's
+  RunConfig (`experiments/run.py` builds it), or a ConfigDict that notebooks and tests hand
+  over, built here for this process's devices.
 
   Errors: `ConfigError` (a ValueError) for an unknown stage, a missing workdir or any config
   value `mopd_jax.config.build` refuses, before any stage starts."""
-  stages = [s.strip() for s in config.stages.split(",") if s.strip()]
-  unknown = [s for s in stages if s not in STAGES]
+  if not isinstance(config, RunConfig):
+    config = build(config, jax.device_count())
+  unknown = [s for s in config.stages if s not in STAGES]
   if unknown:
     raise ConfigError(f"unknown stage(s) {unknown}; known stages in order: {tuple(STAGES)}")
-  if workdir is None and stages != ["smoke"]:
+  if workdir is None and config.stages != ("smoke",):
     raise ConfigError("--workdir is required for every stage but smoke")
   ctx = Run(config, workdir or os.getcwd())
   use_compile_cache(ctx.config.compile_cache, ctx.workdir)
   timings = {}
   with checkpoint.sigterm_guard():
     for stage in STAGES:
-      if stage in stages:
+      if stage in config.stages:
         run_stage(ctx, stage, timings)
   return timings
 

@@ -227,3 +227,34 @@ def test_tool_markers_follow_the_run_domains():
   with pytest.raises(ValueError, match="domains 'agt' .* and 'tl' .* write different tool "
                      "markers; a run's tokenizer has one set"):
     config.build(c, 1)
+
+
+def test_the_entry_point_builds_the_run_config_once(tmp_path):
+  """experiments/run.py builds the RunConfig once (before jax.distributed starts, without
+  the device count, then checks the mesh) and hands it down; `Run` takes it as it is."""
+  code = f"""
+from absl import flags
+from experiments import run as cli
+from mopd_jax import config_build, pipeline
+from mopd_jax.stages import context
+built, seen = [], {{}}
+build = config_build.build
+config_build.build = lambda config, n: (built.append(n), build(config, n))[1]
+pipeline.run = lambda config, workdir: seen.update(run=context.Run(config, workdir))
+flags.FLAGS(["run", "--config", "configs/toy.py:tiny", "--workdir", {str(tmp_path)!r}])
+cli.main(["run"])
+print(type(seen["run"].config).__name__, built)
+"""
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300, env=suite_cli.env())
+  assert proc.stdout.split()[-2:] == ["RunConfig", "[None]"], proc.stdout + proc.stderr[-2000:]
+
+
+def test_a_mesh_for_other_devices_is_refused_after_the_build():
+  """`build(config, None)` leaves the device count to `check_devices`, which names both."""
+  from configs import toy
+  from mopd_jax import config
+  rc = config.build(toy.get_config("tiny"), None)
+  config.check_devices(rc, 1)
+  with pytest.raises(config.ConfigError, match="has 1 devices but 4 are available"):
+    config.check_devices(rc, 4)

@@ -1,9 +1,10 @@
 """The run context every stage takes, the progress bars and the training-loop skeleton.
 
-`Run(config, workdir)` builds the typed, validated RunConfig (mopd_jax.config; stages read
-`ctx.config`, never the ConfigDict) and resolves, once: the task grid, the tokenizer (its effort tokens are the grid's), the student's ModelConfig, the
-student's and the teachers' meshes, the profile switch, and the prompt view (`ctx.view`:
-which effort each party's prompt carries, mopd_jax/views.py). Stages then ask it for paths,
+`Run(config, workdir)` takes the run's typed, validated RunConfig (mopd_jax.config; a
+ConfigDict is built here; stages read `ctx.config`, never the ConfigDict) and resolves,
+once: the task grid, the tokenizer (its effort tokens are the grid's), the student's
+ModelConfig, the student's and the teachers' meshes, the profile switch, and the prompt
+view (`ctx.view`: which effort each party's prompt carries, mopd_jax/views.py). Stages then ask it for paths,
 rollout engines, data splits and iterators, teachers, loggers and checkpointed loops.
 
 `training(...)` is the skeleton every training loop shares (SFT, each RL phase, the
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import jax
 import ml_collections
@@ -29,8 +30,13 @@ from mopd_jax.tokenizer import load_tokenizer
 class Run:
   """What every stage needs: config, workdir, grid, tokenizer, model config, meshes."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    config = self.config = config_mod.build(config, jax.device_count())
+  def __init__(self, config: Union[config_mod.RunConfig, ml_collections.ConfigDict],
+               workdir: str):
+    """`config`: the run's RunConfig, or a ConfigDict (a lane worker's, a tool's) built here
+    for this process's devices."""
+    if not isinstance(config, config_mod.RunConfig):
+      config = config_mod.build(config, jax.device_count())
+    self.config = config
     self.grid = config.grid
     self.workdir = storage.join(workdir)  # absolute if local; gs://... kept as it is
     self.profile = profiling.Switch(config.profile, self.workdir)

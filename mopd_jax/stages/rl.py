@@ -3,17 +3,11 @@ from pi_SFT (mopd_jax/rl.py), freezing a teacher per (domain, effort) cell; the 
 `<workdir>/teachers.json` records them with the grid they were trained on.
 
 Lanes share nothing, so they run one after another in this process or side by side in
-processes of their own (`rl.lane_processes`, mopd_jax/lanes.py); this module is also the
-lane worker those processes run:
-
-    python -m mopd_jax.stages.rl --workdir DIR --lane N --config DIR/rl/lanes_config.json
+processes of their own (`rl.lane_processes`; the worker and its command: mopd_jax/lanes.py).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import sys
 import time
 from typing import Iterator, Optional
 
@@ -252,43 +246,3 @@ def train_lane(ctx: Run, lane: Lane, done: dict, *, trainers: Optional[dict] = N
         "data_state": it.state(),
         "train_curve": [[s, m["reward"], m["length"]] for s, m in hist]}
     params, parent = state.params, out
-
-
-def lane_main(argv=None) -> None:
-  """The lane worker: one lane of the run whose resolved config is `--config`."""
-  parser = argparse.ArgumentParser(description="One lane of the rl stage (spawned by it).")
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--lane", type=int, required=True)
-  parser.add_argument("--config", required=True, help="the run's resolved config (JSON)")
-  args = parser.parse_args(argv)
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  config = ml_collections.ConfigDict(json.loads(storage.read_text(args.config)))
-  ctx = Run(config, args.workdir)
-  lane = lanes_of(ctx)[args.lane]
-  storage.makedirs(lane.directory)
-  # Teachers this lane finished in an earlier run of the lanes one after another count too.
-  manifest = checkpoint.read_json(ctx.path(MANIFEST), default={})
-  names = {f"{lane.domain}/{e}" for e in lane.efforts}
-  record = {k: v for k, v in manifest.get(lane.section, {}).items()
-            if k in names and v.get("origin") != "outside"}
-  record.update(lanes_mod.read_records(lane))
-  steps = lane_steps(ctx, lane)
-  progress = storage.join(lane.directory, lanes_mod.PROGRESS)
-
-  def on_step(effort, step, m):
-    done = sum(steps[:lane.efforts.index(effort)]) + step + 1
-    checkpoint.write_json(progress, {"done": done, "effort": effort, "reward": m["reward"],
-                                     "length": m["length"]})
-
-  try:
-    with checkpoint.sigterm_guard():
-      for name, entry in train_lane(ctx, lane, record, on_step=on_step):
-        record[name] = entry
-        checkpoint.write_json(storage.join(lane.directory, lanes_mod.RECORDS), record)
-  except checkpoint.Preempted as e:
-    print(f"PREEMPTED: {e}", file=sys.stderr, flush=True)
-    sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
-
-
-if __name__ == "__main__":
-  lane_main()
