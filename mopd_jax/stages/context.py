@@ -4,8 +4,9 @@
 ConfigDict is built here; stages read `ctx.config`, never the ConfigDict) and resolves,
 once: the task grid, the tokenizer (its effort tokens are the grid's), the student's
 ModelConfig, the student's and the teachers' meshes, the profile switch, and the prompt
-view (`ctx.view`: which effort each party's prompt carries, mopd_jax/views.py). Stages then ask it for paths,
-rollout engines, data splits and iterators, teachers, loggers and checkpointed loops.
+view (`ctx.view`: which effort each party's prompt carries, mopd_jax/views.py). Stages
+then ask it for paths, rollout engines, data splits and iterators, teachers, loggers and
+checkpointed loops.
 
 `training(...)` is the skeleton every training loop shares (SFT, each RL phase, the
 teacher-SFT initialisation, MOPD): per-step checkpoints under a directory, restore or
