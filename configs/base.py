@@ -186,6 +186,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.plateau_delta = 0.02
   c.rl.token_clip = 0.0  # PMD per-token log-ratio clip (K2.5-style regulariser); 0 = off
   c.rl.temperature = 1.0  # sampling temperature of RL rollouts
+  # Validation prompts each teacher is evaluated on when its phase ends (greedy, capped at
+  # the split's size): the rl stage's teacher table and `teachers.json`; nothing downstream
+  # reads it (the eval stage measures every teacher on the test split).
+  c.rl.validation_examples = 96
   # Lanes side by side, each in a process of its own (mopd_jax/lanes.py), or 1: one after
   # another in this process. Same teachers either way; on one accelerator use 1.
   c.rl.lane_processes = 1

@@ -110,5 +110,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rollout.width = 128 if tiny else 1024  # padded length of train batches (prompt + response)
 
   c.eval.num_examples = 16 if tiny else 96  # test examples per (domain, effort) cell
+  c.rl.validation_examples = 16 if tiny else 96  # each teacher's validation table
   c.smoke.max_new_tokens = 32 if tiny else 64
   return c

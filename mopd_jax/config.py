@@ -225,6 +225,7 @@ class RlConfig:
   plateau_delta: float = _f(Num())
   token_clip: float = _f(Num())
   temperature: float = _f(Num())
+  validation_examples: int = _f(Int(0))
   lane_processes: int = _f(Int())
   partial_rollout_tokens: int = _f(Int(0))
   partial_mode: str = _f(OneOf(choices.PARTIAL_MODES))

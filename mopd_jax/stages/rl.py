@@ -181,7 +181,7 @@ def train_lane(ctx: Run, lane: Lane, done: dict, *, trainers: Optional[dict] = N
   params = root = checkpoint.load_params(parent, like)
   it = ctx.iterator(domain, c.prompts_per_step, salt=100 + di, seed=seed)
   validation = ctx.split(domain, "validation")
-  val = [validation[i] for i in range(min(ctx.config.eval.num_examples, len(validation)))]
+  val = [validation[i] for i in range(min(c.validation_examples, len(validation)))]
   for effort in lane.efforts:
     name = f"{domain}/{effort}"
     out = storage.join(lane.directory, f"teacher_{effort}")
@@ -234,7 +234,7 @@ def train_lane(ctx: Run, lane: Lane, done: dict, *, trainers: Optional[dict] = N
     # The lane's teacher is validated on the prompts it trains on.
     metrics = sft.evaluate(ctx.eval_engine, state.params, task, examples=val,
                            effort=ctx.view.teacher(effort), budgets=ctx.budgets(val, effort),
-                           rng=jax.random.PRNGKey(7))
+                           rng=jax.random.PRNGKey(7)) if val else None
     checkpoint.save_params(out, state.params)
     yield name, {
         "domain": domain, "effort": effort, "tau": ctx.taus[effort],
