@@ -62,6 +62,7 @@ CASES = [
     ("c.budget.source = 'guess'", "budget.source='guess'"),
     ("c.budget.samples = 0", "budget.samples must be an int >= 1"),
     ("c.mopd.exact_kl_every = -1", "mopd.exact_kl_every must be an int >= 0"),
+    ("c.rl.validation_examples = -1", "rl.validation_examples must be an int >= 0"),
     ("c.rollout.sampling_dtype = 'float16'", "rollout.sampling_dtype='float16'"),
     ("c.rollout.decode_slots = -1", "rollout.decode_slots must be an int >= 0"),
     ("c.rollout.admission = 'random'", "rollout.admission='random'"),

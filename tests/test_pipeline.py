@@ -43,6 +43,7 @@ def test_every_stage_leaves_its_outputs(workdir):
   for name, t in manifest["teachers"].items():
     assert {"domain", "effort", "tau", "step", "parent", "config_hash",
             "eval_validation"} <= set(t), name
+    assert t["eval_validation"]["n"] == 4, name  # rl.validation_examples of configs/toy.py:tiny
   assert manifest["teachers"]["gen/high"]["parent"].endswith("teacher_max")
   assert manifest["teachers"]["gen/low"]["parent"].endswith("teacher_high")
   # the toy's phases: policy iteration at max, the budget phases held to pi_SFT
