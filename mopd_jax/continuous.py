@@ -16,15 +16,18 @@ RoPE positions from the prompt's own length), the draws are `fold_in(row key, po
 tokens are therefore those of `sampling.Sampler` for the same row key, and its log-probs
 equal them up to float reassociation, whatever the order in which rows finish.
 
-Programs, each jitted once per (prompt bucket, slots); the queue length is not a static
-shape: fill (one batched prefill of the queue's first S rows into the empty slots), insert (the
-prefill of one prompt into one free slot) and decode (a `while_loop` that runs until some
-slot is free while prompts wait, or every slot is done). With params on a
-mesh the slots are split over its batch axes (`data`, `fsdp`) when they divide; across
-processes every process drives the same loop on replicated inputs, like `Sampler`.
+Programs, each jitted once per (prompt bucket, slots) and shared by every sampler of the
+same model and decode settings (neither the queue length nor the temperature, a runtime
+argument with 0 = greedy, `token_draw.sample_token_at`, is static): fill (one batched
+prefill of the queue's first S rows into the empty slots), insert (the prefill of one prompt
+into one free slot) and decode (a `while_loop` that runs until some slot is free while
+prompts wait, or every slot is done). With params on a mesh the slots are split over its
+batch axes (`data`, `fsdp`) when they divide; across processes every process drives the
+same loop on replicated inputs, like `Sampler`.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -68,7 +71,7 @@ def _empty_state(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, slots: i
 
 
 def _insert(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: SlotState,
-            row: tuple) -> SlotState:
+            row: tuple, temperature) -> SlotState:
   """Prefill one left-aligned prompt [1, P] into a slot and draw its first token. `row`:
   (slot, prompt [1, P], its mask, the row's key, its token limit).
 
@@ -84,7 +87,7 @@ def _insert(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state
   one = one.replace(valid=jnp.pad(one.valid, ((0, 0), (0, state.cache.num_slots - p))))
   logits = models.decode_logits(model_cfg, params, hidden[:, -1])
   uniforms = token_draw.uniform_table(key[None], prompt_len, n + 1)  # [1, N + 1]
-  tok, lp = token_draw.sample_token(logits, uniforms[:, 0], scfg)
+  tok, lp = token_draw.sample_token_at(logits, uniforms[:, 0], scfg, temperature)
   put = lambda big, small: jax.lax.dynamic_update_slice(
       big, small.astype(big.dtype), (slot,) + (0,) * (big.ndim - 1))
   layers = tuple({k: put(big[k], small[k]) for k in big}
@@ -100,7 +103,7 @@ def _insert(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state
 
 
 def _fill(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: SlotState,
-          rows: tuple) -> SlotState:
+          rows: tuple, temperature) -> SlotState:
   """Prefill S prompts [S, P] into the S (empty) slots at once: the start of every queue,
   one batched prefill like the static sampler's instead of S inserts. `rows`: (prompts,
   their mask, the rows' keys, their token limits, live [S]); slots where `live` is False (a
@@ -112,7 +115,7 @@ def _fill(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: 
   logits = models.decode_logits(model_cfg, params, hidden[:, -1])
   prompt_len = jnp.sum(mask, axis=-1).astype(jnp.int32)
   uniforms = token_draw.uniform_table(keys, prompt_len, n + 1)
-  tok, lp = token_draw.sample_token(logits, uniforms[:, 0], scfg)
+  tok, lp = token_draw.sample_token_at(logits, uniforms[:, 0], scfg, temperature)
   return SlotState(cache=cache, token=tok, logprob=lp, count=jnp.zeros((s,), jnp.int32),
                    limit=limits, done=~live, positions=prompt_len,
                    uniforms=uniforms, tokens=jnp.full((s, n), scfg.pad_id, jnp.int32),
@@ -120,7 +123,7 @@ def _fill(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: 
 
 
 def _decode(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: SlotState,
-            prompt_width, refill) -> SlotState:
+            prompt_width, refill, temperature) -> SlotState:
   """Decode every live slot until one is done while `refill` (prompts wait), or all are.
 
   Step for step what `sampling._generate`'s loop body does for a row, with the row's own
@@ -150,7 +153,7 @@ def _decode(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state
                                             row_slots=write_at)
     logits = models.decode_logits(model_cfg, params, hidden[:, 0])
     u = jnp.take_along_axis(s.uniforms, jnp.minimum(s.count + 1, n)[:, None], axis=1)[:, 0]
-    nxt, nlp = token_draw.sample_token(logits, u, scfg)
+    nxt, nlp = token_draw.sample_token_at(logits, u, scfg, temperature)
     return s.replace(cache=cache, token=nxt, logprob=nlp, count=s.count + live, done=done,
                      positions=s.positions + live, tokens=tokens, logprobs=logprobs)
 
@@ -180,31 +183,25 @@ class ContinuousSampler:
     self.admission = admission
     self.static = sampling.Sampler(model_cfg, scfg)  # validation, buckets, the decode model
     self.model_cfg, self.scfg, self.slots = self.static.model_cfg, scfg, int(slots)
+    # The temperature is an argument of the programs (0 = greedy), not part of their static
+    # config: every sampler of one model and decode setting runs the same programs,
+    # whatever its temperature.
+    self.temperature = np.float32(0.0 if scfg.is_greedy else scfg.temperature)
+    self._pscfg = program_config(scfg)
     # The programs see the params `decode_params` returns (fake-quantised once, in the
     # decode layout), so they run the config's decode twin (`sampling.decode_config`).
     mcfg = sampling.decode_config(self.model_cfg, scfg)
-    # Three plain functions (chex.assert_max_traces counts per function code and does not
-    # take partials).
-    def fill(*args):
-      return _fill(mcfg, scfg, *args)
-
-    def insert(*args):
-      return _insert(mcfg, scfg, *args)
-
-    def decode(*args):
-      return _decode(mcfg, scfg, *args)
-
-    programs = {"fill": fill, "insert": insert, "decode": decode}
-    if max_traces is not None:
-      programs = {k: chex.assert_max_traces(f, n=max_traces) for k, f in programs.items()}
-    self._fill, self._insert, self._decode = (
-        jax.jit(programs[k], donate_argnums=1) for k in ("fill", "insert", "decode"))
+    if max_traces is None:
+      self._fill, self._insert, self._decode = _programs(mcfg, self._pscfg)
+    else:  # a sampler of its own, each program wrapped in a trace counter
+      self._fill, self._insert, self._decode = _programs.__wrapped__(mcfg, self._pscfg,
+                                                                      max_traces=max_traces)
     self.last_stats = {}
 
   def decode_params(self, params):
     """The params the programs decode with: fake-quantised (QAT) and cast (bf16) once per
     call, not in every insert and decode."""
-    return _decode_params(self.static.model_cfg, self.scfg)(params)
+    return _decode_params(self.static.model_cfg, self._pscfg)(params)
 
   def _state(self, params, width: int, slots: int) -> SlotState:
     try:
@@ -212,10 +209,10 @@ class ContinuousSampler:
     except ValueError:
       mesh = None
     if mesh is None:
-      return _state_init(self.model_cfg, self.scfg, slots, width=width, shard=None)()
+      return _state_init(self.model_cfg, self._pscfg, slots, width=width, shard=None)()
     n = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES if a in mesh.shape]))
     spec = P(tuple(a for a in sharding.BATCH_AXES if a in mesh.shape)) if slots % n == 0 else P()
-    return _state_init(self.model_cfg, self.scfg, slots, width=width,
+    return _state_init(self.model_cfg, self._pscfg, slots, width=width,
                        shard=NamedSharding(mesh, spec))()
 
   def __call__(self, params, prompts, rng, *, prompt_mask=None, row_keys=None,
@@ -244,25 +241,26 @@ class ContinuousSampler:
     queue = (np.argsort(-limits, kind="stable") if self.admission == "longest_cap_first"
              else np.arange(q))
     decodes = 0
-    (width,) = put(np.int32(p))
+    width, temp = put(np.int32(p), self.temperature)
     # Every slot starts empty: one batched prefill of the first rows (copies of the first
     # row, left done, in slots a short queue does not fill).
     k = min(q, slots)
     first = np.concatenate([queue[:k], np.repeat(queue[:1], slots - k)])
     state = self._fill(dparams, state, put(tokens[first], mask[first], row_keys[first],
                                            limits[first].astype(np.int32),
-                                           np.arange(slots) < k))
+                                           np.arange(slots) < k), temp)
     slot_row, nxt = [int(r) for r in queue[:k]] + [-1] * (slots - k), k
     while True:
       for sl in range(slots):
         if slot_row[sl] < 0 and nxt < q:
           r = int(queue[nxt])
           state = self._insert(dparams, state, put(
-              np.int32(sl), tokens[r:r + 1], mask[r:r + 1], row_keys[r], np.int32(limits[r])))
+              np.int32(sl), tokens[r:r + 1], mask[r:r + 1], row_keys[r], np.int32(limits[r])),
+              temp)
           slot_row[sl], nxt = r, nxt + 1
       if all(r < 0 for r in slot_row):
         break
-      state = self._decode(dparams, state, width, *put(np.bool_(nxt < q)))
+      state = self._decode(dparams, state, width, *put(np.bool_(nxt < q)), temp)
       decodes += 1
       done, count = distributed.gather((state.done, state.count))
       for sl in np.flatnonzero(done):
@@ -296,6 +294,34 @@ def _assemble(tokens, mask, out_tok, *, out_lp, out_len, scfg) -> sampling.Rollo
                                np.where(written, out_lp, 0.0)], 1).astype(np.float32),
       prompt_lengths=mask.sum(1).astype(np.int32), lengths=out_len.copy(),
       stopped=stop.any(1))
+
+
+def program_config(scfg: sampling.SamplingConfig) -> sampling.SamplingConfig:
+  """The static config of the programs that serve `scfg`: its temperature set apart (the
+  programs take it as an argument), so samplers that differ only there share them."""
+  return dataclasses.replace(scfg, temperature=1.0, greedy=False)
+
+
+@functools.lru_cache(maxsize=16)
+def _programs(mcfg: ModelConfig, pscfg: sampling.SamplingConfig, *,
+              max_traces: Optional[int] = None):
+  """The jitted fill, insert and decode programs of one (decode model, program config),
+  shared by every sampler of that pair."""
+  # Three plain functions (chex.assert_max_traces counts per function code and does not
+  # take partials).
+  def fill(*args):
+    return _fill(mcfg, pscfg, *args)
+
+  def insert(*args):
+    return _insert(mcfg, pscfg, *args)
+
+  def decode(*args):
+    return _decode(mcfg, pscfg, *args)
+
+  programs = {"fill": fill, "insert": insert, "decode": decode}
+  if max_traces is not None:
+    programs = {k: chex.assert_max_traces(f, n=max_traces) for k, f in programs.items()}
+  return tuple(jax.jit(programs[k], donate_argnums=1) for k in ("fill", "insert", "decode"))
 
 
 @functools.lru_cache(maxsize=16)

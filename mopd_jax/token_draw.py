@@ -20,6 +20,11 @@ def process_logits(logits, scfg):
   logits = logits.astype(jnp.float32)
   if scfg.temperature != 1.0 and not scfg.is_greedy:
     logits = logits / scfg.temperature
+  return _truncate(logits, scfg)
+
+
+def _truncate(logits, scfg):
+  """`logits` with top-k and top-p of `scfg` applied (no-ops when off)."""
   if scfg.top_k and scfg.top_k < logits.shape[-1]:
     kth = jax.lax.top_k(logits, scfg.top_k)[0][:, -1:]
     logits = jnp.where(logits >= kth, logits, -jnp.inf)  # ties at the k-th value are kept
@@ -82,3 +87,23 @@ def sample_token(logits, u, scfg):
   tok, total = inverse_cdf(jnp.exp(logits - m), u)
   picked = jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0]
   return tok, picked - m[:, 0] - jnp.log(total)
+
+
+def sample_token_at(logits, u, scfg, temperature):
+  """`sample_token` at a runtime `temperature` (a float32 scalar; <= 0 = greedy) instead of
+  `scfg`'s, whose temperature and greedy flag are ignored (top-k and top-p still apply).
+
+  One program then serves every temperature: the continuous sampler compiles its programs
+  once for greedy evaluation, sampling at 1 and a teacher's sampling at 0.5. Token for
+  token and bit for bit what `sample_token` gives with `scfg` at that temperature: the
+  division by 1 is exact, and a greedy row takes the argmax of the raw logits with
+  log-prob 0."""
+  greedy = temperature <= 0.0
+  raw = logits.astype(jnp.float32)
+  scaled = _truncate(raw / jnp.where(greedy, 1.0, temperature).astype(jnp.float32), scfg)
+  m = jnp.max(scaled, axis=-1, keepdims=True)
+  tok, total = inverse_cdf(jnp.exp(scaled - m), u)
+  picked = jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0]
+  lp = picked - m[:, 0] - jnp.log(total)
+  top = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  return jnp.where(greedy, top, tok), jnp.where(greedy, 0.0, lp)

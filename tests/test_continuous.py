@@ -128,3 +128,20 @@ def test_engine_with_decode_slots_equals_static():
     assert a.ids == b.ids and a.gen_mask == b.gen_mask and a.finished == b.finished
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
   np.testing.assert_array_equal(runs[0].over_budget, runs[1].over_budget)
+
+
+def test_temperatures_share_the_programs(params1):
+  """Greedy, 0.5 and 1 run one set of programs (the temperature is an argument); each
+  still draws what its own static sampler draws."""
+  rng = jax.random.PRNGKey(4)
+  samplers = []
+  for kw in (dict(greedy=True), dict(temperature=0.5), dict(temperature=1.0)):
+    scfg = sampling.SamplingConfig(max_new_tokens=12, stop_tokens=(3,), **kw)
+    cs = continuous.ContinuousSampler(ONE_LAYER, scfg, 4)
+    _assert_same(sampling.Sampler(ONE_LAYER, scfg)(params1, PROMPTS, rng, max_new=CAPS),
+                 cs(params1, PROMPTS, rng, max_new=CAPS))
+    samplers.append(cs)
+  for name in ("_fill", "_insert", "_decode"):
+    program = getattr(samplers[0], name)
+    assert all(getattr(cs, name) is program for cs in samplers), name
+    assert program._cache_size() == 1, name  # pylint: disable=protected-access

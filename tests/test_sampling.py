@@ -1,4 +1,6 @@
 """Sampler exactness: cache == recompute, log-probs == teacher forcing, padding invariance."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -194,6 +196,23 @@ def test_logprobs_are_of_the_sampled_distribution(params, kw):
   assert probs[toks].min() > 0
   freq = np.bincount(toks, minlength=CFG.vocab_size) / len(toks)
   assert np.abs(freq - probs).max() < 0.05
+
+
+@pytest.mark.parametrize("kw", [dict(greedy=True), dict(temperature=0.5), dict(temperature=1.0),
+                                dict(temperature=0.7, top_k=5), dict(temperature=1.5, top_p=0.8)])
+def test_runtime_temperature_draws_bitwise_the_static_draw(kw):
+  """`sample_token_at` with the temperature as an argument gives the tokens and the log-prob
+  bits of `sample_token` with it in the static config (the continuous sampler's programs
+  rely on it to serve every temperature)."""
+  scfg = sampling.SamplingConfig(max_new_tokens=1, **kw)
+  logits = jax.random.normal(jax.random.PRNGKey(0), (64, CFG.vocab_size)) * 3.0
+  u = jax.random.uniform(jax.random.PRNGKey(1), (64,), minval=1e-7, maxval=1.0)
+  want = jax.jit(lambda l, u: token_draw.sample_token(l, u, scfg))(logits, u)
+  program = dataclasses.replace(scfg, temperature=1.0, greedy=False)
+  got = jax.jit(lambda l, u, t: token_draw.sample_token_at(l, u, program, t))(
+      logits, u, np.float32(0.0 if scfg.is_greedy else scfg.temperature))
+  np.testing.assert_array_equal(np.asarray(want[0]), np.asarray(got[0]))
+  np.testing.assert_array_equal(np.asarray(want[1]), np.asarray(got[1]))
 
 
 def test_inverse_cdf_matches_distribution():
