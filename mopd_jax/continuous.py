@@ -87,7 +87,7 @@ def _insert(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state
   one = one.replace(valid=jnp.pad(one.valid, ((0, 0), (0, state.cache.num_slots - p))))
   logits = models.decode_logits(model_cfg, params, hidden[:, -1])
   uniforms = token_draw.uniform_table(key[None], prompt_len, n + 1)  # [1, N + 1]
-  tok, lp = token_draw.sample_token_at(logits, uniforms[:, 0], scfg, temperature)
+  tok, lp = token_draw.sample_token_at(logits, uniforms[:, 0], scfg, temperature=temperature)
   put = lambda big, small: jax.lax.dynamic_update_slice(
       big, small.astype(big.dtype), (slot,) + (0,) * (big.ndim - 1))
   layers = tuple({k: put(big[k], small[k]) for k in big}
@@ -115,7 +115,7 @@ def _fill(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state: 
   logits = models.decode_logits(model_cfg, params, hidden[:, -1])
   prompt_len = jnp.sum(mask, axis=-1).astype(jnp.int32)
   uniforms = token_draw.uniform_table(keys, prompt_len, n + 1)
-  tok, lp = token_draw.sample_token_at(logits, uniforms[:, 0], scfg, temperature)
+  tok, lp = token_draw.sample_token_at(logits, uniforms[:, 0], scfg, temperature=temperature)
   return SlotState(cache=cache, token=tok, logprob=lp, count=jnp.zeros((s,), jnp.int32),
                    limit=limits, done=~live, positions=prompt_len,
                    uniforms=uniforms, tokens=jnp.full((s, n), scfg.pad_id, jnp.int32),
@@ -153,7 +153,7 @@ def _decode(model_cfg: ModelConfig, scfg: sampling.SamplingConfig, params, state
                                             row_slots=write_at)
     logits = models.decode_logits(model_cfg, params, hidden[:, 0])
     u = jnp.take_along_axis(s.uniforms, jnp.minimum(s.count + 1, n)[:, None], axis=1)[:, 0]
-    nxt, nlp = token_draw.sample_token_at(logits, u, scfg, temperature)
+    nxt, nlp = token_draw.sample_token_at(logits, u, scfg, temperature=temperature)
     return s.replace(cache=cache, token=nxt, logprob=nlp, count=s.count + live, done=done,
                      positions=s.positions + live, tokens=tokens, logprobs=logprobs)
 

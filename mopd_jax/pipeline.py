@@ -31,12 +31,8 @@ import ml_collections
 
 from mopd_jax import checkpoint, distributed, storage
 from mopd_jax.config import ConfigError, RunConfig, build
-from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
-
-# The stage registry, in pipeline order.
-STAGES = {"smoke": smoke.run, "data": data.run, "sft": sft.run, "rl": rl.run,
-          "mopd": mopd.run, "eval": eval_stage.run, "report": report.run}
+from mopd_jax.stages.wiring import STAGES  # the registry, in pipeline order
 
 
 def run(config: Union[RunConfig, ml_collections.ConfigDict],

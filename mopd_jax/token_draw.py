@@ -89,7 +89,7 @@ def sample_token(logits, u, scfg):
   return tok, picked - m[:, 0] - jnp.log(total)
 
 
-def sample_token_at(logits, u, scfg, temperature):
+def sample_token_at(logits, u, scfg, *, temperature):
   """`sample_token` at a runtime `temperature` (a float32 scalar; <= 0 = greedy) instead of
   `scfg`'s, whose temperature and greedy flag are ignored (top-k and top-p still apply).
 

@@ -168,3 +168,25 @@ def test_config_sits_at_the_bottom_of_the_import_graph():
         inner |= ({f"mopd_jax.{a.name}" for a in n.names} if n.module == "mopd_jax"
                   else {n.module})
     assert inner <= CONFIG_LEAVES - {"mopd_jax.config"}, (leaf, inner)
+
+
+# The stages `stages/wiring.py` builds from the run: each takes its own frozen `Inputs`.
+WIRED_STAGES = ("sft", "mopd", "eval")
+
+
+def test_wired_stages_never_see_the_run():
+  """A wired stage imports neither the run context nor the wiring, and its `run` takes one
+  argument, its `Inputs`; the pipeline's registry builds the inputs for it."""
+  from mopd_jax.stages import wiring
+  for name in WIRED_STAGES:
+    tree = ast.parse((ROOT / "stages" / f"{name}.py").read_text())
+    for n in ast.walk(tree):
+      if isinstance(n, ast.ImportFrom) and n.module:
+        mods = {n.module} | {f"{n.module}.{a.name}" for a in n.names}
+        assert not mods & {"mopd_jax.stages.context", "mopd_jax.stages.wiring"}, name
+    run = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "run")
+    assert [a.arg for a in run.args.args] == ["inp"] and \
+        ast.unparse(run.args.args[0].annotation) == "Inputs", name
+    assert f"{name}_inputs" in ast.unparse(ast.parse(
+        (ROOT / "stages" / "wiring.py").read_text())), name
+    assert name in wiring.STAGES

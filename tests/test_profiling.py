@@ -9,7 +9,7 @@ import pytest
 
 from configs import toy
 from mopd_jax import profiling
-from mopd_jax.stages.context import Progress
+from mopd_jax.stages.loops import Progress
 
 
 @pytest.fixture

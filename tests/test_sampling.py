@@ -209,7 +209,7 @@ def test_runtime_temperature_draws_bitwise_the_static_draw(kw):
   u = jax.random.uniform(jax.random.PRNGKey(1), (64,), minval=1e-7, maxval=1.0)
   want = jax.jit(lambda l, u: token_draw.sample_token(l, u, scfg))(logits, u)
   program = dataclasses.replace(scfg, temperature=1.0, greedy=False)
-  got = jax.jit(lambda l, u, t: token_draw.sample_token_at(l, u, program, t))(
+  got = jax.jit(lambda l, u, t: token_draw.sample_token_at(l, u, program, temperature=t))(
       logits, u, np.float32(0.0 if scfg.is_greedy else scfg.temperature))
   np.testing.assert_array_equal(np.asarray(want[0]), np.asarray(got[0]))
   np.testing.assert_array_equal(np.asarray(want[1]), np.asarray(got[1]))

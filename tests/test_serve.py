@@ -261,10 +261,12 @@ def test_the_mopd_stage_checks_its_servers_at_start(tmp_path):
   run's tokenizer and vocabulary and refuses one whose tokenizer differs, naming both."""
   import dataclasses
   from configs import toy
-  from mopd_jax.stages import context, mopd as mopd_stage
+  from mopd_jax.stages import context, wiring
   c = toy.get_config("tiny")
   c.mesh.data = jax.device_count()  # the suite's simulated devices
   c.mopd.prompts_per_cell = jax.device_count()
+  # Nothing in this process needs the teachers' params (no trained teachers here).
+  c.mopd.init, c.mopd.exact_kl_every = "sft", 0
   ctx = context.Run(c, str(tmp_path))
   cfg = dataclasses.replace(CFG, vocab_size=ctx.model_cfg.vocab_size)
   bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(0))] *
@@ -278,13 +280,13 @@ def test_the_mopd_stage_checks_its_servers_at_start(tmp_path):
       c.teacher.endpoints = ",".join(f"{n}={url}" for n in ctx.grid.names)
       run = context.Run(c, str(tmp_path))
       if ok:
-        mopd_stage.endpoint_scorer(run, top_k=0).close()
+        wiring.mopd_inputs(run).scorer.close()
         continue
       from mopd_jax.config import ConfigError
       with pytest.raises(ConfigError, match=f"{srv.url} has tokenizer fingerprint "
                          f"{tokenizer.fingerprint(other)} but the student's is "
                          f"{tokenizer.fingerprint(ctx.tok)}"):
-        mopd_stage.endpoint_scorer(run, top_k=0)
+        wiring.mopd_inputs(run)
   finally:
     for srv in servers:
       srv.stop()

@@ -116,10 +116,14 @@ STAGE_CALLS = (("sft", "SftDraw", None), ("rl", "PhaseSampling", None),
                ("mopd", "encode_prompt", 2), ("eval", "evaluate", "effort"))
 
 
+VIEWS = ("ctx.view.", "inp.view.")  # the run's view, or a stage's own inputs' view
+
+
 def test_stages_ask_the_runs_view():
-  """Every stage call that renders a party's prompt takes the run's view (`view=ctx.view`)
-  or an effort the view gives (`ctx.view.teacher(e)`, `ctx.view.of(policy, e)`, ...); no
-  module outside views.py reads `teacher.effort_in_prompt`."""
+  """Every stage call that renders a party's prompt takes the run's view (`view=ctx.view`,
+  or `inp.view` of a stage built with its own inputs) or an effort the view gives
+  (`ctx.view.teacher(e)`, `ctx.view.of(policy, e)`, ...); no module outside views.py reads
+  `teacher.effort_in_prompt`."""
   import mopd_jax
   from mopd_jax.stages import eval as eval_stage, mopd, rl, sft as sft_stage
   modules = {"sft": sft_stage, "rl": rl, "mopd": mopd, "eval": eval_stage}
@@ -128,7 +132,7 @@ def test_stages_ask_the_runs_view():
     tree = ast.parse(inspect.getsource(module))
     from_view = {n.targets[0].id for n in ast.walk(tree) if isinstance(n, ast.Assign)
                  and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
-                 and ast.unparse(n.value).startswith("ctx.view.")}
+                 and ast.unparse(n.value).startswith(VIEWS)}
     for node in ast.walk(tree):
       if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
         continue
@@ -139,13 +143,13 @@ def test_stages_ask_the_runs_view():
           continue  # async_scoring.run: no prompt
         where = f"stages/{name}.py: {ast.unparse(node)[:80]}"
         if arg is None:
-          assert {k.arg: ast.unparse(k.value) for k in node.keywords}.get("view") == \
-              "ctx.view", where
+          assert {k.arg: ast.unparse(k.value) for k in node.keywords}.get("view") in \
+              ("ctx.view", "inp.view"), where
         else:
           shown = (node.args[arg] if isinstance(arg, int) else
                    next(k.value for k in node.keywords if k.arg == arg))
           src = ast.unparse(shown)
-          assert "ctx.view." in src or src in from_view, where
+          assert any(v in src for v in VIEWS) or src in from_view, where
         found.add((mod, call, arg))
   assert found == set(STAGE_CALLS)
   root = os.path.dirname(mopd_jax.__file__)

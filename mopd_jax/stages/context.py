@@ -1,29 +1,25 @@
-"""The run context every stage takes, the progress bars and the training-loop skeleton.
+"""The run context: what the pipeline resolves once per run and builds the stages from.
 
 `Run(config, workdir)` takes the run's typed, validated RunConfig (mopd_jax.config; a
 ConfigDict is built here; stages read `ctx.config`, never the ConfigDict) and resolves,
 once: the task grid, the tokenizer (its effort tokens are the grid's), the student's
-ModelConfig, the student's and the teachers' meshes, the profile switch, and the prompt
-view (`ctx.view`: which effort each party's prompt carries, mopd_jax/views.py). Stages
-then ask it for paths, rollout engines, data splits and iterators, teachers, loggers and
-checkpointed loops.
-
-`training(...)` is the skeleton every training loop shares (SFT, each RL phase, the
-teacher-SFT initialisation, MOPD): per-step checkpoints under a directory, restore or
-initialise the state, reposition the data iterators, and a progress bar.
+ModelConfig, the student's and the teachers' meshes, the profile switch, the prompt view
+(`ctx.view`: which effort each party's prompt carries, mopd_jax/views.py), the workdir's
+files and the loop settings (`stages/loops.py`). `stages/wiring.py` builds a stage's
+inputs from it (paths, rollout engines, data splits and iterators, teachers, loggers and
+checkpointed loops); the stages it does not build yet take the run itself.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import jax
 import ml_collections
 
 from mopd_jax import (checkpoint, config as config_mod, config_build, metrics, models,
-                      placement, profiling, rollout, sharding, storage, teachers, train,
-                      views)
+                      placement, profiling, rollout, sharding, storage, teachers, views)
+from mopd_jax.stages import loops
 from mopd_jax.tasks import base as task_base
 from mopd_jax.tokenizer import load_tokenizer
 
@@ -56,20 +52,28 @@ class Run:
     self.taus = self.grid.taus
     self.data_dir = config.data.dir or storage.join(self.workdir, "data")
     self._budgeted = {}  # (domain, split) -> budgets.BudgetedSource
+    self.files = loops.Workdir(self.workdir)
+    self.loops = loops.Loops(self.files, every=config.checkpoint.every,
+                             skip_nonfinite=config.skip_nonfinite, params_like=self.params_like,
+                             switch=self.profile)
 
-  # --- files ---------------------------------------------------------------------------------
+  # --- files and loops ------------------------------------------------------------------------
   def path(self, *parts) -> str:
     """A path under the workdir (local or object storage: mopd_jax/storage.py)."""
-    return storage.join(self.workdir, *parts)
+    return self.files.path(*parts)
 
   def done(self, stage: str) -> bool:
-    return storage.exists(self.path(stage, "DONE.json"))
+    return self.files.done(stage)
 
   def mark_done(self, stage: str, info: dict) -> None:
-    checkpoint.write_json(self.path(stage, "DONE.json"), info)
+    self.files.mark_done(stage, info)
 
   def logger(self, stage: str) -> metrics.MetricsLogger:
-    return metrics.MetricsLogger(self.path("tb", stage))
+    return self.loops.logger(stage)
+
+  def training(self, *args, **kwargs):
+    """`loops.Loops.training` with this run's settings."""
+    return self.loops.training(*args, **kwargs)
 
   # --- tasks and data ------------------------------------------------------------------------
   def task(self, domain: str) -> task_base.Task:
@@ -209,54 +213,3 @@ class Run:
       return params
     return models.init_params(self.model_cfg, jax.random.PRNGKey(
         self.config.seed if seed is None else seed), out_shardings=shardings)
-
-  # --- training loops --------------------------------------------------------------------------
-  @contextlib.contextmanager
-  def training(self, name: str, directory: str, trainer: train.Trainer, *, total_steps: int,
-               init: Callable[[], train.TrainState], data_state: Callable[[], dict] = dict,
-               restore_data: Callable[[dict], None] = lambda data: None):
-    """The skeleton of every training loop: yields (loop, state, bar).
-
-    Per-step checkpoints of the loop go under `directory` (checkpoint.TrainLoop: SIGTERM,
-    non-finite policy, restore validation). The state is the loop's last checkpoint restored
-    onto this run's mesh, with the data streams repositioned by `restore_data(loop.data)`,
-    or `init()` when there is none. The caller runs steps from `loop.start_step`, calling
-    `loop.end_step` and `bar.update` after each."""
-    loop = checkpoint.TrainLoop(name, directory, every=self.config.checkpoint.every,
-                                total_steps=total_steps, data_state=data_state,
-                                skip_nonfinite=self.config.skip_nonfinite)
-    with loop:
-      state = loop.restore(trainer.abstract_state(self.params_like()))
-      if state is None:
-        state = init()
-      else:  # continue the data streams exactly where the checkpoint left them
-        restore_data(loop.data)
-      bar = Progress(name, total_steps, initial=loop.start_step, switch=self.profile)
-      try:
-        yield loop, state, bar
-      finally:
-        bar.close()
-
-
-class Progress:
-  """A progress line per loop with rate and ETA (tqdm); where the profile switch traces."""
-
-  def __init__(self, name: str, total: int, initial: int = 0,
-               *, switch: Optional[profiling.Switch] = None):
-    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-    # Every process runs the same loop; only process 0 draws the bar (like MetricsLogger).
-    self.bar = tqdm(total=total, initial=initial, desc=name, unit="step", dynamic_ncols=True,
-                    mininterval=1.0, disable=jax.process_index() != 0)
-    # The bar counts the loop's steps, so it is also where `config.profile` traces a range.
-    self.profiler = None if switch is None else switch.for_loop(name, initial)
-
-  def update(self, metrics: dict, keys=("loss", "reward", "length", "accuracy")):
-    self.bar.set_postfix({k: f"{metrics[k]:.3f}" for k in keys if k in metrics}, refresh=False)
-    self.bar.update(1)
-    if self.profiler is not None:
-      self.profiler.after_step()
-
-  def close(self):
-    self.bar.close()
-    if self.profiler is not None:
-      self.profiler.close()

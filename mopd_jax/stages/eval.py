@@ -1,44 +1,69 @@
 """The eval stage: pi_SFT and the student in every (domain, effort) cell of the grid, and
 each teacher in its own cell, on the test split (greedy at `eval.temperature` 0): accuracy,
 mean and 90th-percentile length, over-budget rate; with `eval.samples` k > 0 also
-`sample_accuracy`, the mean accuracy of k responses sampled at `eval.sample_temperature`."""
+`sample_accuracy`, the mean accuracy of k responses sampled at `eval.sample_temperature`.
+The stage takes its `Inputs` (built by `stages/wiring.py`)."""
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Callable, Mapping
 
 import jax
 
-from mopd_jax import checkpoint, sft, storage
-from mopd_jax.stages.context import Progress, Run
+from mopd_jax import checkpoint, config as config_mod, models, sft, storage, views
+from mopd_jax import grid as grid_mod
+from mopd_jax.stages import loops
+from mopd_jax.tasks import base as task_base
 
 
-def run(ctx: Run) -> None:
-  like = ctx.params_like()
-  policies = {"sft": checkpoint.load_params(ctx.path("sft", "params"), like)}
-  if storage.exists(ctx.path("mopd", "params")):
-    policies["student"] = checkpoint.load_params(ctx.path("mopd", "params"), like)
-  manifest = checkpoint.read_json(ctx.path("teachers.json"), default={"teachers": {}})
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+  """What the eval stage reads and works with. `test(domain)`: the domain's test split;
+  `engine(model_cfg, temperature)`: the rollout engine of a model at a temperature;
+  `load_params(path)`: a policy of the student's shape; `load_teacher(entry)`: a teacher of
+  the manifest."""
+  cfg: config_mod.EvalConfig
+  grid: grid_mod.Grid
+  view: views.PromptView
+  model_cfg: models.ModelConfig
+  teacher_cfg: models.ModelConfig
+  tasks: Mapping[str, task_base.Task]
+  test: Callable[[str], Any]
+  engine: Callable[[models.ModelConfig, float], Any]
+  load_params: Callable[[str], Any]
+  load_teacher: Callable[[dict], Any]
+  files: loops.Workdir
+  loops: loops.Loops
+
+
+def run(inp: Inputs) -> None:
+  files = inp.files
+  policies = {"sft": inp.load_params(files.path("sft", "params"))}
+  if storage.exists(files.path("mopd", "params")):
+    policies["student"] = inp.load_params(files.path("mopd", "params"))
+  manifest = checkpoint.read_json(files.path("teachers.json"), default={"teachers": {}})
   cells = []
-  ec = ctx.config.eval
+  ec = inp.cfg
   n = ec.num_examples
-  bar = Progress("eval", len(ctx.grid.cells))  # one step = one (domain, effort) cell
-  for domain in ctx.grid.domains:
-    task = ctx.task(domain)
-    test = ctx.split(domain, "test")
+  bar = loops.Progress("eval", len(inp.grid.cells))  # one step = one (domain, effort) cell
+  for domain in inp.grid.domains:
+    task = inp.tasks[domain]
+    test = inp.test(domain)
     exs = [test[i] for i in range(min(n, len(test)))]
-    for effort in ctx.grid.effort_names:
-      budgets = ctx.budgets(exs, effort)
-      runs = [(p, ctx.model_cfg, policies[p]) for p in ("sft", "student") if p in policies]
+    for effort in inp.grid.effort_names:
+      budgets = [task_base.budget(ex, inp.grid.taus[effort]) for ex in exs]
+      runs = [(p, inp.model_cfg, policies[p]) for p in ("sft", "student") if p in policies]
       t = manifest["teachers"].get(f"{domain}/{effort}")
       if t is not None:
-        runs.append(("teacher", ctx.teacher_cfg, ctx.load_teacher(t)))
+        runs.append(("teacher", inp.teacher_cfg, inp.load_teacher(t)))
       for policy, model_cfg, params in runs:
         # pi_SFT and the student see the effort; a teacher sees its prompts as it was trained.
-        shown = ctx.view.of(policy, effort)
-        m = sft.evaluate(ctx.make_engine(model_cfg, ec.temperature), params, task,
+        shown = inp.view.of(policy, effort)
+        m = sft.evaluate(inp.engine(model_cfg, ec.temperature), params, task,
                          examples=exs, effort=shown, budgets=budgets,
                          rng=jax.random.PRNGKey(11))
         if ec.samples:
-          engine = ctx.make_engine(model_cfg, ec.sample_temperature)
+          engine = inp.engine(model_cfg, ec.sample_temperature)
           m["sample_accuracy"] = sum(
               sft.evaluate(engine, params, task, examples=exs, effort=shown,
                            budgets=budgets, rng=jax.random.PRNGKey(1000 + k))["accuracy"]
@@ -46,13 +71,13 @@ def run(ctx: Run) -> None:
         cells.append({"policy": policy, "domain": domain, "effort": effort, **m})
       bar.update(cells[-1], keys=("accuracy", "mean_length"))
   bar.close()
-  log = ctx.logger("eval")  # final cells as scalars: "<policy>/<domain>/<effort>/accuracy"
+  log = inp.loops.logger("eval")  # final cells as scalars: "<policy>/<domain>/<effort>/accuracy"
   for c in cells:
     log.scalars(0, {k: c[k] for k in ("accuracy", "mean_length", "over_budget_rate")},
                 prefix=f"{c['policy']}/{c['domain']}/{c['effort']}/")
   log.close()
-  checkpoint.write_json(ctx.path("eval.json"), {"cells": cells})
-  ctx.mark_done("eval", {"num_cells": len(cells)})
+  checkpoint.write_json(files.path("eval.json"), {"cells": cells})
+  files.mark_done("eval", {"num_cells": len(cells)})
   print(cells_table(cells))
 
 

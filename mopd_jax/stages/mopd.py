@@ -13,19 +13,27 @@ fingerprint, temperature, cells), a step's requests go out when its rollouts are
 a server that stays down stops the run (`TeacherUnavailable`) with the last checkpoint kept.
 The bank's params are then loaded only for what runs in this process: the teacher-SFT
 initialisation's teacher rollouts and the exact-KL diagnostic (co-located placement).
+
+The stage takes its inputs explicitly (`Inputs`, which the pipeline builds:
+`mopd_jax/stages/wiring.py`); the loop's state between steps lives in a `Distillation`,
+whose methods are the callbacks of `async_scoring.run`.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any, Callable, Mapping, Union
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from mopd_jax import (async_scoring, checkpoint, config as config_mod, diagnostics, models,
                       mopd, partial, placement, rollout, teacher_client, teachers, tokenizer,
-                      train)
-from mopd_jax.stages.context import Run
+                      train, views)
+from mopd_jax import grid as grid_mod
+from mopd_jax.stages import loops
+from mopd_jax.tasks import base as task_base
 
 IN_FLIGHT = "_in_flight"  # the data state's entry of the partial-rollout pool (not a domain)
 # mopd/start.json: the exact KL of pi_SFT, before the teacher-SFT initialisation, to the
@@ -37,165 +45,94 @@ START = "start.json"
 PROBE_TEXT = "12+30=42"
 
 
-def endpoint_scorer(ctx: Run, top_k: int) -> teacher_client.EndpointScorer:
-  """The client of `teacher.endpoints`, its servers checked against the student."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+  """What the mopd stage reads and works with; `wiring.mopd_inputs` builds it from the run.
+
+  `bank`: the grid's teachers (their params, or the router alone when servers score and
+  nothing here needs the params); `scoring`: the bank at `mopd.teacher_temperature`, what
+  scores and what the exact KL measures against; `scorer`: in-process
+  (`placement.TeacherScorer`) or the servers' client (`teacher_client.EndpointScorer`);
+  `engine`: the student's sampler, `teacher_engine` the teachers' (the teacher-SFT init);
+  `iterator(domain, batch_size, salt)`: a domain's training batches; `load_start()`:
+  pi_SFT's params."""
+  cfg: config_mod.MopdConfig
+  sft: config_mod.SftConfig  # the teacher-SFT init's learning rate and batch size
+  seed: int
+  grid: grid_mod.Grid
+  view: views.PromptView
+  tok: Any
+  model_cfg: models.ModelConfig
+  mesh: Mesh
+  tasks: Mapping[str, task_base.Task]
+  engine: rollout.RolloutEngine
+  teacher_engine: rollout.RolloutEngine
+  bank: teachers.TeacherBank
+  scoring: teachers.TeacherBank
+  scorer: Union[placement.TeacherScorer, teacher_client.EndpointScorer]
+  colocated: bool  # teachers on the student's devices: the exact KL can run
+  iterator: Callable[..., Any]
+  load_start: Callable[[], Any]
+  files: loops.Workdir
+  loops: loops.Loops
+
+  @property
+  def served(self) -> bool:
+    return isinstance(self.scorer, teacher_client.EndpointScorer)
+
+  def budgets(self, examples, effort: str) -> list:
+    return [task_base.budget(ex, self.grid.taus[effort]) for ex in examples]
+
+
+def endpoint_scorer(cells, endpoints: str, *, policy, top_k: int, student: dict):
+  """The client of `teacher.endpoints` (`cells` -> URLs), its servers checked against the
+  `student`: {vocab_size, tokenizer, temperature}."""
   if jax.process_count() > 1:
     raise ValueError("teacher.endpoints scores from a single process; run the trainer as one "
                      "process or use placement.teachers")
-  c = ctx.config
-  scorer = teacher_client.EndpointScorer(ctx.grid.names, c.teacher.endpoints,
-                                         policy=c.teacher.retry_policy(), top_k=top_k)
+  scorer = teacher_client.EndpointScorer(cells, endpoints, policy=policy, top_k=top_k)
+  tok = student["tokenizer"]
   try:
-    scorer.check(vocab_size=ctx.model_cfg.vocab_size,
-                 tokenizer_hash=tokenizer.fingerprint(ctx.tok),
-                 temperature=c.mopd.teacher_temperature,
-                 probe=(PROBE_TEXT, ctx.tok.encode(PROBE_TEXT)))
+    scorer.check(vocab_size=student["vocab_size"], tokenizer_hash=tokenizer.fingerprint(tok),
+                 temperature=student["temperature"], probe=(PROBE_TEXT, tok.encode(PROBE_TEXT)))
   except ValueError as e:  # a server for another student: one `config error:` line
     scorer.close()
     raise config_mod.ConfigError(str(e)) from e
   return scorer
 
 
-def run(ctx: Run) -> None:
-  c, grid = ctx.config.mopd, ctx.grid
-  served = bool(ctx.config.teacher.endpoints)
-  colocated = ctx.config.placement.teachers == "colocated"
-  top_k = c.top_k if c.loss == "topk" else 0
-  # With teacher servers this process reads the teachers' params only for what runs here:
-  # the teacher-SFT init's rollouts and the exact-KL diagnostic.
-  if served and c.init != "teacher_sft" and not (c.exact_kl_every and colocated):
-    bank = teachers.TeacherBank(params={}, model_cfg=ctx.teacher_cfg,
-                                router=teachers.Router(grid.names))  # the router alone
-  else:
-    bank = ctx.load_bank()
-  staleness = c.staleness
-  # Partial rollouts: the in-flight trajectories, carried across steps and checkpoints.
+def run(inp: Inputs) -> None:
+  c = inp.cfg
   pool = partial.RolloutPool(c.partial_rollout_tokens) if c.partial_rollout_tokens else None
-  weighted = staleness or (pool is not None and c.partial_mode == "importance")
+  weighted = c.staleness or (pool is not None and c.partial_mode == "importance")
   loss_cfg = train.LossConfig(kind=c.loss, r_max=c.r_max,
                               is_bounds=tuple(c.is_bounds) if weighted else None)
-  trainer = train.Trainer(ctx.model_cfg, loss_cfg,
+  trainer = train.Trainer(inp.model_cfg, loss_cfg,
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps, microbatches=c.microbatches),
-                          mesh=ctx.mesh)
-  tasks = {d: ctx.task(d) for d in grid.domains}
-  setup = mopd.StepSetup(bank, ctx.engine, tasks, grid.cells, ctx.taus, view=ctx.view)
-  shared = c.prompts_across_efforts == "shared"
-  mix = tuple(c.effort_mix)
-  n_eff = len(grid.efforts)
-  iters = {d: ctx.iterator(d, c.prompts_per_cell * (1 if shared else n_eff), salt=200 + i)
-           for i, d in enumerate(grid.domains)}
-  # Co-located or disaggregated (config.placement): log-probs come back on the student mesh.
-  # The teachers score at `mopd.teacher_temperature`, and sample the teacher_sft init's
-  # trajectories at it: the student is initialised on, and distilled from, the same
-  # distribution.
-  scoring = bank if not bank.params else bank.replace(
-      params=models.with_temperature(bank.params, c.teacher_temperature))
-  if served:
-    scorer = endpoint_scorer(ctx, top_k)
-  else:
-    scorer = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k)
-  log = ctx.logger("mopd")
+                          mesh=inp.mesh)
+  dist = Distillation(inp, trainer=trainer, loss_cfg=loss_cfg, pool=pool)
+  log = inp.loops.logger("mopd")
   t0 = time.time()
-  # Iterator positions before each step's prompts were drawn: with staleness 1 the next
-  # step's prompts are already drawn when a step is checkpointed, and a resumed run must
-  # draw them again.
-  drawn_at, last_step = {}, [-1]
-
-  def data_state():
-    data = drawn_at.get(last_step[0] + 1) or {d: it.state() for d, it in iters.items()}
-    return data if pool is None else {**data, IN_FLIGHT: pool.state()}
-
-  def restore_data(data):
-    for d, pos in data.items():
-      if d == IN_FLIGHT:
-        pool.restore(pos)
-      else:
-        iters[d].restore(pos)
-
-  def sample(params, step):
-    drawn_at[step] = {d: it.state() for d, it in iters.items()}
-    # Effort draws: a pure function of (seed, step), so a resumed run draws the same.
-    per_cell = mopd.cell_prompts(iters, grid, c.prompts_per_cell, shared=shared, mix=mix,
-                                 rng=np.random.RandomState([ctx.config.seed, step]))
-    rng = jax.random.fold_in(jax.random.PRNGKey(ctx.config.seed + 3), step)
-    sampled = mopd.sample_batch(
-        setup, params, per_cell, rng=rng,
-        rows_per_teacher=c.prompts_per_cell * (n_eff if mix else 1), pool=pool, step=step)
-    if pool is not None and c.partial_mode == "recompute":
-      sampled.arr = partial.recompute_logprobs(ctx.model_cfg, params, sampled.arr)
-    return sampled
-
-  def submit(sampled):  # dispatched without blocking: JAX's async dispatch
-    return scorer.submit(sampled.tokens, sampled.input_mask)
-
-  # The exact KL diagnostic needs the student and the teachers on the same devices.
-  every = c.exact_kl_every if colocated else 0
-  if c.exact_kl_every and not every:
-    print("[mopd] mopd.exact_kl_every: the exact KL needs co-located teachers; only the "
-          "sampled-token KL estimate is reported")
-
-  # Effort sensitivity and loss shares (diagnostics.py): on the first and the last step
-  # only (on the toy they cost about one update each, more than the exact KL); the exact KL
-  # every `every` steps and on those two.
-  probe = diagnostics.Probe(ctx.model_cfg, loss_cfg, ctx.tok, tuple(grid.cells),
-                            grid.effort_names)
-
-  def measure(step):
-    ends = step in (0, c.steps - 1)
-    exact = bool(every) and (step % every == 0 or ends)
-    if not exact and not ends:
-      return None
-
-    def fn(params, sampled, batch):
-      out = [probe.measure(params, sampled, batch)] if ends else []
-      if exact:
-        kl = mopd.exact_kl_rows(ctx.model_cfg, params, scoring, sampled=sampled)
-        out.insert(0, diagnostics.exact_kl_means(kl, sampled, bank.router.names))
-      return diagnostics.merge(*out)
-    return fn
-
-  def train_fn(state, sampled, scored):
-    step = int(state.step)
-    state, rec = mopd.train_on(trainer, state, bank, sampled=sampled, scored=scorer.fetch(scored),
-                               r_max=c.r_max, alpha=c.alpha, measure=measure(step))
-    if pool is not None:  # rows still decoding, and the trained rows' count
-      rec.metrics.update(in_flight=float(len(pool.rows)), rows=float(len(sampled.lengths)))
-    return state, rec
-
-  def measure_start(student):
-    """The exact KL of the student's starting policy (pi_SFT, before the teacher-SFT
-    initialisation) to its routed teachers, on its own rollouts of the first step's prompts:
-    where the distillation starts. The data streams are put back, so the run draws the
-    same prompts as without it."""
-    if not every or pool is not None or c.init != "teacher_sft":
-      return
-    states = {d: it.state() for d, it in iters.items()}
-    sampled = sample(student, 0)
-    drawn_at.pop(0, None)
-    for d, pos in states.items():
-      iters[d].restore(pos)
-    overall, cells = diagnostics.exact_kl_means(
-        mopd.exact_kl_rows(ctx.model_cfg, student, scoring, sampled=sampled), sampled,
-        bank.router.names)
-    checkpoint.write_json(ctx.path("mopd", START), {"policy": "sft", **overall,
-                                                    "cells": cells})
 
   def init():
-    student = checkpoint.load_params(ctx.path("sft", "params"), ctx.params_like())
+    student = inp.load_start()
     if c.init == "teacher_sft":
-      measure_start(student)
-      student, pool_size = teacher_sft_init(ctx, student, bank)
+      dist.measure_start(student)
+      student, pool_size = teacher_sft_init(inp, student)
       print(f"[mopd] student initialised by SFT on "
             f"{pool_size if pool_size is not None else 'restored'} teacher trajectories")
     return trainer.init(student)
 
-  with ctx.training("mopd", ctx.path("mopd", "ckpt"), trainer, total_steps=c.steps, init=init,
-                    data_state=data_state, restore_data=restore_data) as (loop, state, bar):
+  with inp.loops.training("mopd", inp.files.path("mopd", "ckpt"), trainer, total_steps=c.steps,
+                          init=init, data_state=dist.data_state,
+                          restore_data=dist.restore_data) as (loop, state, bar):
 
     def on_step(step, state, rec):
-      last_step[0] = step
-      drawn_at.pop(step, None)
+      dist.last_step = step
+      dist.drawn_at.pop(step, None)
       loop.end_step(step, state, rec.metrics, record={"step": step, **rec.metrics,
                                                       "cells": rec.cells})
       bar.update(rec.metrics, keys=("loss", "kl", "accuracy", "length"))
@@ -206,8 +143,8 @@ def run(ctx: Run) -> None:
 
     latest = {}  # the state after the last finished step: saved if the teachers go away
     try:
-      state, _, times = async_scoring.run(state, c.steps, sample=sample, submit=submit,
-                                          train=train_fn, staleness=staleness,
+      state, _, times = async_scoring.run(state, c.steps, sample=dist.sample, submit=dist.submit,
+                                          train=dist.train, staleness=c.staleness,
                                           on_step=on_step, start_step=loop.start_step)
     except teacher_client.TeacherUnavailable as e:
       # The failed step never trained; the last finished one is kept, so the same command
@@ -218,66 +155,174 @@ def run(ctx: Run) -> None:
           f"{e}; last checkpoint: step {loop.last_saved} in {loop.directory}; restart the "
           "server and run the same command to continue") from None
     finally:
-      if served:
-        scorer.close()
+      if inp.served:
+        inp.scorer.close()
     history = loop.history
   log.close()
-  checkpoint.save_params(ctx.path("mopd", "params"), state.params)
-  checkpoint.write_json(ctx.path("mopd", "history.json"), history)
-  ctx.mark_done("mopd", {"steps": c.steps, "seconds": time.time() - t0, "staleness": staleness,
-                         "partial_rollout_tokens": c.partial_rollout_tokens,
-                         "phase_seconds_per_step": times.per_step(),
-                         "kl_initial": history[0]["kl"], "kl_final": history[-1]["kl"]})
+  checkpoint.save_params(inp.files.path("mopd", "params"), state.params)
+  checkpoint.write_json(inp.files.path("mopd", "history.json"), history)
+  inp.files.mark_done("mopd", {"steps": c.steps, "seconds": time.time() - t0,
+                               "staleness": c.staleness,
+                               "partial_rollout_tokens": c.partial_rollout_tokens,
+                               "phase_seconds_per_step": times.per_step(),
+                               "kl_initial": history[0]["kl"], "kl_final": history[-1]["kl"]})
 
 
-def teacher_sft_init(ctx: Run, student, bank: teachers.TeacherBank):
+class Distillation:
+  """The MOPD loop between its steps: the data streams and where each step's prompts were
+  drawn, the partial-rollout pool, the diagnostics' schedule. Its methods are the callbacks
+  `async_scoring.run` calls (`sample`, `submit`, `train`) and the checkpoint's data hooks
+  (`data_state`, `restore_data`)."""
+
+  def __init__(self, inp: Inputs, *, trainer: train.Trainer, loss_cfg: train.LossConfig,
+               pool=None):
+    c, grid = inp.cfg, inp.grid
+    self.inp, self.trainer, self.pool = inp, trainer, pool
+    self.setup = mopd.StepSetup(inp.bank, inp.engine, inp.tasks, grid.cells, grid.taus,
+                                view=inp.view)
+    self.shared = c.prompts_across_efforts == "shared"
+    self.mix = tuple(c.effort_mix)
+    self.n_eff = len(grid.efforts)
+    self.iters = {d: inp.iterator(d, c.prompts_per_cell * (1 if self.shared else self.n_eff),
+                                  salt=200 + i) for i, d in enumerate(grid.domains)}
+    # Iterator positions before each step's prompts were drawn: with staleness 1 the next
+    # step's prompts are already drawn when a step is checkpointed, and a resumed run must
+    # draw them again.
+    self.drawn_at, self.last_step = {}, -1
+    # The exact KL diagnostic needs the student and the teachers on the same devices.
+    self.every = c.exact_kl_every if inp.colocated else 0
+    if c.exact_kl_every and not self.every:
+      print("[mopd] mopd.exact_kl_every: the exact KL needs co-located teachers; only the "
+            "sampled-token KL estimate is reported")
+    # Effort sensitivity and loss shares (diagnostics.py): on the first and the last step
+    # only (on the toy they cost about one update each, more than the exact KL); the exact
+    # KL every `every` steps and on those two.
+    self.probe = diagnostics.Probe(inp.model_cfg, loss_cfg, inp.tok, tuple(grid.cells),
+                                   grid.effort_names)
+
+  def data_state(self) -> dict:
+    data = self.drawn_at.get(self.last_step + 1) or {d: it.state()
+                                                     for d, it in self.iters.items()}
+    return data if self.pool is None else {**data, IN_FLIGHT: self.pool.state()}
+
+  def restore_data(self, data: dict) -> None:
+    for d, pos in data.items():
+      if d == IN_FLIGHT:
+        self.pool.restore(pos)
+      else:
+        self.iters[d].restore(pos)
+
+  def sample(self, params, step: int):
+    inp, c = self.inp, self.inp.cfg
+    self.drawn_at[step] = {d: it.state() for d, it in self.iters.items()}
+    # Effort draws: a pure function of (seed, step), so a resumed run draws the same.
+    per_cell = mopd.cell_prompts(self.iters, inp.grid, c.prompts_per_cell, shared=self.shared,
+                                 mix=self.mix, rng=np.random.RandomState([inp.seed, step]))
+    rng = jax.random.fold_in(jax.random.PRNGKey(inp.seed + 3), step)
+    sampled = mopd.sample_batch(
+        self.setup, params, per_cell, rng=rng,
+        rows_per_teacher=c.prompts_per_cell * (self.n_eff if self.mix else 1), pool=self.pool,
+        step=step)
+    if self.pool is not None and c.partial_mode == "recompute":
+      sampled.arr = partial.recompute_logprobs(inp.model_cfg, params, sampled.arr)
+    return sampled
+
+  def submit(self, sampled):  # dispatched without blocking: JAX's async dispatch
+    return self.inp.scorer.submit(sampled.tokens, sampled.input_mask)
+
+  def measure(self, step: int):
+    """The diagnostics of `step` as a `train_on` hook, or None when none are due."""
+    inp = self.inp
+    ends = step in (0, inp.cfg.steps - 1)
+    exact = bool(self.every) and (step % self.every == 0 or ends)
+    if not exact and not ends:
+      return None
+
+    def fn(params, sampled, batch):
+      out = [self.probe.measure(params, sampled, batch)] if ends else []
+      if exact:
+        kl = mopd.exact_kl_rows(inp.model_cfg, params, inp.scoring, sampled=sampled)
+        out.insert(0, diagnostics.exact_kl_means(kl, sampled, inp.bank.router.names))
+      return diagnostics.merge(*out)
+    return fn
+
+  def train(self, state, sampled, scored):
+    c = self.inp.cfg
+    step = int(state.step)
+    state, rec = mopd.train_on(self.trainer, state, self.inp.bank, sampled=sampled,
+                               scored=self.inp.scorer.fetch(scored), r_max=c.r_max,
+                               alpha=c.alpha, measure=self.measure(step))
+    if self.pool is not None:  # rows still decoding, and the trained rows' count
+      rec.metrics.update(in_flight=float(len(self.pool.rows)),
+                         rows=float(len(sampled.lengths)))
+    return state, rec
+
+  def measure_start(self, student) -> None:
+    """The exact KL of the student's starting policy (pi_SFT, before the teacher-SFT
+    initialisation) to its routed teachers, on its own rollouts of the first step's prompts:
+    where the distillation starts. The data streams are put back, so the run draws the
+    same prompts as without it."""
+    inp = self.inp
+    if not self.every or self.pool is not None or inp.cfg.init != "teacher_sft":
+      return
+    states = {d: it.state() for d, it in self.iters.items()}
+    sampled = self.sample(student, 0)
+    self.drawn_at.pop(0, None)
+    for d, pos in states.items():
+      self.iters[d].restore(pos)
+    overall, cells = diagnostics.exact_kl_means(
+        mopd.exact_kl_rows(inp.model_cfg, student, inp.scoring, sampled=sampled), sampled,
+        inp.bank.router.names)
+    checkpoint.write_json(inp.files.path("mopd", START), {"policy": "sft", **overall,
+                                                          "cells": cells})
+
+
+def teacher_sft_init(inp: Inputs, student):
   """pi_SFT further fine-tuned on trajectories of every teacher, each after the student's
   prompt with its effort (K3 §4.1.2): rollouts of teacher (d, e) on training prompts (as
-  the teacher sees them) at effort e's budget, kept when
-  they finish within the cell's budget, then SFT on the pooled set. Returns (params, pool
-  size); the pool size is None when a restart found the init already finished."""
-  c = ctx.config.mopd
-  total = c.init_sft_steps
-  trainer = train.Trainer(ctx.model_cfg, train.LossConfig(kind="sft"),
-                          train.OptimConfig(lr=ctx.config.sft.lr, warmup_steps=0,
-                                            total_steps=total, microbatches=c.microbatches),
-                          mesh=ctx.mesh)
-  with ctx.training("mopd init: teacher SFT", ctx.path("mopd", "init_ckpt"), trainer,
-                    total_steps=total,
-                    init=lambda: trainer.init(student)) as (loop, state, bar):
+  the teacher sees them) at effort e's budget, kept when they finish within the cell's
+  budget, then SFT on the pooled set. Returns (params, pool size); the pool size is None
+  when a restart found the init already finished."""
+  total = inp.cfg.init_sft_steps
+  trainer = train.Trainer(inp.model_cfg, train.LossConfig(kind="sft"),
+                          train.OptimConfig(lr=inp.sft.lr, warmup_steps=0, total_steps=total,
+                                            microbatches=inp.cfg.microbatches),
+                          mesh=inp.mesh)
+  with inp.loops.training("mopd init: teacher SFT", inp.files.path("mopd", "init_ckpt"),
+                          trainer, total_steps=total,
+                          init=lambda: trainer.init(student)) as (loop, state, bar):
     if loop.start_step == total:
       return state.params, None  # finished before a restart: no need to rebuild the pool
-    pool = teacher_pool(ctx, bank)  # deterministic: rebuilt alike after a restart
+    pool = teacher_pool(inp)  # deterministic: rebuilt alike after a restart
     # One width for the whole pool: one compilation.
     width = rollout.padded_width(max(len(t.prompt_ids) + len(t.ids) for t in pool))
     for step in range(loop.start_step, total):
       # A pure function of (seed, step): a resumed init draws the same batches.
-      rng = np.random.RandomState([ctx.config.seed + 500, step])
-      picks = [pool[i] for i in rng.randint(len(pool), size=ctx.config.sft.batch_size)]
+      rng = np.random.RandomState([inp.seed + 500, step])
+      picks = [pool[i] for i in rng.randint(len(pool), size=inp.sft.batch_size)]
       state, m = trainer.step(state, train.TrainBatch.from_padded(
-          rollout.pad_batch(picks, ctx.tok.pad_id, width)))
+          rollout.pad_batch(picks, inp.tok.pad_id, width)))
       m = {k: float(v) for k, v in jax.device_get(m).items()}
       loop.end_step(step, state, m, record=[step, m["loss"]])
       bar.update(m)
   return state.params, len(pool)
 
 
-def teacher_pool(ctx: Run, bank: teachers.TeacherBank) -> list:
+def teacher_pool(inp: Inputs) -> list:
   """Teacher trajectories that finished within their cell's budget: each teacher samples
   after its own prompt (`view.teacher(e)`), the student trains on the response after its
   prompt (`view.student(e)`)."""
-  c = ctx.config.mopd
   pool = []
-  for k, name in enumerate(bank.router.names):
+  for k, name in enumerate(inp.bank.router.names):
     d, e = name.split("/")
-    tparams = jax.tree.map(lambda x, k=k: x[k], bank.params)
-    exs = next(ctx.iterator(d, c.init_samples_per_cell, salt=300 + k))
-    res = ctx.make_engine(ctx.teacher_cfg, c.teacher_temperature).run(
-        tparams, exs, [ctx.view.teacher(e)] * len(exs), budgets=ctx.budgets(exs, e),
-        rng=jax.random.PRNGKey(ctx.config.seed + 400 + k), environment=ctx.task(d).environment)
+    tparams = jax.tree.map(lambda x, k=k: x[k], inp.bank.params)
+    exs = next(inp.iterator(d, inp.cfg.init_samples_per_cell, salt=300 + k))
+    res = inp.teacher_engine.run(
+        tparams, exs, [inp.view.teacher(e)] * len(exs), budgets=inp.budgets(exs, e),
+        rng=jax.random.PRNGKey(inp.seed + 400 + k), environment=inp.tasks[d].environment)
     # The student learns the teacher's response after its own prompt (`view.student(e)`).
-    pool += [dataclasses.replace(t, prompt_ids=rollout.encode_prompt(ctx.tok, ex,
-                                                                     ctx.view.student(e)))
+    pool += [dataclasses.replace(t, prompt_ids=rollout.encode_prompt(inp.tok, ex,
+                                                                     inp.view.student(e)))
              for t, ex, over in zip(res.trajectories, exs, res.over_budget) if not over]
   if not pool:
     raise RuntimeError("no teacher trajectory finished within its budget; cannot build the "

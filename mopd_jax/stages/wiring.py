@@ -1,0 +1,78 @@
+"""Where the pipeline builds each stage's inputs from the run (`context.Run`): the one place
+that knows which collaborators a stage gets. A stage built here (`sft`, `mopd`, `eval`)
+takes a frozen `Inputs` of its own and never sees the run; the others still take the run
+itself.
+
+    STAGES["mopd"](run)   # = mopd.run(mopd_inputs(run))
+"""
+from __future__ import annotations
+
+from mopd_jax import checkpoint, models, placement, teachers
+from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
+from mopd_jax.stages.context import Run
+
+
+def sft_inputs(ctx: Run) -> sft.Inputs:
+  """The sft stage's inputs: its config block, the tokenizer and view, the data streams, the
+  initial policy, files and loops."""
+  return sft.Inputs(
+      cfg=ctx.config.sft, seed=ctx.config.seed, outside=ctx.config.outside,
+      log_every=ctx.config.log_every, grid=ctx.grid, view=ctx.view, tok=ctx.tok,
+      model_cfg=ctx.model_cfg, mesh=ctx.mesh, iterator=ctx.iterator,
+      initial_params=ctx.initial_params, source=ctx.config.model.hf_path, files=ctx.files,
+      loops=ctx.loops)
+
+
+def mopd_inputs(ctx: Run) -> mopd.Inputs:
+  """The mopd stage's inputs: its config block, the student's and the teachers' samplers,
+  the teachers (loaded once onto their mesh) and their scorer, the data streams, files and
+  loops."""
+  c, grid = ctx.config.mopd, ctx.grid
+  served = bool(ctx.config.teacher.endpoints)
+  colocated = ctx.config.placement.teachers == "colocated"
+  top_k = c.top_k if c.loss == "topk" else 0
+  # With teacher servers this process reads the teachers' params only for what runs here:
+  # the teacher-SFT init's rollouts and the exact-KL diagnostic.
+  if served and c.init != "teacher_sft" and not (c.exact_kl_every and colocated):
+    bank = teachers.TeacherBank(params={}, model_cfg=ctx.teacher_cfg,
+                                router=teachers.Router(grid.names))  # the router alone
+  else:
+    bank = ctx.load_bank()
+  # The teachers score at `mopd.teacher_temperature`, and sample the teacher_sft init's
+  # trajectories at it: the student is initialised on, and distilled from, the same
+  # distribution.
+  scoring = bank if not bank.params else bank.replace(
+      params=models.with_temperature(bank.params, c.teacher_temperature))
+  if served:
+    scorer = mopd.endpoint_scorer(
+        grid.names, ctx.config.teacher.endpoints, policy=ctx.config.teacher.retry_policy(),
+        top_k=top_k, student={"vocab_size": ctx.model_cfg.vocab_size, "tokenizer": ctx.tok,
+                              "temperature": c.teacher_temperature})
+  else:  # co-located or disaggregated: log-probs come back on the student mesh
+    scorer = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k)
+  return mopd.Inputs(
+      cfg=c, sft=ctx.config.sft, seed=ctx.config.seed, grid=grid, view=ctx.view, tok=ctx.tok,
+      model_cfg=ctx.model_cfg, mesh=ctx.mesh, tasks={d: ctx.task(d) for d in grid.domains},
+      engine=ctx.engine, teacher_engine=ctx.make_engine(ctx.teacher_cfg, c.teacher_temperature),
+      bank=bank, scoring=scoring, scorer=scorer, colocated=colocated, iterator=ctx.iterator,
+      load_start=lambda: checkpoint.load_params(ctx.path("sft", "params"), ctx.params_like()),
+      files=ctx.files, loops=ctx.loops)
+
+
+def eval_inputs(ctx: Run) -> eval_stage.Inputs:
+  """The eval stage's inputs: its config block, the models' configs, the tasks and test
+  splits, the engines and the loaders of the policies."""
+  like = ctx.params_like()
+  return eval_stage.Inputs(
+      cfg=ctx.config.eval, grid=ctx.grid, view=ctx.view, model_cfg=ctx.model_cfg,
+      teacher_cfg=ctx.teacher_cfg, tasks={d: ctx.task(d) for d in ctx.grid.domains},
+      test=lambda domain: ctx.split(domain, "test"), engine=ctx.make_engine,
+      load_params=lambda path: checkpoint.load_params(path, like),
+      load_teacher=ctx.load_teacher, files=ctx.files, loops=ctx.loops)
+
+
+# The stage registry, in pipeline order: each entry runs its stage on the run.
+STAGES = {"smoke": smoke.run, "data": data.run, "sft": lambda ctx: sft.run(sft_inputs(ctx)),
+          "rl": rl.run,
+          "mopd": lambda ctx: mopd.run(mopd_inputs(ctx)), "eval": lambda ctx: eval_stage.run(eval_inputs(ctx)),
+          "report": report.run}
