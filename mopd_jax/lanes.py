@@ -170,19 +170,19 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   # The stage imports this module to spawn its workers; the worker imports the stage.
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from mopd_jax.stages import rl as rl_stage  # pylint: disable=g-import-not-at-top
+  from mopd_jax.stages import rl as rl_stage, wiring  # pylint: disable=g-import-not-at-top
   from mopd_jax.stages.context import Run  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict(json.loads(storage.read_text(args.config)))
-  ctx = Run(config, args.workdir)
-  lane = rl_stage.lanes_of(ctx)[args.lane]
+  inp = wiring.rl_inputs(Run(config, args.workdir))
+  lane = rl_stage.lanes_of(inp)[args.lane]
   storage.makedirs(lane.directory)
   # Teachers this lane finished in an earlier run of the lanes one after another count too.
-  manifest = checkpoint.read_json(ctx.path(rl_stage.MANIFEST), default={})
+  manifest = checkpoint.read_json(inp.files.path(rl_stage.MANIFEST), default={})
   names = {f"{lane.domain}/{e}" for e in lane.efforts}
   record = {k: v for k, v in manifest.get(lane.section, {}).items()
             if k in names and v.get("origin") != "outside"}
   record.update(read_records(lane))
-  steps = rl_stage.lane_steps(ctx, lane)
+  steps = rl_stage.lane_steps(inp, lane)
   progress = storage.join(lane.directory, PROGRESS)
 
   def on_step(effort, step, m):
@@ -192,7 +192,7 @@ def main(argv=None) -> None:
 
   try:
     with checkpoint.sigterm_guard():
-      for name, entry in rl_stage.train_lane(ctx, lane, record, on_step=on_step):
+      for name, entry in rl_stage.train_lane(inp, lane, record, on_step=on_step):
         record[name] = entry
         checkpoint.write_json(storage.join(lane.directory, RECORDS), record)
   except checkpoint.Preempted as e:

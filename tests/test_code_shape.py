@@ -170,8 +170,8 @@ def test_config_sits_at_the_bottom_of_the_import_graph():
     assert inner <= CONFIG_LEAVES - {"mopd_jax.config"}, (leaf, inner)
 
 
-# The stages `stages/wiring.py` builds from the run: each takes its own frozen `Inputs`.
-WIRED_STAGES = ("sft", "mopd", "eval")
+# The stages, each built by `stages/wiring.py` from the run: each takes its own `Inputs`.
+WIRED_STAGES = ("smoke", "data", "sft", "rl", "mopd", "eval", "report")
 
 
 def test_wired_stages_never_see_the_run():

@@ -110,13 +110,13 @@ def test_measured_budgets_replace_the_placeholders(tmp_path, chat_ckpt):
   (no correct sample) are left out, and grain batches come from the rest."""
   import configs.files as files
   from mopd_jax import checkpoint
-  from mopd_jax.stages import context, data
+  from mopd_jax.stages import context, wiring
   c = files.get_config(os.path.join(EXAMPLES, "spec.json"))
   c.model.hf_path, c.model.tokenizer_path = chat_ckpt, chat_ckpt + "/tokenizer.json"
   c.budget.source = "samples"
   c.mesh.data = 8  # the suite's 8 simulated devices
   ctx = context.Run(c, str(tmp_path / "wd"))
-  data.run(ctx)
+  wiring.STAGES["data"](ctx)
   train = ctx.split("math", "train")
   assert {train[i].b0 for i in range(len(train))} == {1}  # placeholders
   uids = [train[i].uid for i in range(len(train))]
@@ -137,7 +137,7 @@ def test_data_stage_reads_a_spec_on_object_storage(tmp_path, chat_ckpt, gcs):
   locally."""
   import shutil
   import configs.files as files
-  from mopd_jax.stages import context, data
+  from mopd_jax.stages import context, wiring
   shutil.copytree(EXAMPLES, os.path.join(gcs, "bucket", "ex"))
   done = {}
   for where, spec in (("local", os.path.join(EXAMPLES, "spec.json")),
@@ -148,7 +148,7 @@ def test_data_stage_reads_a_spec_on_object_storage(tmp_path, chat_ckpt, gcs):
     ctx = context.Run(c, str(tmp_path / where))
     assert ctx.config.records["code"].train == os.path.join(os.path.dirname(spec),
                                                             "code.parquet")
-    data.run(ctx)
+    wiring.STAGES["data"](ctx)
     done[where] = json.load(open(tmp_path / where / "data" / "DONE.json"))["records"]
     train = ctx.split("math", "train")
     assert train[0].meta["source"].startswith("math_train.jsonl:")

@@ -12,10 +12,10 @@ def test_failed_rl_lane_processes_are_named_with_their_logs(tmp_path):
   stage names each lane, its exit status and the end of its log (in a fresh process with
   one CPU device, the config's mesh)."""
   code = ("from configs import toy\nfrom mopd_jax import lanes\n"
-          "from mopd_jax.stages import context, rl\n"
-          f"run = context.Run(toy.get_config('fast'), {str(tmp_path)!r})\n"
+          "from mopd_jax.stages import context, rl, wiring\n"
+          f"run = wiring.rl_inputs(context.Run(toy.get_config('fast'), {str(tmp_path)!r}))\n"
           "lanes_ = rl.lanes_of(run)\n"
-          "try:\n  lanes.run_side_by_side(run.workdir, run.config.to_json(), lanes_, "
+          "try:\n  lanes.run_side_by_side(run.files.root, run.config_json, lanes_, "
           "processes=3, total_steps=[sum(rl.lane_steps(run, lane)) for lane in lanes_])\n"
           "except RuntimeError as e:\n  print('RuntimeError:', e)\n")
   env = suite_cli.env()

@@ -5,9 +5,9 @@ ConfigDict is built here; stages read `ctx.config`, never the ConfigDict) and re
 once: the task grid, the tokenizer (its effort tokens are the grid's), the student's
 ModelConfig, the student's and the teachers' meshes, the profile switch, the prompt view
 (`ctx.view`: which effort each party's prompt carries, mopd_jax/views.py), the workdir's
-files and the loop settings (`stages/loops.py`). `stages/wiring.py` builds a stage's
+files and the loop settings (`stages/loops.py`). `stages/wiring.py` builds each stage's
 inputs from it (paths, rollout engines, data splits and iterators, teachers, loggers and
-checkpointed loops); the stages it does not build yet take the run itself.
+checkpointed loops); no stage sees the run itself.
 """
 from __future__ import annotations
 

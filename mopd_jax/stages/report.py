@@ -1,16 +1,28 @@
-"""The report stage: report.json, report.md and the PNG plots (mopd_jax/report.py)."""
+"""The report stage: report.json, report.md and the PNG plots (mopd_jax/report.py). The
+stage takes its `Inputs` (built by `stages/wiring.py`)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from mopd_jax import checkpoint, report
-from mopd_jax.stages.context import Run
+from mopd_jax import grid as grid_mod
+from mopd_jax.stages import loops
 
 
-def run(ctx: Run) -> None:
-  timings = checkpoint.read_json(ctx.path("timings.json"), default={"_": 0})
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+  """What the report stage reads: the run's resolved config (`config_json`, recorded in the
+  report), its grid and its files."""
+  config_json: str
+  grid: grid_mod.Grid
+  files: loops.Workdir
+
+
+def run(inp: Inputs) -> None:
+  timings = checkpoint.read_json(inp.files.path("timings.json"), default={"_": 0})
   timings.pop("_", None)
   timings["total"] = sum(timings.values())
-  rep = report.write(ctx.workdir, json.loads(ctx.config.to_json()), timings, grid=ctx.grid)
-  ctx.mark_done("report", {"kl": rep["kl"]["final"]})
-  print(f"report: {ctx.path('report.md')}")
+  rep = report.write(inp.files.root, json.loads(inp.config_json), timings, grid=inp.grid)
+  inp.files.mark_done("report", {"kl": rep["kl"]["final"]})
+  print(f"report: {inp.files.path('report.md')}")

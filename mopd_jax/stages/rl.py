@@ -3,20 +3,61 @@ from pi_SFT (mopd_jax/rl.py), freezing a teacher per (domain, effort) cell; the 
 `<workdir>/teachers.json` records them with the grid they were trained on.
 
 Lanes share nothing, so they run one after another in this process or side by side in
-processes of their own (`rl.lane_processes`; the worker and its command: mopd_jax/lanes.py).
+processes of their own (`rl.lane_processes`; the worker and its command: mopd_jax/lanes.py,
+which builds the same `Inputs` from the run's resolved config). The stage takes its
+`Inputs` (built by `stages/wiring.py`).
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import jax
+from jax.sharding import Mesh
 
-from mopd_jax import checkpoint, lanes as lanes_mod, partial, rl, sft, storage, teachers, train
-from mopd_jax.stages.context import Run
+from mopd_jax import (checkpoint, config as config_mod, lanes as lanes_mod, models, partial, rl,
+                      sft, storage, teachers, train, views)
+from mopd_jax import grid as grid_mod
+from mopd_jax.stages import loops
+from mopd_jax.tasks import base as task_base
 
 MANIFEST = "teachers.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+  """What the rl stage reads and works with. `config_json`: the run's resolved config, for
+  the lane processes; `teacher_hf_paths`: cells brought as checkpoints ({} = train them);
+  `engine` / `eval_engine`: the student's samplers at `rl.temperature` and
+  `eval.temperature`; `iterator(domain, batch_size, salt, seed=)`: a domain's training
+  batches; `split(domain, split, measured_b0=)`: a split's examples; `budgets_path(domain)`:
+  where a record domain's measured b0s go (None: not measured); `params_like()`: the
+  restore target of a policy."""
+  cfg: config_mod.RlConfig
+  budget: config_mod.BudgetConfig
+  seed: int
+  outside: tuple
+  rollout_width: int
+  config_hash: str
+  config_json: str
+  grid: grid_mod.Grid
+  view: views.PromptView
+  model_cfg: models.ModelConfig
+  mesh: Mesh
+  teacher_hf_paths: Mapping[str, str]
+  tasks: Mapping[str, task_base.Task]
+  engine: Any
+  eval_engine: Any
+  iterator: Callable[..., Any]
+  split: Callable[..., Any]
+  budgets_path: Callable[[str], Optional[str]]
+  params_like: Callable[[], Any]
+  files: loops.Workdir
+  loops: loops.Loops
+
+  def budgets(self, examples, effort: str) -> list:
+    return [task_base.budget(ex, self.grid.taus[effort]) for ex in examples]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,100 +79,98 @@ class Lane:
     return f"{self.tag.replace(' ', '_')}{self.domain}"
 
 
-def lanes_of(ctx: Run) -> list:
+def lanes_of(inp: Inputs) -> list:
   """The rl stage's lanes, in the order they run one after another."""
-  order = ctx.grid.anneal_order
-  out = [Lane(d, ctx.path("sft", "params"), ctx.path("rl", d), order, "teachers",
-              ctx.config.seed) for d in ctx.grid.domains]
-  cell, outside_seed = ctx.config.outside
+  order, path = inp.grid.anneal_order, inp.files.path
+  out = [Lane(d, path("sft", "params"), path("rl", d), order, "teachers", inp.seed)
+         for d in inp.grid.domains]
+  cell, outside_seed = inp.outside
   if cell:
     # The outside teacher goes through its cell's own anneal (largest tau -> ... -> its
     # effort), from the outside SFT, in a lane of its own.
     d, e = cell.split("/")
-    out.append(Lane(d, ctx.path("sft", "outside", "params"), ctx.path("rl_outside", d),
+    out.append(Lane(d, path("sft", "outside", "params"), path("rl_outside", d),
                     order[:order.index(e) + 1], "outside", outside_seed, "outside "))
   return out
 
 
-def lane_steps(ctx: Run, lane: Lane) -> list:
-  return [rl.phase_settings(ctx.config.rl, e, ctx.grid.anneal_order)["steps"]
-          for e in lane.efforts]
+def lane_steps(inp: Inputs, lane: Lane) -> list:
+  return [rl.phase_settings(inp.cfg, e, inp.grid.anneal_order)["steps"] for e in lane.efforts]
 
 
-def measure_budgets(ctx: Run) -> None:
+def measure_budgets(inp: Inputs) -> None:
   """`budget.source=samples`: b0 of every record domain's examples from k samples of pi_SFT
   at the top effort (as the teachers see the prompt), once, before the first budgeted
   effort (mopd_jax/budgets.py)."""
   from mopd_jax import budgets, distributed  # pylint: disable=g-import-not-at-top
-  params = None
-  for i, d in enumerate(ctx.grid.domains):
-    path = ctx.budgets_path(d)
+  params, k = None, inp.budget.samples
+  for i, d in enumerate(inp.grid.domains):
+    path = inp.budgets_path(d)
     if path is None or storage.exists(path):
       continue
     if params is None:
-      params = checkpoint.load_params(ctx.path("sft", "params"), ctx.params_like())
-    task, b0, solved = ctx.task(d), {}, {}
+      params = checkpoint.load_params(inp.files.path("sft", "params"), inp.params_like())
+    task, b0, solved = inp.tasks[d], {}, {}
     for split in ("train", "validation", "test"):
-      exs = exs_of(ctx, d, split)
-      got = budgets.measure(ctx.engine, params, task, examples=exs,
-                            prompt_effort=ctx.view.teacher(ctx.grid.top_effort),
-                            k=ctx.config.budget.samples,
-                            rng=jax.random.PRNGKey(ctx.config.seed * 100 + 60 + i))
+      exs = exs_of(inp, d, split)
+      got = budgets.measure(inp.engine, params, task, examples=exs,
+                            prompt_effort=inp.view.teacher(inp.grid.top_effort), k=k,
+                            rng=jax.random.PRNGKey(inp.seed * 100 + 60 + i))
       b0.update({ex.uid: v for ex, v in zip(exs, got)})
       solved[split] = sum(v is not None for v in got)
     counts = budgets.summary(b0)
-    print(f"[rl] {d}: b0 from {ctx.config.budget.samples} samples of pi_SFT: {counts}")
+    print(f"[rl] {d}: b0 from {k} samples of pi_SFT: {counts}")
     if not solved["train"]:
       raise RuntimeError(
           f"budget.source=samples: pi_SFT solved none of domain {d!r}'s training prompts in "
-          f"{ctx.config.budget.samples} samples, so no prompt has a b0; raise budget.samples "
+          f"{k} samples, so no prompt has a b0; raise budget.samples "
           "or use budget.source=reference or field")
     if distributed.is_main():
-      checkpoint.write_json(path, {"b0": b0, "k": ctx.config.budget.samples, "counts": counts})
+      checkpoint.write_json(path, {"b0": b0, "k": k, "counts": counts})
   distributed.sync("budgets measured")
 
 
-def exs_of(ctx: Run, domain: str, split: str) -> list:
-  src = ctx.split(domain, split, measured_b0=False)
+def exs_of(inp: Inputs, domain: str, split: str) -> list:
+  src = inp.split(domain, split, measured_b0=False)
   return [src[j] for j in range(len(src))]
 
 
-def run(ctx: Run) -> None:
-  measure_budgets(ctx)
-  path = ctx.path(MANIFEST)
+def run(inp: Inputs) -> None:
+  measure_budgets(inp)
+  path = inp.files.path(MANIFEST)
   manifest = checkpoint.read_json(path, default={"teachers": {}})
-  teachers.check_manifest_grid(manifest, path, ctx.grid)
-  manifest["grid"] = ctx.grid.to_json()
-  if ctx.teacher_hf_paths:  # teachers brought as checkpoints: register, do not train
-    for name in ctx.grid.names:
-      hf_path = ctx.teacher_hf_paths[name]
+  teachers.check_manifest_grid(manifest, path, inp.grid)
+  manifest["grid"] = inp.grid.to_json()
+  if inp.teacher_hf_paths:  # teachers brought as checkpoints: register, do not train
+    for name in inp.grid.names:
+      hf_path = inp.teacher_hf_paths[name]
       if not storage.isdir(hf_path):
         raise FileNotFoundError(f"teacher {name}: no checkpoint directory {hf_path}")
       d, e = name.split("/")
-      manifest["teachers"][name] = {"domain": d, "effort": e, "tau": ctx.taus[e], "step": 0,
+      manifest["teachers"][name] = {"domain": d, "effort": e, "tau": inp.grid.taus[e], "step": 0,
                                     "parent": hf_path, "path": hf_path, "format": "hf",
-                                    "config_hash": ctx.config.hash,
+                                    "config_hash": inp.config_hash,
                                     "eval_validation": None}
     checkpoint.write_json(path, manifest)
-    ctx.mark_done("rl", {"teachers": sorted(manifest["teachers"]), "source": "hf"})
+    inp.files.mark_done("rl", {"teachers": sorted(manifest["teachers"]), "source": "hf"})
     return
-  lanes = lanes_of(ctx)
-  processes = lanes_mod.process_count(ctx.config.rl, len(lanes))
+  lanes = lanes_of(inp)
+  processes = lanes_mod.process_count(inp.cfg, len(lanes))
   if processes > 1:
     # Each lane process keeps its records in its lane directory; they join the manifest here.
-    lanes_mod.run_side_by_side(ctx.workdir, ctx.config.to_json(indent=1), lanes,
+    lanes_mod.run_side_by_side(inp.files.root, inp.config_json, lanes,
                                processes=processes,
-                               total_steps=[sum(lane_steps(ctx, lane)) for lane in lanes])
+                               total_steps=[sum(lane_steps(inp, lane)) for lane in lanes])
     for lane in lanes:
       manifest.setdefault(lane.section, {}).update(lanes_mod.read_records(lane))
   else:
     trainers = {}
     for lane in lanes:
       section = manifest.setdefault(lane.section, {})
-      for name, entry in train_lane(ctx, lane, section, trainers=trainers):
+      for name, entry in train_lane(inp, lane, section, trainers=trainers):
         section[name] = entry
         checkpoint.write_json(path, manifest)  # each teacher on record once it exists
-  cell, outside_seed = ctx.config.outside
+  cell, outside_seed = inp.outside
   if cell:
     # Route the cell to the outside teacher; the same-origin one it replaces stays on record.
     # Without its data_state: a restarted same-origin lane restores its own stream from
@@ -142,12 +181,12 @@ def run(ctx: Run) -> None:
         **{k: v for k, v in manifest["outside"][cell].items() if k != "data_state"},
         "origin": "outside", "sft_seed": outside_seed}
   checkpoint.write_json(path, manifest)
-  ctx.mark_done("rl", {"teachers": sorted(manifest["teachers"]),
+  inp.files.mark_done("rl", {"teachers": sorted(manifest["teachers"]),
                        **({"outside_cell": cell} if cell else {})})
   print(teachers.teacher_table(manifest))
 
 
-def train_lane(ctx: Run, lane: Lane, done: dict, *, trainers: Optional[dict] = None,
+def train_lane(inp: Inputs, lane: Lane, done: dict, *, trainers: Optional[dict] = None,
                on_step=None) -> Iterator[tuple]:
   """Trains the lane's efforts not yet in `done` (its manifest section so far), yielding
   (name, manifest entry) as each teacher is frozen; the caller records it.
@@ -156,8 +195,8 @@ def train_lane(ctx: Run, lane: Lane, done: dict, *, trainers: Optional[dict] = N
   compiled steps, no state, so phases with the same settings share one, and so its
   compilations: several seconds each on a CPU). `on_step(effort, step, metrics)`: called
   after every RL step."""
-  c = ctx.config.rl
-  order = ctx.grid.anneal_order
+  c = inp.cfg
+  order = inp.grid.anneal_order
   trainers = {} if trainers is None else trainers
 
   def trainer_for(ph):
@@ -167,20 +206,20 @@ def train_lane(ctx: Run, lane: Lane, done: dict, *, trainers: Optional[dict] = N
                                   token_clip=c.token_clip or None)
       # A fresh optimizer per phase, its cosine over the phase's steps.
       trainers[key] = train.Trainer(
-          ctx.model_cfg, loss_cfg,
+          inp.model_cfg, loss_cfg,
           train.OptimConfig(lr=ph["lr"], warmup_steps=0, total_steps=ph["steps"],
-                            microbatches=c.microbatches), mesh=ctx.mesh)
+                            microbatches=c.microbatches), mesh=inp.mesh)
     return trainers[key]
 
-  like = ctx.params_like()
+  like = inp.params_like()
   domain, tag, seed = lane.domain, lane.tag, lane.seed
-  di = ctx.grid.domains.index(domain)
-  task = ctx.task(domain)
+  di = inp.grid.domains.index(domain)
+  task = inp.tasks[domain]
   storage.makedirs(lane.directory)
   parent = lane.parent
   params = root = checkpoint.load_params(parent, like)
-  it = ctx.iterator(domain, c.prompts_per_step, salt=100 + di, seed=seed)
-  validation = ctx.split(domain, "validation")
+  it = inp.iterator(domain, c.prompts_per_step, salt=100 + di, seed=seed)
+  validation = inp.split(domain, "validation")
   val = [validation[i] for i in range(min(c.validation_examples, len(validation)))]
   for effort in lane.efforts:
     name = f"{domain}/{effort}"
@@ -190,7 +229,7 @@ def train_lane(ctx: Run, lane: Lane, done: dict, *, trainers: Optional[dict] = N
       if "data_state" in done[name]:  # the next effort reads on from here
         it.restore(done[name]["data_state"])
       continue
-    log = ctx.logger(f"rl_{lane.name}_{effort}")
+    log = inp.loops.logger(f"rl_{lane.name}_{effort}")
     t0 = time.time()
     ph = rl.phase_settings(c, effort, order)
     trainer = trainer_for(ph)
@@ -207,9 +246,10 @@ def train_lane(ctx: Run, lane: Lane, done: dict, *, trainers: Optional[dict] = N
         pool.restore(data.get("in_flight"))
 
     # One checkpoint directory per (domain, effort) run: lanes never share state.
-    with ctx.training(f"rl {tag}{name}", storage.join(lane.directory, f"ckpt_{effort}"),
-                      trainer, total_steps=ph["steps"], init=lambda p=params: trainer.init(p),
-                      data_state=data_state, restore_data=restore_data) as (loop, state, bar):
+    with inp.loops.training(f"rl {tag}{name}", storage.join(lane.directory, f"ckpt_{effort}"),
+                            trainer, total_steps=ph["steps"],
+                            init=lambda p=params: trainer.init(p), data_state=data_state,
+                            restore_data=restore_data) as (loop, state, bar):
 
       def log_step(step, m, bar=bar, *, effort=effort, log=log):
         bar.update(m)
@@ -218,31 +258,31 @@ def train_lane(ctx: Run, lane: Lane, done: dict, *, trainers: Optional[dict] = N
           on_step(effort, step, m)
 
       sampling = rl.PhaseSampling(
-          ctx.engine, view=ctx.view,
+          inp.engine, view=inp.view,
           reference={"sampler": None, "sft": root, "parent": params}[ph["reference"]],
           sample_from=c.sample_from, pool=pool,
-          relogprob=(lambda arr, params: partial.recompute_logprobs(ctx.model_cfg, params, arr))
+          relogprob=(lambda arr, params: partial.recompute_logprobs(inp.model_cfg, params, arr))
           if pool is not None and c.partial_mode == "recompute" else None)
-      phase = rl.EffortPhase(effort=effort, tau=ctx.taus[effort], phase=order.index(effort),
+      phase = rl.EffortPhase(effort=effort, tau=inp.grid.taus[effort], phase=order.index(effort),
                              steps=ph["steps"], group_size=c.group_size,
-                             width=ctx.config.rollout.width, seed=seed * 10 + di,
+                             width=inp.rollout_width, seed=seed * 10 + di,
                              plateau=(c.plateau_window, c.plateau_delta))
       state, hist = rl.run_effort(trainer, state, sampling, task=task,
                                   next_examples=lambda step: next(it), phase=phase,
                                   log=log_step, loop=loop)
     log.close()
     # The lane's teacher is validated on the prompts it trains on.
-    metrics = sft.evaluate(ctx.eval_engine, state.params, task, examples=val,
-                           effort=ctx.view.teacher(effort), budgets=ctx.budgets(val, effort),
+    metrics = sft.evaluate(inp.eval_engine, state.params, task, examples=val,
+                           effort=inp.view.teacher(effort), budgets=inp.budgets(val, effort),
                            rng=jax.random.PRNGKey(7)) if val else None
     checkpoint.save_params(out, state.params)
     yield name, {
-        "domain": domain, "effort": effort, "tau": ctx.taus[effort],
+        "domain": domain, "effort": effort, "tau": inp.grid.taus[effort],
         "step": len(hist), "parent": parent, "path": out,
         "pmd_reference": ph["reference"], "sample_from": c.sample_from, "lr": ph["lr"],
         "tau_kl": ph["tau_kl"],
-        "config_hash": ctx.config.hash, "seconds": time.time() - t0,
-        "eval_validation": metrics, "model": teachers.model_signature(ctx.model_cfg),
+        "config_hash": inp.config_hash, "seconds": time.time() - t0,
+        "eval_validation": metrics, "model": teachers.model_signature(inp.model_cfg),
         "data_state": it.state(),
         "train_curve": [[s, m["reward"], m["length"]] for s, m in hist]}
     params, parent = state.params, out

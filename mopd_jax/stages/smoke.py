@@ -1,23 +1,37 @@
-"""The smoke stage: sample from the initial policy (a checkpoint or a fresh init) and print."""
+"""The smoke stage: sample from the initial policy (a checkpoint or a fresh init) and print.
+The stage takes its `Inputs` (built by `stages/wiring.py`)."""
 from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
 
 import jax
 
-from mopd_jax import sampling
-from mopd_jax.stages.context import Run
+from mopd_jax import config as config_mod, models, sampling
 
 
-def run(ctx: Run) -> list:
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+  """What the smoke stage reads and works with: its config block, the run's seed, the
+  tokenizer, the model and `initial_params()`, the policy it samples from."""
+  cfg: config_mod.SmokeConfig
+  seed: int
+  tok: Any
+  model_cfg: models.ModelConfig
+  initial_params: Callable[[], Any]
+
+
+def run(inp: Inputs) -> list:
   """Samples one completion per `smoke.prompts` entry; returns the texts."""
-  c, tok = ctx.config, ctx.tok
-  params = ctx.initial_params()
-  prompts = [[tok.bos_id] + tok.encode(p) for p in c.smoke.prompts]
-  scfg = sampling.SamplingConfig(max_new_tokens=c.smoke.max_new_tokens,
+  c, tok = inp.cfg, inp.tok
+  params = inp.initial_params()
+  prompts = [[tok.bos_id] + tok.encode(p) for p in c.prompts]
+  scfg = sampling.SamplingConfig(max_new_tokens=c.max_new_tokens,
                                  stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
-  out = sampling.sample(ctx.model_cfg, params, prompts, rng=jax.random.PRNGKey(c.seed + 1),
+  out = sampling.sample(inp.model_cfg, params, prompts, rng=jax.random.PRNGKey(inp.seed + 1),
                         scfg=scfg)
   texts = []
-  for b, prompt in enumerate(c.smoke.prompts):
+  for b, prompt in enumerate(c.prompts):
     gen = [int(t) for t, m in zip(out.tokens[b], out.loss_mask[b]) if m]
     texts.append(tok.decode(gen))
     print(f"[{b}] prompt={prompt!r}\n    sample={texts[-1]!r}  "

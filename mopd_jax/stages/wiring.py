@@ -1,7 +1,6 @@
 """Where the pipeline builds each stage's inputs from the run (`context.Run`): the one place
-that knows which collaborators a stage gets. A stage built here (`sft`, `mopd`, `eval`)
-takes a frozen `Inputs` of its own and never sees the run; the others still take the run
-itself.
+that knows which collaborators a stage gets. Every stage takes a frozen `Inputs` of its own
+and never sees the run.
 
     STAGES["mopd"](run)   # = mopd.run(mopd_inputs(run))
 """
@@ -12,6 +11,21 @@ from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smo
 from mopd_jax.stages.context import Run
 
 
+def smoke_inputs(ctx: Run) -> smoke.Inputs:
+  """The smoke stage's inputs: its config block, the tokenizer, the initial policy."""
+  return smoke.Inputs(cfg=ctx.config.smoke, seed=ctx.config.seed, tok=ctx.tok,
+                      model_cfg=ctx.model_cfg, initial_params=ctx.initial_params)
+
+
+def data_inputs(ctx: Run) -> data.Inputs:
+  """The data stage's inputs: its config block, the grid and its record domains, where the
+  datasets go."""
+  c = ctx.config
+  return data.Inputs(cfg=c.data, seed=c.seed, grid=ctx.grid, record_domains=tuple(c.records),
+                     data_dir=ctx.data_dir, records_settings=ctx.records_settings,
+                     check_references=c.sft.steps > 0 and "sft" in c.stages, files=ctx.files)
+
+
 def sft_inputs(ctx: Run) -> sft.Inputs:
   """The sft stage's inputs: its config block, the tokenizer and view, the data streams, the
   initial policy, files and loops."""
@@ -20,6 +34,20 @@ def sft_inputs(ctx: Run) -> sft.Inputs:
       log_every=ctx.config.log_every, grid=ctx.grid, view=ctx.view, tok=ctx.tok,
       model_cfg=ctx.model_cfg, mesh=ctx.mesh, iterator=ctx.iterator,
       initial_params=ctx.initial_params, source=ctx.config.model.hf_path, files=ctx.files,
+      loops=ctx.loops)
+
+
+def rl_inputs(ctx: Run) -> rl.Inputs:
+  """The rl stage's (and each lane worker's) inputs: its config blocks, the student's
+  samplers, the tasks and data, files and loops."""
+  c = ctx.config
+  return rl.Inputs(
+      cfg=c.rl, budget=c.budget, seed=c.seed, outside=c.outside, rollout_width=c.rollout.width,
+      config_hash=c.hash, config_json=c.to_json(indent=1), grid=ctx.grid, view=ctx.view,
+      model_cfg=ctx.model_cfg, mesh=ctx.mesh, teacher_hf_paths=ctx.teacher_hf_paths,
+      tasks={d: ctx.task(d) for d in ctx.grid.domains}, engine=ctx.engine,
+      eval_engine=ctx.eval_engine, iterator=ctx.iterator, split=ctx.split,
+      budgets_path=ctx.budgets_path, params_like=ctx.params_like, files=ctx.files,
       loops=ctx.loops)
 
 
@@ -71,8 +99,16 @@ def eval_inputs(ctx: Run) -> eval_stage.Inputs:
       load_teacher=ctx.load_teacher, files=ctx.files, loops=ctx.loops)
 
 
+def report_inputs(ctx: Run) -> report.Inputs:
+  """The report stage's inputs: the resolved config it records, the grid, the files."""
+  return report.Inputs(config_json=ctx.config.to_json(), grid=ctx.grid, files=ctx.files)
+
+
 # The stage registry, in pipeline order: each entry runs its stage on the run.
-STAGES = {"smoke": smoke.run, "data": data.run, "sft": lambda ctx: sft.run(sft_inputs(ctx)),
-          "rl": rl.run,
-          "mopd": lambda ctx: mopd.run(mopd_inputs(ctx)), "eval": lambda ctx: eval_stage.run(eval_inputs(ctx)),
-          "report": report.run}
+STAGES = {"smoke": lambda ctx: smoke.run(smoke_inputs(ctx)),
+          "data": lambda ctx: data.run(data_inputs(ctx)),
+          "sft": lambda ctx: sft.run(sft_inputs(ctx)),
+          "rl": lambda ctx: rl.run(rl_inputs(ctx)),
+          "mopd": lambda ctx: mopd.run(mopd_inputs(ctx)),
+          "eval": lambda ctx: eval_stage.run(eval_inputs(ctx)),
+          "report": lambda ctx: report.run(report_inputs(ctx))}
