@@ -17,8 +17,8 @@ from typing import Optional, Union
 import jax
 import ml_collections
 
-from mopd_jax import (checkpoint, config as config_mod, config_build, metrics, models,
-                      placement, profiling, rollout, sharding, storage, teachers, views)
+from mopd_jax import (checkpoint, config as config_mod, config_build, models, placement,
+                      profiling, rollout, sharding, storage, teachers, views)
 from mopd_jax.stages import loops
 from mopd_jax.tasks import base as task_base
 from mopd_jax.tokenizer import load_tokenizer
@@ -57,23 +57,13 @@ class Run:
                              skip_nonfinite=config.skip_nonfinite, params_like=self.params_like,
                              switch=self.profile)
 
-  # --- files and loops ------------------------------------------------------------------------
+  # --- files --------------------------------------------------------------------------------
   def path(self, *parts) -> str:
     """A path under the workdir (local or object storage: mopd_jax/storage.py)."""
     return self.files.path(*parts)
 
   def done(self, stage: str) -> bool:
     return self.files.done(stage)
-
-  def mark_done(self, stage: str, info: dict) -> None:
-    self.files.mark_done(stage, info)
-
-  def logger(self, stage: str) -> metrics.MetricsLogger:
-    return self.loops.logger(stage)
-
-  def training(self, *args, **kwargs):
-    """`loops.Loops.training` with this run's settings."""
-    return self.loops.training(*args, **kwargs)
 
   # --- tasks and data ------------------------------------------------------------------------
   def task(self, domain: str) -> task_base.Task:
@@ -135,7 +125,7 @@ class Run:
     return cls(self.split(domain, "train"), batch_size, seed=seed * 1000 + salt)
 
   def budgets(self, examples, effort: str) -> list:
-    return [task_base.budget(ex, self.taus[effort]) for ex in examples]
+    return task_base.effort_budgets(examples, effort, self.taus)
 
   # --- models ----------------------------------------------------------------------------------
   @functools.lru_cache(maxsize=None)

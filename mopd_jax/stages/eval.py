@@ -51,7 +51,7 @@ def run(inp: Inputs) -> None:
     test = inp.test(domain)
     exs = [test[i] for i in range(min(n, len(test)))]
     for effort in inp.grid.effort_names:
-      budgets = [task_base.budget(ex, inp.grid.taus[effort]) for ex in exs]
+      budgets = task_base.effort_budgets(exs, effort, inp.grid.taus)
       runs = [(p, inp.model_cfg, policies[p]) for p in ("sft", "student") if p in policies]
       t = manifest["teachers"].get(f"{domain}/{effort}")
       if t is not None:

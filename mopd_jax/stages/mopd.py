@@ -83,7 +83,7 @@ class Inputs:
     return isinstance(self.scorer, teacher_client.EndpointScorer)
 
   def budgets(self, examples, effort: str) -> list:
-    return [task_base.budget(ex, self.grid.taus[effort]) for ex in examples]
+    return task_base.effort_budgets(examples, effort, self.grid.taus)
 
 
 def endpoint_scorer(cells, endpoints: str, *, policy, top_k: int, student: dict):

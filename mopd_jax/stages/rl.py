@@ -57,7 +57,7 @@ class Inputs:
   loops: loops.Loops
 
   def budgets(self, examples, effort: str) -> list:
-    return [task_base.budget(ex, self.grid.taus[effort]) for ex in examples]
+    return task_base.effort_budgets(examples, effort, self.grid.taus)
 
 
 @dataclasses.dataclass(frozen=True)

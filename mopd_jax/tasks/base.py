@@ -173,6 +173,11 @@ def effort_budget(example: Example, effort: str, taus: dict) -> int:
   return budget(example, taus[effort])
 
 
+def effort_budgets(examples: Iterable[Example], effort: str, taus: dict) -> list:
+  """`effort_budget` of each of `examples`."""
+  return [effort_budget(ex, effort, taus) for ex in examples]
+
+
 def check_prompt_length(examples: Iterable[Example], max_len: int | None, *, tokenizer=None,
                         on_too_long: str = "error") -> tuple[list, int]:
   """(kept examples, number skipped). Length is in tokens of `tokenizer`, or characters if it
