@@ -116,41 +116,19 @@ def run(inp: Inputs) -> None:
   dist = Distillation(inp, trainer=trainer, loss_cfg=loss_cfg, pool=pool)
   log = inp.loops.logger("mopd")
   t0 = time.time()
-
-  def init():
-    student = inp.load_start()
-    if c.init == "teacher_sft":
-      dist.measure_start(student)
-      student, pool_size = teacher_sft_init(inp, student)
-      print(f"[mopd] student initialised by SFT on "
-            f"{pool_size if pool_size is not None else 'restored'} teacher trajectories")
-    return trainer.init(student)
-
   with inp.loops.training("mopd", inp.files.path("mopd", "ckpt"), trainer, total_steps=c.steps,
-                          init=init, data_state=dist.data_state,
+                          init=dist.start_state, data_state=dist.data_state,
                           restore_data=dist.restore_data) as (loop, state, bar):
-
-    def on_step(step, state, rec):
-      dist.last_step = step
-      dist.drawn_at.pop(step, None)
-      loop.end_step(step, state, rec.metrics, record={"step": step, **rec.metrics,
-                                                      "cells": rec.cells})
-      bar.update(rec.metrics, keys=("loss", "kl", "accuracy", "length"))
-      log.scalars(step, rec.metrics)
-      for name, cm in rec.cells.items():
-        log.scalars(step, cm, prefix=f"{name}/")
-      latest.update(done=step + 1, state=state)
-
-    latest = {}  # the state after the last finished step: saved if the teachers go away
+    record = StepRecord(dist, loop=loop, bar=bar, log=log)
     try:
       state, _, times = async_scoring.run(state, c.steps, sample=dist.sample, submit=dist.submit,
                                           train=dist.train, staleness=c.staleness,
-                                          on_step=on_step, start_step=loop.start_step)
+                                          on_step=record, start_step=loop.start_step)
     except teacher_client.TeacherUnavailable as e:
       # The failed step never trained; the last finished one is kept, so the same command
       # continues once the server is back.
-      if latest:
-        loop.save(latest["done"], latest["state"])
+      if record.latest:
+        loop.save(record.latest["done"], record.latest["state"])
       raise teacher_client.TeacherUnavailable(
           f"{e}; last checkpoint: step {loop.last_saved} in {loop.directory}; restart the "
           "server and run the same command to continue") from None
@@ -171,8 +149,8 @@ def run(inp: Inputs) -> None:
 class Distillation:
   """The MOPD loop between its steps: the data streams and where each step's prompts were
   drawn, the partial-rollout pool, the diagnostics' schedule. Its methods are the callbacks
-  `async_scoring.run` calls (`sample`, `submit`, `train`) and the checkpoint's data hooks
-  (`data_state`, `restore_data`)."""
+  `async_scoring.run` calls (`sample`, `submit`, `train`), the checkpoint's data hooks
+  (`data_state`, `restore_data`) and a fresh run's start (`start_state`)."""
 
   def __init__(self, inp: Inputs, *, trainer: train.Trainer, loss_cfg: train.LossConfig,
                pool=None):
@@ -211,6 +189,18 @@ class Distillation:
         self.pool.restore(pos)
       else:
         self.iters[d].restore(pos)
+
+  def start_state(self) -> train.TrainState:
+    """The state a fresh run starts from: pi_SFT, after the teacher-SFT initialisation when
+    `mopd.init` asks for it."""
+    inp = self.inp
+    student = inp.load_start()
+    if inp.cfg.init == "teacher_sft":
+      self.measure_start(student)
+      student, pool_size = teacher_sft_init(inp, student)
+      print(f"[mopd] student initialised by SFT on "
+            f"{pool_size if pool_size is not None else 'restored'} teacher trajectories")
+    return self.trainer.init(student)
 
   def sample(self, params, step: int):
     inp, c = self.inp, self.inp.cfg
@@ -275,6 +265,27 @@ class Distillation:
         inp.bank.router.names)
     checkpoint.write_json(inp.files.path("mopd", START), {"policy": "sft", **overall,
                                                           "cells": cells})
+
+
+class StepRecord:
+  """What follows each MOPD step (`async_scoring.run`'s `on_step`): the step's record in
+  the checkpointed loop, the progress bar, the metric log, and `latest`, the state after the
+  last finished step (saved if the teachers go away)."""
+
+  def __init__(self, dist: Distillation, *, loop, bar, log):
+    self.dist, self.loop, self.bar, self.log = dist, loop, bar, log
+    self.latest = {}
+
+  def __call__(self, step: int, state, rec) -> None:
+    self.dist.last_step = step
+    self.dist.drawn_at.pop(step, None)
+    self.loop.end_step(step, state, rec.metrics, record={"step": step, **rec.metrics,
+                                                         "cells": rec.cells})
+    self.bar.update(rec.metrics, keys=("loss", "kl", "accuracy", "length"))
+    self.log.scalars(step, rec.metrics)
+    for name, cm in rec.cells.items():
+      self.log.scalars(step, cm, prefix=f"{name}/")
+    self.latest.update(done=step + 1, state=state)
 
 
 def teacher_sft_init(inp: Inputs, student):

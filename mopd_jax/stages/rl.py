@@ -10,6 +10,7 @@ which builds the same `Inputs` from the run's resolved config). The stage takes 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Iterator, Mapping, Optional
 
@@ -186,6 +187,46 @@ def run(inp: Inputs) -> None:
   print(teachers.teacher_table(manifest))
 
 
+def trainer_for(inp: Inputs, ph: dict, trainers: dict) -> train.Trainer:
+  """The trainer of an effort phase's settings `ph` (`rl.phase_settings`), from the cache
+  `trainers` or new: a fresh optimizer per phase, its cosine over the phase's steps."""
+  c = inp.cfg
+  key = (ph["lr"], ph["tau_kl"], ph["steps"])
+  if key not in trainers:
+    loss_cfg = train.LossConfig(kind=c.loss, group_size=c.group_size, tau_kl=ph["tau_kl"],
+                                token_clip=c.token_clip or None)
+    trainers[key] = train.Trainer(
+        inp.model_cfg, loss_cfg,
+        train.OptimConfig(lr=ph["lr"], warmup_steps=0, total_steps=ph["steps"],
+                          microbatches=c.microbatches), mesh=inp.mesh)
+  return trainers[key]
+
+
+def _log_step(step: int, m: dict, *, bar, log, effort: str, on_step=None) -> None:
+  """After each RL step: the progress bar, the metric log, the caller's `on_step`."""
+  bar.update(m)
+  log.scalars(step, m)
+  if on_step is not None:
+    on_step(effort, step, m)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneData:
+  """A phase's data streams as its checkpoint keeps them: the lane's training iterator and
+  the phase's partial-rollout pool (None: whole trajectories)."""
+  it: Any
+  pool: Optional[partial.RolloutPool] = None
+
+  def state(self) -> dict:
+    return {"train": self.it.state(),
+            **({} if self.pool is None else {"in_flight": self.pool.state()})}
+
+  def restore(self, data: dict) -> None:
+    self.it.restore(data["train"])
+    if self.pool is not None:
+      self.pool.restore(data.get("in_flight"))
+
+
 def train_lane(inp: Inputs, lane: Lane, done: dict, *, trainers: Optional[dict] = None,
                on_step=None) -> Iterator[tuple]:
   """Trains the lane's efforts not yet in `done` (its manifest section so far), yielding
@@ -198,19 +239,6 @@ def train_lane(inp: Inputs, lane: Lane, done: dict, *, trainers: Optional[dict] 
   c = inp.cfg
   order = inp.grid.anneal_order
   trainers = {} if trainers is None else trainers
-
-  def trainer_for(ph):
-    key = (ph["lr"], ph["tau_kl"], ph["steps"])
-    if key not in trainers:
-      loss_cfg = train.LossConfig(kind=c.loss, group_size=c.group_size, tau_kl=ph["tau_kl"],
-                                  token_clip=c.token_clip or None)
-      # A fresh optimizer per phase, its cosine over the phase's steps.
-      trainers[key] = train.Trainer(
-          inp.model_cfg, loss_cfg,
-          train.OptimConfig(lr=ph["lr"], warmup_steps=0, total_steps=ph["steps"],
-                            microbatches=c.microbatches), mesh=inp.mesh)
-    return trainers[key]
-
   like = inp.params_like()
   domain, tag, seed = lane.domain, lane.tag, lane.seed
   di = inp.grid.domains.index(domain)
@@ -232,31 +260,18 @@ def train_lane(inp: Inputs, lane: Lane, done: dict, *, trainers: Optional[dict] 
     log = inp.loops.logger(f"rl_{lane.name}_{effort}")
     t0 = time.time()
     ph = rl.phase_settings(c, effort, order)
-    trainer = trainer_for(ph)
+    trainer = trainer_for(inp, ph, trainers)
     # Partial rollouts: a pool per phase (its rows are sampled at the phase's budget), so
     # rows still in flight when the phase ends are dropped.
     pool = partial.RolloutPool(c.partial_rollout_tokens) if c.partial_rollout_tokens else None
 
-    def data_state(pool=pool):
-      return {"train": it.state(), **({} if pool is None else {"in_flight": pool.state()})}
-
-    def restore_data(data, pool=pool):
-      it.restore(data["train"])
-      if pool is not None:
-        pool.restore(data.get("in_flight"))
-
+    streams = LaneData(it, pool)
     # One checkpoint directory per (domain, effort) run: lanes never share state.
     with inp.loops.training(f"rl {tag}{name}", storage.join(lane.directory, f"ckpt_{effort}"),
                             trainer, total_steps=ph["steps"],
-                            init=lambda p=params: trainer.init(p), data_state=data_state,
-                            restore_data=restore_data) as (loop, state, bar):
-
-      def log_step(step, m, bar=bar, *, effort=effort, log=log):
-        bar.update(m)
-        log.scalars(step, m)
-        if on_step is not None:
-          on_step(effort, step, m)
-
+                            init=lambda p=params: trainer.init(p), data_state=streams.state,
+                            restore_data=streams.restore) as (loop, state, bar):
+      log_step = functools.partial(_log_step, bar=bar, log=log, effort=effort, on_step=on_step)
       sampling = rl.PhaseSampling(
           inp.engine, view=inp.view,
           reference={"sampler": None, "sft": root, "parent": params}[ph["reference"]],
