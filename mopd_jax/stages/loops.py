@@ -1,5 +1,5 @@
 """What every stage's training loops share: the workdir's files, the checkpointed loop
-skeleton, progress bars and metric logs.
+skeleton, the data streams' positions, progress bars and metric logs.
 
     files = Workdir("/tmp/run")                      # paths, DONE markers
     loops = Loops(files, every=10, skip_nonfinite=0, params_like=..., switch=...)
@@ -37,6 +37,20 @@ class Workdir:
 
   def mark_done(self, stage: str, info: dict) -> None:
     checkpoint.write_json(self.path(stage, "DONE.json"), info)
+
+
+@dataclasses.dataclass(frozen=True)
+class Streams:
+  """Data iterators by name as a loop's checkpoint keeps them: `state()` their positions,
+  `restore(positions)` puts them back."""
+  iterators: dict
+
+  def state(self) -> dict:
+    return {k: it.state() for k, it in self.iterators.items()}
+
+  def restore(self, data: dict) -> None:
+    for k, pos in data.items():
+      self.iterators[k].restore(pos)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,7 @@ pi_SFT as it is. The stage takes its `Inputs` (built by `stages/wiring.py`)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable
 
@@ -70,21 +71,13 @@ def train_sft(inp: Inputs, seed: int, name: str, *, directory: str):
            for i, d in enumerate(inp.grid.domains)}
   schedule = c.schedule
   log = inp.loops.logger(name.replace(" ", "_"))
-
-  def restore_data(data):
-    for d, pos in data.items():
-      iters[d].restore(pos)
-
+  streams = loops.Streams(iters)
   with inp.loops.training(name, storage.join(directory, "ckpt"), trainer, total_steps=c.steps,
                           init=lambda: trainer.init(inp.initial_params(seed)),
-                          data_state=lambda: {d: it.state() for d, it in iters.items()},
-                          restore_data=restore_data) as (loop, state, bar):
-
-    def log_step(step, m):
-      bar.update(m)
-      if step % inp.log_every == 0 or step == c.steps - 1:
-        log.scalars(step, m)
-
+                          data_state=streams.state,
+                          restore_data=streams.restore) as (loop, state, bar):
+    log_step = functools.partial(_log_step, bar=bar, log=log, every=inp.log_every,
+                                 last=c.steps - 1)
     draw = sft.SftDraw(c.effort_mode, style_weights=c.style_weights,
                        efforts=inp.grid.effort_names, view=inp.view)
     batches = sft.SftBatches(inp.tok, lambda step: next(iters[schedule[step % len(schedule)]]),
@@ -94,6 +87,14 @@ def train_sft(inp: Inputs, seed: int, name: str, *, directory: str):
                                    loop=loop)
   log.close()
   return state, history
+
+
+def _log_step(step: int, m: dict, *, bar, log, every: int, last: int) -> None:
+  """After each SFT step: the progress bar, and the metric log every `every` steps and at
+  the `last`."""
+  bar.update(m)
+  if step % every == 0 or step == last:
+    log.scalars(step, m)
 
 
 @dataclasses.dataclass(frozen=True)
