@@ -163,6 +163,7 @@ class Distillation:
     self.n_eff = len(grid.efforts)
     self.iters = {d: inp.iterator(d, c.prompts_per_cell * (1 if self.shared else self.n_eff),
                                   salt=200 + i) for i, d in enumerate(grid.domains)}
+    self.streams = loops.Streams(self.iters)
     # Iterator positions before each step's prompts were drawn: with staleness 1 the next
     # step's prompts are already drawn when a step is checkpointed, and a resumed run must
     # draw them again.
@@ -179,16 +180,13 @@ class Distillation:
                                    grid.effort_names)
 
   def data_state(self) -> dict:
-    data = self.drawn_at.get(self.last_step + 1) or {d: it.state()
-                                                     for d, it in self.iters.items()}
+    data = self.drawn_at.get(self.last_step + 1) or self.streams.state()
     return data if self.pool is None else {**data, IN_FLIGHT: self.pool.state()}
 
   def restore_data(self, data: dict) -> None:
-    for d, pos in data.items():
-      if d == IN_FLIGHT:
-        self.pool.restore(pos)
-      else:
-        self.iters[d].restore(pos)
+    if IN_FLIGHT in data:
+      self.pool.restore(data[IN_FLIGHT])
+    self.streams.restore({d: pos for d, pos in data.items() if d != IN_FLIGHT})
 
   def start_state(self) -> train.TrainState:
     """The state a fresh run starts from: pi_SFT, after the teacher-SFT initialisation when
@@ -204,7 +202,7 @@ class Distillation:
 
   def sample(self, params, step: int):
     inp, c = self.inp, self.inp.cfg
-    self.drawn_at[step] = {d: it.state() for d, it in self.iters.items()}
+    self.drawn_at[step] = self.streams.state()
     # Effort draws: a pure function of (seed, step), so a resumed run draws the same.
     per_cell = mopd.cell_prompts(self.iters, inp.grid, c.prompts_per_cell, shared=self.shared,
                                  mix=self.mix, rng=np.random.RandomState([inp.seed, step]))
@@ -255,11 +253,10 @@ class Distillation:
     inp = self.inp
     if not self.every or self.pool is not None or inp.cfg.init != "teacher_sft":
       return
-    states = {d: it.state() for d, it in self.iters.items()}
+    states = self.streams.state()
     sampled = self.sample(student, 0)
     self.drawn_at.pop(0, None)
-    for d, pos in states.items():
-      self.iters[d].restore(pos)
+    self.streams.restore(states)
     overall, cells = diagnostics.exact_kl_means(
         mopd.exact_kl_rows(inp.model_cfg, student, inp.scoring, sampled=sampled), sampled,
         inp.bank.router.names)
