@@ -82,7 +82,11 @@ def sample_token(logits, u, scfg):
   """
   if scfg.is_greedy:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.zeros(logits.shape[:1], jnp.float32)
-  logits = process_logits(logits, scfg)
+  return _draw(process_logits(logits, scfg), u)
+
+
+def _draw(logits, u):
+  """(token, its log-prob) drawn by `u` from the distribution of the processed `logits`."""
   m = jnp.max(logits, axis=-1, keepdims=True)
   tok, total = inverse_cdf(jnp.exp(logits - m), u)
   picked = jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0]
@@ -101,9 +105,6 @@ def sample_token_at(logits, u, scfg, *, temperature):
   greedy = temperature <= 0.0
   raw = logits.astype(jnp.float32)
   scaled = _truncate(raw / jnp.where(greedy, 1.0, temperature).astype(jnp.float32), scfg)
-  m = jnp.max(scaled, axis=-1, keepdims=True)
-  tok, total = inverse_cdf(jnp.exp(scaled - m), u)
-  picked = jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0]
-  lp = picked - m[:, 0] - jnp.log(total)
+  tok, lp = _draw(scaled, u)
   top = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   return jnp.where(greedy, top, tok), jnp.where(greedy, 0.0, lp)
