@@ -1,10 +1,11 @@
 """Sync vs asynchronous teacher scoring: `python -m benchmarks.async_scoring [--steps 6]
-[--placement disaggregated|server]`.
+[--placement disaggregated|server] [--server_batched]`.
 
 A student and a bank of deeper teachers, the teachers either disaggregated on a second
 simulated CPU device of the same process (device 1; the student on device 0) or, with
 `--placement server`, in a teacher server process of their own (`mopd_jax.serve`, on
-loopback) scored through `teacher_client.EndpointScorer`. Each MOPD step samples K * b
+loopback) scored through `teacher_client.EndpointScorer` (its batch-invariant scoring, or one
+[K, b, T] block per round with `--server_batched`). Each MOPD step samples K * b
 rollouts, has the bank score them and updates the student; the benchmark prints the per-step
 time of each phase (sample, time blocked on teachers, train) and of the whole step for
 staleness 0 (sync) and 1 (teachers score batch k while the student samples batch k+1). On 2
@@ -96,9 +97,10 @@ def _configs():
   return student, teacher
 
 
-def _start_server():
+def _start_server(batch_invariant: bool = True):
   """This module's bank in a teacher server process of its own: (process, base URL)."""
-  proc = subprocess.Popen([sys.executable, "-m", "benchmarks.async_scoring", "--serve"],
+  extra = [] if batch_invariant else ["--server_batched"]
+  proc = subprocess.Popen([sys.executable, "-m", "benchmarks.async_scoring", "--serve", *extra],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"})
   line = proc.stdout.readline()
@@ -115,14 +117,17 @@ def main(argv=None) -> None:
   ap.add_argument("--json", action="store_true")
   ap.add_argument("--placement", choices=("disaggregated", "server"), default="disaggregated")
   ap.add_argument("--serve", action="store_true", help="be the teacher server (internal)")
+  ap.add_argument("--server_batched", action="store_true",
+                  help="the server scores a round's rows in one block (batch_invariant=False)")
   args = ap.parse_args(argv)
   student, teacher = _configs()
   if args.serve:
     from mopd_jax import serve, tokenizer  # pylint: disable=g-import-not-at-top
-    serve.TeacherServer(teacher_bank(teacher, 3), tokenizer.CharTokenizer()).serve(
-        "127.0.0.1", 0)
+    serve.TeacherServer(teacher_bank(teacher, 3), tokenizer.CharTokenizer(),
+                        batch_invariant=not args.server_batched).serve("127.0.0.1", 0)
     return
-  server, url = _start_server() if args.placement == "server" else (None, None)
+  server, url = ((_start_server(not args.server_batched) if args.placement == "server"
+                  else (None, None)))
   try:
     out = _measure(student, teacher, args.steps, url)
   finally:
@@ -135,7 +140,8 @@ def main(argv=None) -> None:
   print("| mode | sample s | teacher wait s | train s | step s |")
   print("| --- | ---: | ---: | ---: | ---: |")
   for name, r in out.items():
-    print(f"| {args.placement}, {name} | {r['sample']:.3f} | {r['teacher_wait']:.3f} | "
+    where = args.placement + (" (batched)" if args.server_batched else "")
+    print(f"| {where}, {name} | {r['sample']:.3f} | {r['teacher_wait']:.3f} | "
           f"{r['train']:.3f} | {r['step']:.3f} |")
 
 

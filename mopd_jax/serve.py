@@ -12,12 +12,16 @@ a vLLM server alike (`mopd_jax/teacher_client.py`). The teachers score at the co
 `mopd.teacher_temperature`, as in the trainer.
 
 Batching: requests that arrive while the device is busy (or within `max_wait_s` of the
-first) are scored together in one prefill per length bucket: each request's tokens are
-right-padded to the next power of two, the rows laid out [K, b, T] by cell and scored by a
-`vmap` over the stacked teachers (the bank's stratified layout; b is a power of two too, so
-a few shapes compile, each once, the first time a round forms it). Right padding leaves
-every real position's log-prob unchanged (causal attention, padded keys masked), so the
-server's log-probs equal in-process scoring within float rounding.
+first) are scored together in one prefill per length bucket (and top-k size): each
+request's tokens are right-padded to the next power of two, the rows laid out [K, b, T] by
+cell and scored by a `vmap` over the stacked teachers (the bank's stratified layout; b is a
+power of two too, so a few shapes compile, each once, the first time a round forms it).
+Right padding leaves every real position's log-prob unchanged (causal attention, padded keys
+masked), so the server's log-probs equal in-process scoring within float rounding. By
+default the scoring is batch-invariant (`score_cells`): a row's answer is bitwise the same
+whichever requests arrived with it, so a run scored by the server is reproducible bit for
+bit, a server restart included; `--batch_invariant=false` trades that for the throughput of
+one [K, b, T] prefill.
 
 Endpoints: `POST /v1/completions`; `GET /health` (200 while serving, 503 once stopping);
 `GET /v1/models` (one model per cell); `GET /v1/metadata` (cells, vocabulary size, tokenizer
@@ -42,6 +46,7 @@ from concurrent import futures
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from mopd_jax import logprobs, models, score_protocol as proto, teachers
@@ -56,11 +61,17 @@ def bucket(n: int, lo: int = 1) -> int:
   return 1 << (m - 1).bit_length()
 
 
-@functools.partial(jax.jit, static_argnames=("top_k", "chunk_size"))
+@functools.partial(jax.jit, static_argnames=("top_k", "chunk_size", "batch_invariant"))
 def score_cells(bank: teachers.TeacherBank, tokens_KxbxT, mask_KxbxT, *, top_k: int = 0,
-                chunk_size: int = 64):
+                chunk_size: int = 64, batch_invariant: bool = True):
   """Teacher k scores rows [k]: (log-probs [K, b, T], ranks [K, b, T], top-k log-probs
-  [K, b, T, k], top-k ids); the top-k pair is None when top_k is 0. No gradient flows."""
+  [K, b, T, k], top-k ids); the top-k pair is None when top_k is 0. No gradient flows.
+
+  `batch_invariant`: the b rows of each cell go through one program of shape [K, 1, T] in a
+  `lax.map`, so a row's numbers are bitwise the same whatever b it was batched with (XLA's
+  dot kernels block over the rows, so a [K, b, T] prefill rounds a row differently for
+  different b). False scores the [K, b, T] block at once: faster on an accelerator, equal to
+  within float rounding."""
   params = jax.lax.stop_gradient(bank.params)
 
   def one(p, t, m):
@@ -68,7 +79,15 @@ def score_cells(bank: teachers.TeacherBank, tokens_KxbxT, mask_KxbxT, *, top_k: 
                               top_k=top_k, with_rank=True)
     return st.logprobs, st.rank, st.topk_logprobs, st.topk_ids
 
-  return jax.vmap(one)(params, tokens_KxbxT, mask_KxbxT)
+  if not batch_invariant:
+    return jax.vmap(one)(params, tokens_KxbxT, mask_KxbxT)
+
+  def row(tm):  # one row index j of every cell: [K, T] -> [K, 1, T]
+    out = jax.vmap(one)(params, tm[0][:, None], tm[1][:, None])
+    return jax.tree.map(lambda x: x[:, 0], out)
+
+  per_row = jax.lax.map(row, (jnp.moveaxis(tokens_KxbxT, 1, 0), jnp.moveaxis(mask_KxbxT, 1, 0)))
+  return jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), per_row)
 
 
 @dataclasses.dataclass
@@ -79,7 +98,8 @@ class _Request:
   future: asyncio.Future
 
 
-def prefill(bank: teachers.TeacherBank, requests, *, chunk_size: int = 64) -> list:
+def prefill(bank: teachers.TeacherBank, requests, *, chunk_size: int = 64,
+            batch_invariant: bool = True) -> list:
   """One padded prefill of `requests` (each with .cell, .ids, .top_k): per request
   (log-probs [n], ranks [n], top-k log-probs [n, k], top-k ids [n, k]) as numpy."""
   num = bank.num_teachers
@@ -98,7 +118,8 @@ def prefill(bank: teachers.TeacherBank, requests, *, chunk_size: int = 64) -> li
     mask[r.cell, j, :len(r.ids)] = True
     slots.append((r.cell, j))
   lp, rank, tk_lp, tk_ids = jax.device_get(score_cells(bank, tokens, mask, top_k=top_k,
-                                                       chunk_size=chunk_size))
+                                                       chunk_size=chunk_size,
+                                                       batch_invariant=batch_invariant))
   out = []
   for r, (k, j) in zip(requests, slots):
     n = len(r.ids)
@@ -116,15 +137,16 @@ class TeacherServer:
   `temperature`: the scoring temperature (`mopd.teacher_temperature`), applied to the bank's
   params once. `max_batch_rows`: most requests in one round of prefills; `max_wait_s`: how
   long the first request of a round waits for company; `max_logprobs`: the largest
-  `prompt_logprobs` accepted (vLLM's default is 20)."""
+  `prompt_logprobs` accepted (vLLM's default is 20); `batch_invariant`: see `score_cells`."""
 
   def __init__(self, bank: teachers.TeacherBank, tok, *, temperature: float = 1.0,
                max_batch_rows: int = 256, max_wait_s: float = 0.01, max_logprobs: int = 20,
-               chunk_size: int = 64):
+               chunk_size: int = 64, batch_invariant: bool = True):
     self.bank = bank.replace(params=models.with_temperature(bank.params, temperature))
     self.tok, self.temperature = tok, float(temperature)
     self.max_batch_rows, self.max_wait_s = int(max_batch_rows), float(max_wait_s)
     self.max_logprobs, self.chunk_size = int(max_logprobs), int(chunk_size)
+    self.batch_invariant = bool(batch_invariant)
     self.cells = {n: i for i, n in enumerate(bank.router.names)}
     self.created = int(time.time())
     self._fingerprint = tokenizer_mod.fingerprint(tok)
@@ -142,6 +164,7 @@ class TeacherServer:
             "tokenizer_vocab_size": self.tok.vocab_size,
             "tokenizer_hash": self._fingerprint, "temperature": self.temperature,
             "max_model_len": cfg.max_seq_len, "max_logprobs": self.max_logprobs,
+            "batch_invariant": self.batch_invariant,
             "model_config": dataclasses.asdict(cfg)}
 
   def decode(self, token_id: int) -> str:
@@ -190,11 +213,13 @@ class TeacherServer:
         batch.append(self._queue.get_nowait())
       groups = {}
       for r in batch:
-        groups.setdefault(bucket(len(r.ids), MIN_BUCKET), []).append(r)
+        key = (bucket(len(r.ids), MIN_BUCKET), bucket(r.top_k) if r.top_k else 0)
+        groups.setdefault(key, []).append(r)
       for group in groups.values():
         try:
           results = await loop.run_in_executor(
-              executor, functools.partial(prefill, self.bank, group, chunk_size=self.chunk_size))
+              executor, functools.partial(prefill, self.bank, group, chunk_size=self.chunk_size,
+                                batch_invariant=self.batch_invariant))
         except Exception as e:  # pylint: disable=broad-except  (answered as a 500)
           for r in group:
             if not r.future.done():
@@ -362,6 +387,9 @@ def main(argv=None) -> None:
   max_wait_ms = flags.DEFINE_float("max_wait_ms", 10.0,
                                    "How long a round's first request waits for others.")
   max_logprobs = flags.DEFINE_integer("max_logprobs", 20, "Largest prompt_logprobs accepted.")
+  batch_invariant = flags.DEFINE_bool(
+      "batch_invariant", True, "Score each row in a program of its own shape, so that its "
+      "answer does not depend on the requests batched with it (bitwise reproducible runs).")
 
   def run(_):
     import logging  # pylint: disable=g-import-not-at-top
@@ -371,7 +399,8 @@ def main(argv=None) -> None:
     server = TeacherServer(bank, tok, temperature=config.value.mopd.teacher_temperature,
                            max_batch_rows=max_batch_rows.value,
                            max_wait_s=max_wait_ms.value / 1000,
-                           max_logprobs=max_logprobs.value)
+                           max_logprobs=max_logprobs.value,
+                           batch_invariant=batch_invariant.value)
     print(f"[serve] {len(server.cells)} cell(s) {list(server.cells)} on "
           f"{jax.device_count()} {jax.default_backend()} device(s)", flush=True)
     server.serve(host.value, port.value)

@@ -292,27 +292,36 @@ def test_the_mopd_stage_checks_its_servers_at_start(tmp_path):
       srv.stop()
 
 
-def test_a_rows_scores_do_not_depend_on_its_batch_companions():
-  """A row's log-probs do not depend on which requests share its prefill (nothing leaks
-  between rows or cells) beyond float rounding: the batch's shape changes XLA's reductions, so
-  they are not bitwise equal."""
+@pytest.mark.parametrize("invariant", [True, False])
+def test_a_rows_scores_do_not_depend_on_its_batch_companions(invariant):
+  """A row's log-probs do not depend on which requests share its prefill: bitwise with the
+  batch-invariant scoring (the default), within float rounding with one [K, b, T] block
+  (the block's shape changes XLA's reductions). Nothing leaks between rows or cells."""
   import types
   bank = _bank()
   r = np.random.RandomState(3)
   req = lambda cell, n: types.SimpleNamespace(cell=cell, ids=list(r.randint(0, CFG.vocab_size, n)),
                                               top_k=0)
   row = req(1, 40)
-  alone = serve.prefill(bank, [row])[0][0]
-  crowd = serve.prefill(bank, [req(0, 33), row, req(1, 60), req(1, 9), req(2, 64)])[1][0]
-  np.testing.assert_allclose(alone, crowd, atol=1e-5)
+  score = lambda reqs: serve.prefill(bank, reqs, batch_invariant=invariant)
+  alone = score([row])[0][0]
+  crowds = [[req(0, 33), row, req(1, 60), req(1, 9), req(2, 64)],
+            [req(1, 50), req(1, 20), req(1, 33), row] + [req(c, 40) for c in (0, 2) * 3]]
+  for crowd in crowds:
+    got = score(crowd)[crowd.index(row)][0]
+    if invariant:
+      np.testing.assert_array_equal(alone, got)
+    else:
+      np.testing.assert_allclose(alone, got, atol=1e-5)
   by_another = types.SimpleNamespace(**{**vars(row), "cell": 0})  # another teacher: differs
-  assert np.abs(alone - serve.prefill(bank, [by_another])[0][0]).max() > 1e-3
+  assert np.abs(alone - score([by_another])[0][0]).max() > 1e-3
 
 
 def test_a_server_restarted_between_steps_is_waited_for():
   """The server stops after one batch and comes back on the same port a moment later: the
   client's retries (backoff, the replica marked down then tried again) carry the next batch
-  across the gap, and its scores equal the first server's."""
+  across the gap, and its scores equal the first server's bit for bit (batch-invariant
+  scoring: the second server batches the rows as they arrive, not as the first did)."""
   bank = _bank()
   first = serve.TeacherServer(bank, TOK)
   url = first.start()
@@ -333,4 +342,4 @@ def test_a_server_restarted_between_steps_is_waited_for():
   finally:
     scorer.close()
     second.stop()
-  np.testing.assert_allclose(after[mask], before[mask], atol=1e-5)
+  np.testing.assert_array_equal(after[mask], before[mask])
