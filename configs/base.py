@@ -286,6 +286,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # example at `sample_temperature` (0 = off; costs `samples` more rollouts per cell).
   c.eval.samples = 0
   c.eval.sample_temperature = 1.0
+  # pi_SFT's and the student's held-out log-ratio to each cell's teacher
+  # (mopd_jax/agreement.py): the mean per-token log pi - log pi_T along their greedy test
+  # answers, scored like the MOPD stage's (in process, or by the `teacher.endpoints`
+  # servers). One teacher-forced forward of the policy and one teacher prefill per batch.
+  c.eval.teacher_logratio = False
 
   # Profiling switch (off by default): trace steps [start_step, start_step + num_steps) of
   # one training loop with the JAX profiler into <workdir>/profile/<loop>/. `stage`: "" (off),

@@ -288,6 +288,7 @@ class EvalConfig:
   temperature: float = _f(Num())
   samples: int = _f(Int(0))
   sample_temperature: float = _f(Num(strict=True))
+  teacher_logratio: bool = _f(Bool())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -268,6 +268,7 @@ def markdown(rep: dict) -> str:
           f"{c['accuracy']:.3f}" + ("" if se is None else f" ± {se:.3f}"),
           f"{c['mean_length']:.1f}"]
     lines.append("| " + " | ".join(row) + " |")
+  lines += _logratio_table(rep)
   same = teachers_like_sft(rep)
   if same:
     lines += ["", "Teachers no different from pi_SFT in their own cell (the same mean length "
@@ -363,6 +364,25 @@ def markdown(rep: dict) -> str:
                                              rep["wall_seconds"].items()), "",
             "![cells](cells.png)", "", "![kl](kl.png)", "", "![length](length.png)"]
   return "\n".join(lines) + "\n"
+
+
+def _logratio_table(rep: dict) -> list:
+  """pi_SFT's and the student's held-out log-ratio to each cell's teacher (`eval.
+  teacher_logratio`), when the eval measured it."""
+  cells = [c for c in rep["cells"] if "teacher_logratio" in c]
+  if not cells:
+    return []
+  lines = ["", "Mean per-token log pi - log pi_teacher along each policy's greedy test answers "
+           "(a reverse-KL estimate on held-out prompts; ± its standard error over the answers):",
+           "", "| domain | effort | sft | student |", "|---|---|---|---|"]
+  for d, e in Grid.from_json(rep["grid"]).cells:
+    row = [d, e]
+    for p in ("sft", "student"):
+      c = find_cell(cells, p, d, effort=e)
+      row.append("-" if c is None else
+                 f"{c['teacher_logratio']:.4f} ± {c['teacher_logratio_se']:.4f}")
+    lines.append("| " + " | ".join(row) + " |")
+  return lines
 
 
 def _fmt(v) -> str:

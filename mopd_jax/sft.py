@@ -27,6 +27,7 @@ from mopd_jax.tasks import base as task_base
 from mopd_jax.tokenizer import DEFAULT_EFFORTS
 
 STYLE_EFFORT = {"full": "max", "brief": "high", "direct": "low"}
+EVAL_BATCH = 64  # prompts per rollout batch of `evaluate`
 
 
 def style_probs(weights: Optional[Sequence[float]], styles: Sequence[str]):
@@ -159,20 +160,25 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, batches: SftBatch
 
 def evaluate(engine: rollout.RolloutEngine, params, task, *,
              examples: Sequence[task_base.Example], effort: Optional[str],
-             budgets: Sequence[int], rng, batch_size: int = 64) -> dict:
+             budgets: Sequence[int], rng,
+             on_rollouts: Optional[Callable[[list, rollout.RolloutResult], None]] = None
+             ) -> dict:
   """Accuracy, mean and 90th-percentile length and over-budget rate of greedy-or-sampled
-  rollouts at `budgets`.
+  rollouts at `budgets`. `on_rollouts(examples, result)`, when given, sees each batch's
+  rollouts (the eval stage scores them with the teachers).
 
   `effort`: the effort the evaluated policy's prompt carries (`views.PromptView.of`);
   None = an effort-free prompt (a teacher of K3 eq. 15).
   Accuracy counts a response only if it finished within its budget (as the RL reward does).
   """
   correct, lengths, over = [], [], []
-  for lo in range(0, len(examples), batch_size):
-    exs = list(examples[lo:lo + batch_size])
+  for lo in range(0, len(examples), EVAL_BATCH):
+    exs = list(examples[lo:lo + EVAL_BATCH])
     res = engine.run(params, exs, [effort] * len(exs),
-                     budgets=budgets[lo:lo + batch_size],
+                     budgets=budgets[lo:lo + EVAL_BATCH],
                      rng=jax.random.fold_in(rng, lo), environment=task.environment)
+    if on_rollouts is not None:
+      on_rollouts(exs, res)
     correct += task.verify_unless(exs, res.texts, res.over_budget, fill=0.0)
     lengths += [t.num_tokens for t in res.trajectories]
     over += [bool(ob) for ob in res.over_budget]

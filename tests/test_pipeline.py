@@ -91,6 +91,28 @@ def test_report_schema(workdir):
       os.path.join(workdir, "report.md")).read()
 
 
+def test_eval_scores_the_policies_with_their_teachers(workdir, tmp_path):
+  """`eval.teacher_logratio`: pi_SFT's and the student's held-out log-ratio to each cell's
+  teacher (in process here; through the servers in the slow served test) beside the same
+  accuracies and lengths, and its table in report.md."""
+  wd = str(tmp_path / "scored")
+  shutil.copytree(workdir, wd)
+  for stage in ("eval", "report"):
+    os.remove(os.path.join(wd, stage, "DONE.json"))
+  proc = _run_cli(wd, "--config.stages=eval,report", "--config.eval.teacher_logratio=True")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  plain = json.load(open(os.path.join(workdir, "eval.json")))["cells"]
+  scored = json.load(open(os.path.join(wd, "eval.json")))["cells"]
+  assert len(plain) == len(scored)
+  for a, b in zip(plain, scored):
+    assert {k: v for k, v in b.items() if not k.startswith("teacher_logratio")} == a
+    if b["policy"] == "teacher":
+      assert "teacher_logratio" not in b
+    else:
+      assert np.isfinite(b["teacher_logratio"]) and b["teacher_logratio_se"] >= 0, b
+  assert "log pi - log pi_teacher" in open(os.path.join(wd, "report.md")).read()
+
+
 def test_rerun_skips_finished_stages(workdir):
   proc = _run_cli(workdir)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -214,7 +236,9 @@ def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
   """`teacher.endpoints` through the real stage: a server started from the run's own
   teachers.json (loopback) scores every step; staleness 0 follows the co-located run's
   history to float rounding (the server's log-probs agree within 1e-5, not bitwise) and
-  staleness 1 runs."""
+  staleness 1 runs. A run whose server goes away stops after a checkpoint, and the same
+  command, the server back, finishes with bitwise the uninterrupted served run's history
+  and student (the server's scoring is batch-invariant)."""
   import sys
   server = subprocess.Popen(
       [sys.executable, "-m", "mopd_jax.serve", "--config", "configs/toy.py:tiny",
@@ -229,6 +253,7 @@ def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
     manifest = json.load(open(os.path.join(workdir, "teachers.json")))
     endpoints = ",".join(f"{cell}={url}" for cell in manifest["teachers"])
     sync = json.load(open(os.path.join(workdir, "mopd", "history.json")))
+    runs = {}
     for staleness in (0, 1):
       wd = str(tmp_path / f"served{staleness}")
       shutil.copytree(workdir, wd)
@@ -236,7 +261,7 @@ def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
       proc = _run_cli(wd, "--config.stages=mopd", f"--config.teacher.endpoints={endpoints}",
                       f"--config.mopd.staleness={staleness}")
       assert proc.returncode == 0, proc.stderr[-3000:]
-      served = json.load(open(os.path.join(wd, "mopd", "history.json")))
+      served = runs[staleness] = json.load(open(os.path.join(wd, "mopd", "history.json")))
       assert len(served) == len(sync) == 3
       if staleness == 0:
         for a, b in zip(served, sync):
@@ -264,9 +289,24 @@ def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming from checkpoint step 1" in proc.stdout + proc.stderr
     resumed = json.load(open(os.path.join(wd, "mopd", "history.json")))
-    for a, b in zip(resumed, sync):
-      for key in ("loss", "kl", "accuracy", "length"):
-        assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-4), (key, a, b)
+    assert resumed == runs[0]  # bitwise: every float of every step
+    served0 = _params(tmp_path / "served0" / "mopd" / "params")
+    for key, value in _params(os.path.join(wd, "mopd", "params")).items():
+      np.testing.assert_array_equal(value, served0[key], err_msg=key)
+    # The eval stage scores pi_SFT's and the student's answers through the same servers: the
+    # log-ratios equal the in-process eval's to float rounding.
+    ratios = {}
+    for name, extra in (("local", ()), ("served", (f"--config.teacher.endpoints={endpoints}",))):
+      ev = str(tmp_path / f"eval_{name}")
+      shutil.copytree(wd, ev)
+      os.remove(os.path.join(ev, "eval", "DONE.json"))
+      proc = _run_cli(ev, "--config.stages=eval", "--config.eval.teacher_logratio=True", *extra)
+      assert proc.returncode == 0, proc.stderr[-3000:]
+      ratios[name] = [c.get("teacher_logratio") for c in
+                      json.load(open(os.path.join(ev, "eval.json")))["cells"]]
+    assert any(r is not None for r in ratios["local"])
+    for a, b in zip(ratios["local"], ratios["served"]):
+      assert (a is None and b is None) or a == pytest.approx(b, abs=1e-4), (a, b)
     # A server that is not there: one `teacher error:` line naming a cell and the URL, exit 3.
     server.terminate()
     assert server.wait(timeout=60) == 0

@@ -1,16 +1,21 @@
 """The eval stage: pi_SFT and the student in every (domain, effort) cell of the grid, and
 each teacher in its own cell, on the test split (greedy at `eval.temperature` 0): accuracy,
 mean and 90th-percentile length, over-budget rate; with `eval.samples` k > 0 also
-`sample_accuracy`, the mean accuracy of k responses sampled at `eval.sample_temperature`.
-The stage takes its `Inputs` (built by `stages/wiring.py`)."""
+`sample_accuracy`, the mean accuracy of k responses sampled at `eval.sample_temperature`;
+with `eval.teacher_logratio` also pi_SFT's and the student's `teacher_logratio`, the mean
+per-token log pi - log pi_T along their greedy answers to the cell's teacher
+(`mopd_jax/agreement.py`), scored as the MOPD stage scores (the `teacher.endpoints` servers'
+client or the bank in process). The stage takes its `Inputs` (built by
+`stages/wiring.py`)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import jax
+import numpy as np
 
-from mopd_jax import checkpoint, config as config_mod, models, sft, storage, views
+from mopd_jax import agreement, checkpoint, config as config_mod, models, sft, storage, views
 from mopd_jax import grid as grid_mod
 from mopd_jax.stages import loops
 from mopd_jax.tasks import base as task_base
@@ -21,7 +26,8 @@ class Inputs:
   """What the eval stage reads and works with. `test(domain)`: the domain's test split;
   `engine(model_cfg, temperature)`: the rollout engine of a model at a temperature;
   `load_params(path)`: a policy of the student's shape; `load_teacher(entry)`: a teacher of
-  the manifest."""
+  the manifest; `scorer`: the teachers' scorer of stratified batches, cells in the order of
+  `teacher_cells` (None unless `eval.teacher_logratio`)."""
   cfg: config_mod.EvalConfig
   grid: grid_mod.Grid
   view: views.PromptView
@@ -34,6 +40,8 @@ class Inputs:
   load_teacher: Callable[[dict], Any]
   files: loops.Workdir
   loops: loops.Loops
+  scorer: Optional[Callable] = None
+  teacher_cells: tuple = ()
 
 
 def run(inp: Inputs) -> None:
@@ -59,9 +67,12 @@ def run(inp: Inputs) -> None:
       for policy, model_cfg, params in runs:
         # pi_SFT and the student see the effort; a teacher sees its prompts as it was trained.
         shown = inp.view.of(policy, effort)
+        logratio = _LogRatio(inp, domain, effort) if policy != "teacher" else None
         m = sft.evaluate(inp.engine(model_cfg, ec.temperature), params, task,
                          examples=exs, effort=shown, budgets=budgets,
-                         rng=jax.random.PRNGKey(11))
+                         rng=jax.random.PRNGKey(11),
+                         on_rollouts=logratio and logratio.scorer_of(model_cfg, params))
+        m.update(logratio.metrics() if logratio else {})
         if ec.samples:
           engine = inp.engine(model_cfg, ec.sample_temperature)
           m["sample_accuracy"] = sum(
@@ -79,6 +90,32 @@ def run(inp: Inputs) -> None:
   checkpoint.write_json(files.path("eval.json"), {"cells": cells})
   files.mark_done("eval", {"num_cells": len(cells)})
   print(cells_table(cells))
+
+
+class _LogRatio:
+  """Collects a policy's per-row log-ratio to the cell's teacher (`agreement.row_logratios`)
+  along the rollouts `sft.evaluate` hands it; nothing without a scorer."""
+
+  def __init__(self, inp: Inputs, domain: str, effort: str):
+    self.inp, self.rows = inp, []
+    self.scoring = None if inp.scorer is None else agreement.Scoring(
+        inp.scorer, inp.teacher_cells.index(f"{domain}/{effort}"), len(inp.teacher_cells),
+        inp.view.teacher(effort), rows=sft.EVAL_BATCH)
+
+  def scorer_of(self, model_cfg: models.ModelConfig, params):
+    """`sft.evaluate`'s `on_rollouts` for the policy (model_cfg, params), or None."""
+    if self.scoring is None:
+      return None
+    tok = self.inp.engine(model_cfg, self.inp.cfg.temperature).tok
+    return lambda examples, res: self.rows.extend(agreement.row_logratios(
+        model_cfg, params, tok, trajs=res.trajectories, examples=examples, scoring=self.scoring))
+
+  def metrics(self) -> dict:
+    if not self.rows:
+      return {}
+    r = np.asarray(self.rows)
+    return {"teacher_logratio": float(r.mean()),
+            "teacher_logratio_se": float(r.std() / np.sqrt(len(r)))}
 
 
 def cells_table(cells) -> str:

@@ -66,18 +66,7 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
                                 router=teachers.Router(grid.names))  # the router alone
   else:
     bank = ctx.load_bank()
-  # The teachers score at `mopd.teacher_temperature`, and sample the teacher_sft init's
-  # trajectories at it: the student is initialised on, and distilled from, the same
-  # distribution.
-  scoring = bank if not bank.params else bank.replace(
-      params=models.with_temperature(bank.params, c.teacher_temperature))
-  if served:
-    scorer = mopd.endpoint_scorer(
-        grid.names, ctx.config.teacher.endpoints, policy=ctx.config.teacher.retry_policy(),
-        top_k=top_k, student={"vocab_size": ctx.model_cfg.vocab_size, "tokenizer": ctx.tok,
-                              "temperature": c.teacher_temperature})
-  else:  # co-located or disaggregated: log-probs come back on the student mesh
-    scorer = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k)
+  scoring, scorer = teacher_scorer(ctx, bank, top_k=top_k)
   return mopd.Inputs(
       cfg=c, sft=ctx.config.sft, seed=ctx.config.seed, grid=grid, view=ctx.view, tok=ctx.tok,
       model_cfg=ctx.model_cfg, mesh=ctx.mesh, tasks={d: ctx.task(d) for d in grid.domains},
@@ -87,11 +76,40 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
       files=ctx.files, loops=ctx.loops)
 
 
+def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> tuple:
+  """(the bank at its scoring temperature, the scorer of stratified batches) that MOPD and
+  eval share: the `teacher.endpoints` servers' client, checked against the student at start,
+  or the bank in this process (co-located or on its disaggregated slice)."""
+  c = ctx.config.mopd
+  # The teachers score at `mopd.teacher_temperature`, and sample the teacher_sft init's
+  # trajectories at it: the student is initialised on, and distilled from, the same
+  # distribution.
+  scoring = bank if not bank.params else bank.replace(
+      params=models.with_temperature(bank.params, c.teacher_temperature))
+  if ctx.config.teacher.endpoints:
+    return scoring, mopd.endpoint_scorer(
+        ctx.grid.names, ctx.config.teacher.endpoints, policy=ctx.config.teacher.retry_policy(),
+        top_k=top_k, student={"vocab_size": ctx.model_cfg.vocab_size, "tokenizer": ctx.tok,
+                              "temperature": c.teacher_temperature})
+  # Co-located or disaggregated: log-probs come back on the student mesh.
+  return scoring, placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k)
+
+
 def eval_inputs(ctx: Run) -> eval_stage.Inputs:
   """The eval stage's inputs: its config block, the models' configs, the tasks and test
   splits, the engines and the loaders of the policies."""
   like = ctx.params_like()
+  scorer, cells = None, ()
+  if ctx.config.eval.teacher_logratio:  # scored as the MOPD stage scores
+    if ctx.config.teacher.endpoints:
+      bank = teachers.TeacherBank(params={}, model_cfg=ctx.teacher_cfg,
+                                  router=teachers.Router(ctx.grid.names))
+    else:
+      bank = ctx.load_bank()
+    scorer = teacher_scorer(ctx, bank)[1]
+    cells = tuple(bank.router.names)
   return eval_stage.Inputs(
+      scorer=scorer, teacher_cells=cells,
       cfg=ctx.config.eval, grid=ctx.grid, view=ctx.view, model_cfg=ctx.model_cfg,
       teacher_cfg=ctx.teacher_cfg, tasks={d: ctx.task(d) for d in ctx.grid.domains},
       test=lambda domain: ctx.split(domain, "test"), engine=ctx.make_engine,

@@ -1,0 +1,72 @@
+"""How closely a policy's own answers follow its cell's teacher on held-out prompts.
+
+For each response y of a policy pi to a prompt x (its greedy or sampled answer in the eval
+stage), the mean over y's generated tokens of
+
+    log pi(y_t | x, y<t) - log pi_T(y_t | x_T, y<t)
+
+where pi_T is the teacher of the row's (domain, effort) cell and x_T the prompt as the
+teacher reads it (`views.PromptView.teacher`: without the effort in K3's form). Its mean over
+rows is a Monte Carlo estimate of the per-token reverse KL along the policy's own answers:
+what MOPD's loss drives down on the training prompts, measured here on the test split.
+
+The teacher's log-probs come from any scorer of stratified batches ([K, b, T] tokens and
+mask in, [K, b, T] log-probs out): the bank in this process (`placement.TeacherScorer`) or
+the teacher servers (`teacher_client.EndpointScorer`), at the scoring temperature the run's
+MOPD stage uses.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mopd_jax import logprobs, models, mopd, rollout
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg",))
+def _policy_logprobs(model_cfg: models.ModelConfig, params, tokens_BxT, *, input_mask_BxT):
+  return logprobs.token_logprobs(model_cfg, params, tokens_BxT, input_mask=input_mask_BxT)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+  """Where a batch's rows are scored: by teacher `cell` of the `scorer`'s `num_cells`, each
+  response after its prompt with the effort `shown` (None: none). `rows` > a batch's size
+  pads it with empty rows to that many, so that every batch of an eval has one shape."""
+  scorer: Callable
+  cell: int
+  num_cells: int
+  shown: Optional[str]
+  rows: int = 0
+  width_multiple: int = 32
+
+
+def row_logratios(model_cfg: models.ModelConfig, params, tok, *,
+                  trajs: Sequence[rollout.Trajectory], examples: Sequence,
+                  scoring: Scoring) -> np.ndarray:
+  """[len(trajs)] each response's mean per-token log pi - log pi_T over its generated
+  tokens (0 for an empty one): pi = (model_cfg, params), the teacher as `scoring` says."""
+  n, mult = len(trajs), scoring.width_multiple
+  b = max(scoring.rows, n)
+  empty = rollout.empty_rows(trajs[0], b - n)
+  arr = rollout.pad_batch(list(trajs) + empty, tok.pad_id, rollout.padded_width(
+      max(len(t.prompt_ids) + t.num_tokens for t in trajs), mult))
+  lp_pi = np.asarray(_policy_logprobs(model_cfg, params, jnp.asarray(arr["tokens"]),
+                                      input_mask_BxT=jnp.asarray(arr["input_mask"])))[:n]
+  t_arr, spans = mopd.teacher_view(tok, trajs, examples, width_multiple=mult,
+                                   shown=[scoring.shown] * n)
+  width, k = t_arr["tokens"].shape[1], scoring.cell
+  tokens = np.zeros((scoring.num_cells, b, width), np.int32)
+  mask = np.zeros((scoring.num_cells, b, width), bool)
+  tokens[k, :n], mask[k, :n] = t_arr["tokens"], t_arr["input_mask"]
+  scores = scoring.scorer(tokens, mask)
+  if isinstance(scores, tuple):  # a top-k scorer: (log-probs, top-k log-probs, ids)
+    scores = scores[0]
+  lp_t = mopd.realign(np.asarray(scores)[k, :n], spans, arr["tokens"].shape[1])
+  loss = np.asarray(arr["loss_mask"], bool)[:n]
+  return np.where(loss, lp_pi - lp_t, 0.0).sum(1) / np.maximum(loss.sum(1), 1)
