@@ -260,6 +260,33 @@ def train_benchmark(cfg, params, peak, batch=8, seq=256):
   return {"train_tokens_per_s": batch * seq / t, "train_mfu": 6 * n * batch * seq / t / peak}
 
 
+def length_groups_benchmark(cfg, params, batch=24, seq=256, groups=(2, 3)) -> dict:
+  """A MOPD train step on a batch of mixed lengths (a third of the rows `seq` tokens long,
+  the rest an eighth of it: a low-effort answer beside a long trace), whole against split
+  into length groups (`OptimConfig.length_groups`): the speedup of each group count."""
+  mesh = sharding.make_mesh({}, jax.devices()[:1])
+  r = np.random.RandomState(0)
+  lengths = np.where(np.arange(batch) % 3 == 0, seq, seq // 8)
+  real = np.arange(seq)[None] < lengths[:, None]
+  b = train.TrainBatch(
+      tokens=jnp.asarray(r.randint(0, cfg.vocab_size, (batch, seq)) * real, jnp.int32),
+      input_mask=jnp.asarray(real), loss_mask=jnp.asarray(real & (np.arange(seq)[None] >= 8)),
+      teacher_logprobs=jnp.asarray(-r.rand(batch, seq) * 3, jnp.float32))
+  times = {}
+  for g in (1, *groups):
+    tr = train.Trainer(cfg, train.LossConfig(kind="mopd"), train.OptimConfig(length_groups=g),
+                       mesh=mesh)
+    state = [tr.init(params)]
+
+    def step(tr=tr, state=state):
+      state[0], m = tr.step(state[0], b)
+      return m["loss"]
+
+    times[g] = _time(step, repeats=5)
+  return {"length_groups_step_s": times[1],
+          **{f"length_groups_{g}_speedup": times[1] / times[g] for g in groups}}
+
+
 def teacher_prefill_benchmark(cfg, num_teachers=9, rows_per_teacher=1, seq=256):
   """Scoring one stratified batch with a 9-teacher bank (one vmap over the stacked params)."""
   plist = [models.init_params(cfg, jax.random.PRNGKey(i)) for i in range(num_teachers)]
@@ -324,6 +351,7 @@ def run(tunix_python=None) -> dict:
   out.update(logprob_memory(cfg))
   out.update(prefill_benchmark(cfg, params, peak))
   out.update(train_benchmark(cfg, params, peak))
+  out.update(length_groups_benchmark(cfg, params))
   out.update(teacher_prefill_benchmark(cfg))
   # The peak again at the end, keeping the larger: a machine that sped up during the run
   # must not flatter the MFU figures measured against the slower first reading.
@@ -342,8 +370,14 @@ def main():
                   help="interpreter with google-tunix installed, for the decode baseline "
                        "(default: this one if it can import tunix, else the baseline is "
                        "skipped); see benchmarks/tunix_baseline.py")
+  ap.add_argument("--only", default="", choices=("", "length_groups"),
+                  help="one measurement alone: length_groups (the length-grouped train step)")
   args = ap.parse_args()
-  result = run(args.tunix_python or default_tunix_python())
+  if args.only == "length_groups":
+    cfg = bench_config()
+    result = length_groups_benchmark(cfg, models.init_params(cfg, jax.random.PRNGKey(0)))
+  else:
+    result = run(args.tunix_python or default_tunix_python())
   if args.json:
     print(json.dumps(result))
   else:

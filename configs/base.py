@@ -164,6 +164,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.prompts_per_step = 16  # prompts per iteration
   c.rl.group_size = 4  # K samples per prompt
   c.rl.microbatches = 1  # gradient accumulation; slices must hold whole groups
+  # Length groups (train.OptimConfig.length_groups): each update's rows sorted by length into
+  # this many equal groups (whole groups of K rows), each padded only as far as its longest
+  # row; the same update up to float reassociation, fewer padded tokens, one more compiled
+  # program per group shape (docs/performance.md). 1 = off.
+  c.rl.length_groups = 1
   # PMD's old policy: one value for every phase, two (first phase, budget phases) or one per
   # phase. "sampler" (the policy that sampled the batch, one update old) | "sft" (the lane's
   # pi_SFT, held fixed) | "parent" (the effort's parent teacher, held fixed).
@@ -214,6 +219,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.lr = 1e-3  # AdamW peak learning rate of the student
   c.mopd.warmup_steps = 5  # linear warmup before the cosine decay
   c.mopd.microbatches = 1  # gradient accumulation (also of the teacher_sft init)
+  c.mopd.length_groups = 1  # length groups (see rl.length_groups; also of the init)
   c.mopd.r_max = 5.0  # clip of the per-token reward r_t (K3 eq. 15)
   # Temperature of the teachers' log-probs in r_t: 1 = K3 eq. 15 as written; < 1 sharpens
   # each teacher towards its greedy behaviour (what the eval measures).

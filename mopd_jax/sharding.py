@@ -111,8 +111,13 @@ def batch_sharding(mesh: Mesh, ndim: int, leading: tuple = ()) -> NamedSharding:
   return NamedSharding(mesh, batch_spec(ndim, leading))
 
 
+def batch_devices(mesh: Mesh) -> int:
+  """How many ways the batch axes (data x fsdp) split a batch's rows."""
+  return _axis_size(mesh, BATCH_AXES)
+
+
 def check_batch_divisible(batch_size: int, mesh: Mesh, what: str = "batch") -> None:
-  n = _axis_size(mesh, BATCH_AXES)
+  n = batch_devices(mesh)
   if batch_size % n:
     raise ValueError(f"{what} size {batch_size} is not divisible by the data x fsdp mesh "
                      f"size {n} (mesh {dict(mesh.shape)})")

@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mopd_jax import distributed, logprobs, models, sharding
+from mopd_jax import length_groups as grouping
 from mopd_jax.loss_kinds import LOSS_KINDS, loss_from_stats
 
 
@@ -65,11 +66,22 @@ class OptimConfig:
   # activation memory. The batch rows must divide evenly; group losses (pmd, grpo) need
   # whole groups of `LossConfig.group_size` rows in every microbatch.
   microbatches: int = 1
+  # Length groups: the step's rows sorted by their length and split into this many equal
+  # groups (whole groups of `LossConfig.group_size` rows for the group losses), each cut to
+  # the width its longest row needs (a multiple of `group_width_multiple`), one gradient
+  # program per group shape, the groups' gradients summed with `accumulate_gradients`'s
+  # weights before the one optimizer update (`length_groups`, `Trainer.step`). The same
+  # loss, metrics and gradient as the whole batch up to float reassociation, at the cost of
+  # the tokens the groups hold instead of B x T: a batch that mixes 3-token answers with
+  # 150-token traces pads far less. 1 = the whole batch in one program.
+  length_groups: int = 1
+  group_width_multiple: int = 32
 
   def __post_init__(self):
-    m = self.microbatches
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-      raise ValueError(f"OptimConfig.microbatches must be a positive int, got {m!r}")
+    for name in ("microbatches", "length_groups", "group_width_multiple"):
+      m = getattr(self, name)
+      if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"OptimConfig.{name} must be a positive int, got {m!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,15 +238,9 @@ def accumulate_gradients(model_cfg: models.ModelConfig, loss_cfg: LossConfig, pa
 
   mbs = pin_rows(mbs, (None,))
   mask = mbs.loss_mask.astype(bool)  # [M, B/M, T]
-  rows_m = jnp.sum(jnp.any(mask, axis=-1), axis=-1, dtype=jnp.float32)
-  tokens_m = jnp.sum(mask, axis=(1, 2), dtype=jnp.float32)
-  token_w_m = tokens_m / jnp.maximum(jnp.sum(tokens_m), 1.0)
-  if kind.weighting == "groups":
-    w_m = jnp.full((microbatches,), 1.0 / microbatches, jnp.float32)
-  elif kind.weighting == "tokens":
-    w_m = token_w_m
-  else:
-    w_m = rows_m / jnp.maximum(jnp.sum(rows_m), 1.0)
+  w_m, token_w_m = slice_weights(
+      kind, jnp.sum(jnp.any(mask, axis=-1), axis=-1, dtype=jnp.float32),
+      jnp.sum(mask, axis=(1, 2), dtype=jnp.float32))
 
   constrain = lambda tree: (tree if grad_shardings is None else
                             jax.lax.with_sharding_constraint(tree, grad_shardings))
@@ -250,18 +256,70 @@ def accumulate_gradients(model_cfg: models.ModelConfig, loss_cfg: LossConfig, pa
   acc = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
   acc, (loss_m, metrics_m) = jax.lax.scan(body, acc, (mbs, w_m))
   grads = jax.tree.map(lambda a, p: a.astype(p.dtype), acc, params)
-  group_mean = kind.group_mean_metrics
+  return (jnp.sum(w_m * loss_m), combine_metrics(kind, metrics_m, token_w_m)), grads
+
+
+def slice_weights(kind, rows_m, tokens_m) -> tuple:
+  """(w_m, token_w_m) of a batch's slices (microbatches or length groups) from each one's
+  count of rows holding a loss-mask token (`rows_m`) and of loss-mask tokens (`tokens_m`):
+  its weight in the whole-batch loss (see `accumulate_gradients`) and its share of the
+  loss-mask tokens (the metrics' weight)."""
+  rows_m = jnp.asarray(rows_m, jnp.float32)
+  tokens_m = jnp.asarray(tokens_m, jnp.float32)
+  token_w_m = tokens_m / jnp.maximum(jnp.sum(tokens_m), 1.0)
+  if kind.weighting == "groups":
+    w_m = jnp.full(rows_m.shape, 1.0 / rows_m.shape[0], jnp.float32)
+  elif kind.weighting == "tokens":
+    w_m = token_w_m
+  else:
+    w_m = rows_m / jnp.maximum(jnp.sum(rows_m), 1.0)
+  return w_m, token_w_m
+
+
+def combine_metrics(kind, metrics_m: dict, token_w_m) -> dict:
+  """The whole batch's metrics from its slices' ([M] arrays), by the rules listed with
+  `_SUMMED_METRICS`, each exact."""
   metrics = {}
   for name, v in metrics_m.items():
     if name in _SUMMED_METRICS:
       metrics[name] = jnp.sum(v)
     elif name in _MAX_METRICS:
       metrics[name] = jnp.max(v)
-    elif name in group_mean:
+    elif name in kind.group_mean_metrics:
       metrics[name] = jnp.mean(v)
     else:
       metrics[name] = jnp.sum(token_w_m * v)
-  return (jnp.sum(w_m * loss_m), metrics), grads
+  return metrics
+
+
+def loss_and_grads(model_cfg: models.ModelConfig, loss_cfg: LossConfig, params,
+                   *, batch: TrainBatch, microbatches: int = 1, grad_shardings=None,
+                   mesh: Optional[Mesh] = None):
+  """((loss, metrics), grads) of `batch`: in one pass, or accumulated over `microbatches`
+  slices (`accumulate_gradients`), with the same result and less activation memory."""
+  if microbatches == 1:
+    return jax.value_and_grad(
+        lambda p: compute_loss(model_cfg, loss_cfg, p, batch=batch), has_aux=True)(params)
+  return accumulate_gradients(model_cfg, loss_cfg, params, batch=batch,
+                              microbatches=microbatches, grad_shardings=grad_shardings,
+                              mesh=mesh)
+
+
+def apply_gradients(optimizer: optax.GradientTransformation, *, state: TrainState, loss,
+                    metrics: dict, grads):
+  """The optimizer update of `grads`; with a non-finite loss or gradient it is not applied
+  (the caller decides to stop or skip). Returns (state, metrics with loss, grad norm and
+  finite)."""
+  gnorm = optax.tree.norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  new_state = TrainState(step=state.step + finite.astype(jnp.int32),
+                         params=keep(params, state.params),
+                         opt_state=keep(opt_state, state.opt_state))
+  return new_state, {**metrics, "loss": loss, "grad_norm": gnorm,
+                     "finite": finite.astype(jnp.float32)}
 
 
 def train_step(model_cfg: models.ModelConfig, loss_cfg: LossConfig,
@@ -272,24 +330,10 @@ def train_step(model_cfg: models.ModelConfig, loss_cfg: LossConfig,
   `microbatches` > 1: the gradient is accumulated over that many slices of the batch
   (`accumulate_gradients`), with the same result as 1 and less activation memory.
   """
-  if microbatches == 1:
-    (loss, metrics), grads = jax.value_and_grad(
-        lambda p: compute_loss(model_cfg, loss_cfg, p, batch=batch), has_aux=True)(state.params)
-  else:
-    (loss, metrics), grads = accumulate_gradients(
-        model_cfg, loss_cfg, state.params, batch=batch, microbatches=microbatches,
-        grad_shardings=grad_shardings, mesh=mesh)
-  gnorm = optax.tree.norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  # Keep the old state when anything is non-finite; the caller decides to stop or skip.
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-  new_state = TrainState(step=state.step + finite.astype(jnp.int32),
-                         params=keep(params, state.params),
-                         opt_state=keep(opt_state, state.opt_state))
-  return new_state, {**metrics, "loss": loss, "grad_norm": gnorm,
-                     "finite": finite.astype(jnp.float32)}
+  (loss, metrics), grads = loss_and_grads(model_cfg, loss_cfg, state.params, batch=batch,
+                                          microbatches=microbatches,
+                                          grad_shardings=grad_shardings, mesh=mesh)
+  return apply_gradients(optimizer, state=state, loss=loss, metrics=metrics, grads=grads)
 
 
 def state_shardings(model_cfg: models.ModelConfig, optimizer, mesh: Mesh,
@@ -330,6 +374,8 @@ class Trainer:
                optim_cfg: OptimConfig, *, mesh: Mesh, rules=sharding.DEFAULT_RULES):
     self.model_cfg, self.loss_cfg, self.mesh = model_cfg, loss_cfg, mesh
     self.microbatches = optim_cfg.microbatches
+    self.length_groups = optim_cfg.length_groups
+    self.group_width_multiple = optim_cfg.group_width_multiple
     self.optimizer = make_optimizer(optim_cfg)
     self.state_sharding = state_shardings(model_cfg, self.optimizer, mesh, rules=rules)
     rep = NamedSharding(mesh, P())
@@ -373,10 +419,74 @@ class Trainer:
 
   def step(self, state: TrainState, batch: TrainBatch, reference=None):
     """One update. `reference`: params whose teacher-forced log-probs replace the batch's
-    `sampler_logprobs` as the loss's old policy (PMD held to a fixed reference)."""
+    `sampler_logprobs` as the loss's old policy (PMD held to a fixed reference). With
+    `OptimConfig.length_groups` > 1 (one process) the rows go through `grouped_step`."""
     sharding.check_batch_divisible(batch.tokens.shape[0], self.mesh)
+    if self.length_groups > 1 and jax.process_count() == 1:
+      kind = LOSS_KINDS[self.loss_cfg.kind]
+      unit = self.loss_cfg.group_size if kind.groups else 1
+      groups = grouping.split(batch, self.length_groups, unit=unit,
+                             multiple=self.group_width_multiple,
+                             row_divisor=math.lcm(sharding.batch_devices(self.mesh),
+                                                  self.microbatches * unit))
+      if groups is not None:
+        return self.grouped_step(state, groups, reference)
     if jax.process_count() > 1:  # host batch -> global arrays, each process its own rows
       batch = distributed.to_global(batch, batch_shardings(self.mesh, batch))
     if reference is None:
       return self.jitted_step(batch)(state, batch)
     return self.jitted_step(batch, with_reference=True)(state, batch, reference)
+
+  def grouped_step(self, state: TrainState, groups, reference=None):
+    """One update from a batch's length groups (`length_groups.split`): each group's
+    gradient by its own program (one compilation per group shape), added into a float32
+    accumulator with the group's weight in the whole-batch loss (`slice_weights`), then one
+    optimizer update (`apply_gradients`) and the whole batch's metrics (`combine_metrics`)."""
+    kind = LOSS_KINDS[self.loss_cfg.kind]
+    masks = [jax.device_get(g.loss_mask).astype(bool) for g in groups]
+    w_m, token_w_m = slice_weights(kind, [m.any(-1).sum() for m in masks],
+                                   [m.sum() for m in masks])
+    acc, parts = self._jit("zeros")(state.params), []
+    for g, w in zip(groups, jax.device_get(w_m)):
+      acc, part = self._group_grad(g, reference is not None)(state.params, acc,
+                                                             (g, w, reference))
+      parts.append(part)
+    return self._jit("apply")(state, acc, (tuple(parts), w_m, token_w_m))
+
+  def _group_grad(self, batch: TrainBatch, with_reference: bool):
+    """The jitted (params, acc, (group, w, reference)) -> (acc + w * grad, (loss, metrics))."""
+    key = ("group", jax.tree.structure(batch), with_reference)
+    if key not in self._step_cache:
+      def fn(params, acc, inputs):
+        b, w, ref = inputs
+        if ref is not None:
+          b = with_reference_logprobs(self.model_cfg, self.loss_cfg, ref, batch=b)
+        part, g = loss_and_grads(self.model_cfg, self.loss_cfg, params, batch=b,
+                                 microbatches=self.microbatches,
+                                 grad_shardings=self.state_sharding.params, mesh=self.mesh)
+        return jax.tree.map(lambda a, gi: a + w * gi.astype(jnp.float32), acc, g), part
+      p_sh = self.state_sharding.params
+      inputs = (batch_shardings(self.mesh, batch), self._rep, p_sh if with_reference else None)
+      self._step_cache[key] = jax.jit(fn, in_shardings=(p_sh, p_sh, inputs),
+                                      out_shardings=(p_sh, self._rep), donate_argnums=(1,))
+    return self._step_cache[key]
+
+  def _jit(self, name: str):
+    """The grouped step's other programs: "zeros" (params -> a float32 zero accumulator)
+    and "apply" (state, acc, (parts, w_m, token_w_m) -> the update and its metrics)."""
+    if name not in self._step_cache:
+      kind, p_sh = LOSS_KINDS[self.loss_cfg.kind], self.state_sharding.params
+
+      def apply(s, acc, inputs):
+        parts, w_m, token_w_m = inputs
+        grads = jax.tree.map(lambda a, p: a.astype(p.dtype), acc, s.params)
+        stacked = {k: jnp.stack([m[k] for _, m in parts]) for k in parts[0][1]}
+        return apply_gradients(self.optimizer, state=s,
+                               loss=jnp.sum(w_m * jnp.stack([l for l, _ in parts])),
+                               metrics=combine_metrics(kind, stacked, token_w_m), grads=grads)
+      self._step_cache[name] = (
+          jax.jit(lambda p: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), p),
+                  in_shardings=(p_sh,), out_shardings=p_sh) if name == "zeros" else
+          jax.jit(apply, in_shardings=(self.state_sharding, p_sh, self._rep),
+                  out_shardings=(self.state_sharding, self._rep), donate_argnums=(0,)))
+    return self._step_cache[name]

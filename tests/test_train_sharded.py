@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from mopd_jax import logprobs, losses, models, sampling, sharding, teachers, train
+from mopd_jax import length_groups, logprobs, losses, models, sampling, sharding, teachers, train
 
 CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2,
                          head_dim=8, mlp_dim=64, max_seq_len=64, qk_norm=True)
@@ -312,3 +312,87 @@ def test_reference_params_stand_in_for_the_sampler_logprobs(params, sharded):
         np.testing.assert_allclose(out[a][1][k], out[b][1][k], rtol=1e-5, atol=1e-5, err_msg=k)
       for x, y in zip(jax.tree.leaves(out[a][0]), jax.tree.leaves(out[b][0])):
         np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def _long_tail_batch(rows=8, width=64, seed=3):
+  """Rows of very different lengths inside a wide batch (most columns padding), the rows
+  2 and 5 without a loss token; rewards for the group losses."""
+  r = np.random.RandomState(seed)
+  pos = np.arange(width)[None]
+  lengths = np.array([6, 40, 9, 12, 64, 7, 30, 10][:rows])[:, None]
+  input_mask = pos < lengths
+  loss_mask = input_mask & (pos >= 3)
+  loss_mask[[2, 5]] = False
+  return train.TrainBatch(
+      tokens=jnp.asarray(r.randint(0, CFG.vocab_size, (rows, width)).astype(np.int32)),
+      input_mask=jnp.asarray(input_mask), loss_mask=jnp.asarray(loss_mask),
+      sampler_logprobs=jnp.asarray(-r.rand(rows, width).astype(np.float32) * 3),
+      teacher_logprobs=jnp.asarray(-r.rand(rows, width).astype(np.float32) * 3),
+      rewards=jnp.asarray(r.rand(rows), jnp.float32))
+
+
+def test_length_groups_cut_columns_and_keep_groups():
+  batch = _long_tail_batch()
+  groups = length_groups.split(batch, 2, multiple=16)
+  assert [g.tokens.shape for g in groups] == [(4, 16), (4, 64)]
+  # Every row lands in exactly one group, with its real tokens intact.
+  rows = sorted(int(r) for g in groups for r in length_groups.row_lengths(g.input_mask))
+  assert rows == sorted(int(x) for x in length_groups.row_lengths(batch.input_mask))
+  # Group losses: a prompt's K rows stay together, ordered by their longest row.
+  # Prompts (rows 0-1, 2-3, ...) longest 40, 12, 64, 30: the short group holds 2-3 and 6-7.
+  g2 = length_groups.split(batch, 2, unit=2, multiple=16)
+  assert [g.tokens.shape for g in g2] == [(4, 32), (4, 64)]
+  np.testing.assert_array_equal(np.asarray(g2[0].rewards),
+                                np.asarray(batch.rewards)[[2, 3, 6, 7]])
+  # Nothing to save, rows that do not split, or a device count they do not divide: None.
+  assert length_groups.split(batch, 2, multiple=64) is None
+  assert length_groups.split(batch, 3) is None
+  assert length_groups.split(batch, 2, row_divisor=8) is None
+
+
+@pytest.mark.parametrize("kind, extra", [
+    ("mopd", {}), ("pmd", {"group_size": 2}),
+    pytest.param("sft", {}, marks=pytest.mark.slow),
+    pytest.param("grpo", {"group_size": 2}, marks=pytest.mark.slow),
+    pytest.param("pg", {}, marks=pytest.mark.slow)])
+def test_length_grouped_step_equals_full_batch(params, kind, extra, monkeypatch):
+  """OptimConfig.length_groups: the loss, every metric and the gradient of the whole batch
+  (plain SGD with lr 1 makes the update the gradient itself), on one device and on an
+  fsdp x tensor mesh, with a fixed reference for PMD."""
+  monkeypatch.setattr(train, "make_optimizer", lambda cfg: optax.sgd(1.0))
+  batch = _long_tail_batch()
+  lcfg = train.LossConfig(kind=kind, **extra)
+  ref = jax.tree.map(lambda x: x * 0.9, params) if kind == "pmd" else None
+  out = {}
+  for name, mesh, groups in (("whole", _mesh(), 1), ("grouped", _mesh(), 2),
+                             ("grouped sharded", _mesh(fsdp=2, tensor=2), 2)):
+    tr = train.Trainer(CFG, lcfg, train.OptimConfig(length_groups=groups,
+                                                    group_width_multiple=16), mesh=mesh)
+    state, m = tr.step(tr.init(params), batch, reference=ref)
+    out[name] = jax.device_get((state.params, m))
+    if groups > 1:  # the grouped programs ran, not the whole-batch one
+      assert any(k[0] == "group" for k in tr._step_cache if isinstance(k, tuple))
+  ref_p, ref_m = out["whole"]
+  assert float(ref_m["finite"]) == 1.0
+  for name in ("grouped", "grouped sharded"):
+    p, m = out[name]
+    assert m.keys() == ref_m.keys()
+    for k in ref_m:
+      np.testing.assert_allclose(m[k], ref_m[k], rtol=1e-5, atol=1e-6, err_msg=f"{name} {k}")
+    for path, a in jax.tree_util.tree_leaves_with_path(ref_p):
+      b = dict(jax.tree_util.tree_leaves_with_path(p))[path]
+      np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5,
+                                 err_msg=f"{name} {jax.tree_util.keystr(path)}")
+
+
+def test_length_groups_skip_a_nonfinite_step(params):
+  """A NaN in one group's inputs: the update is not applied, as for the whole batch."""
+  batch = _long_tail_batch()
+  bad = batch.replace(teacher_logprobs=batch.teacher_logprobs.at[4, 10].set(jnp.nan))
+  tr = train.Trainer(CFG, train.LossConfig(kind="mopd"),
+                     train.OptimConfig(length_groups=2, group_width_multiple=16), mesh=_mesh())
+  state = tr.init(params)
+  new, m = tr.step(state, bad)
+  assert float(m["finite"]) == 0.0 and int(new.step) == 0
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

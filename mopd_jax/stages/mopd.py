@@ -111,7 +111,8 @@ def run(inp: Inputs) -> None:
                               is_bounds=tuple(c.is_bounds) if weighted else None)
   trainer = train.Trainer(inp.model_cfg, loss_cfg,
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
-                                            total_steps=c.steps, microbatches=c.microbatches),
+                                            total_steps=c.steps, microbatches=c.microbatches,
+                                            length_groups=c.length_groups),
                           mesh=inp.mesh)
   dist = Distillation(inp, trainer=trainer, loss_cfg=loss_cfg, pool=pool)
   log = inp.loops.logger("mopd")
@@ -294,7 +295,8 @@ def teacher_sft_init(inp: Inputs, student):
   total = inp.cfg.init_sft_steps
   trainer = train.Trainer(inp.model_cfg, train.LossConfig(kind="sft"),
                           train.OptimConfig(lr=inp.sft.lr, warmup_steps=0, total_steps=total,
-                                            microbatches=inp.cfg.microbatches),
+                                            microbatches=inp.cfg.microbatches,
+                                            length_groups=inp.cfg.length_groups),
                           mesh=inp.mesh)
   with inp.loops.training("mopd init: teacher SFT", inp.files.path("mopd", "init_ckpt"),
                           trainer, total_steps=total,
