@@ -33,9 +33,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"unknown config variant {arg!r}; known: fast, tiny")
   fast = arg in ("fast", "tiny")
   c = base.get_config()
-  # Toy steps take about a second, so saving every 10 keeps the save cost negligible; the
-  # smoke variants save every step so that the restart paths are exercised.
-  c.checkpoint.every = 1 if fast else 10
+  # A save of the toy's train state costs about half a second of the 2-core machine (orbax
+  # writes it in the background, beside the next steps): every 10 steps that was a fifth of
+  # the SFT stage (1040 updates of about 0.2 s). Every 50 bounds what a crash loses to 10-50 s
+  # of work in each loop (a SIGTERM always saves); an RL phase of 20 steps saves at its end.
+  # The smoke variants save every step so that the restart paths are exercised.
+  c.checkpoint.every = 1 if fast else 50
 
   c.model.num_layers = 2 if fast else 4  # override of the preset's depth
   c.model.d_model = 64 if fast else 128  # override of the preset's width
@@ -140,6 +143,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.steps = 3 if fast else 60
   c.mopd.lr = 3e-4
   c.mopd.prompts_per_cell = 1 if fast else 6  # b prompts per (domain, effort) cell per step
+  # The update's 54 rows run from gen/low's 3 tokens to agt/max's 56 and its observations:
+  # in one 160-wide batch three quarters is padding. Three length groups (train.py
+  # `OptimConfig.length_groups`) train the same loss on about half the padded tokens, for
+  # the init's updates as well (seed 0: the stage 298 -> 225 s, docs/performance.md).
+  c.mopd.length_groups = 3
   # The toy's teachers are short RL runs, not converged: at temperature 1 each still writes
   # its other styles a third of the time (seed 0's gen/high teacher: brief 64%, direct
   # 30%), though its greedy answer, which the eval measures, is one style. Scored at 0.5
