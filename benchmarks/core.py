@@ -287,6 +287,36 @@ def length_groups_benchmark(cfg, params, batch=24, seq=256, groups=(2, 3)) -> di
           **{f"length_groups_{g}_speedup": times[1] / times[g] for g in groups}}
 
 
+def checkpoint_benchmark(leaf_counts=(48, 150), total_floats=4_000_000, saves=8) -> dict:
+  """Wall and CPU seconds of one training-loop checkpoint (`checkpoint.TrainLoop.save`, then
+  waiting for it) of a float32 state of `total_floats` values (16 MB, the toy's params and
+  Adam moments) split into each count of arrays: a save's cost grows with the arrays."""
+  import resource
+  import tempfile
+
+  from mopd_jax import checkpoint
+
+  def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+  out = {}
+  for n in leaf_counts:
+    state = {f"a{i}": jnp.full((total_floats // n,), i, jnp.float32) for i in range(n)}
+    with tempfile.TemporaryDirectory() as d:
+      loop = checkpoint.TrainLoop("bench", d, every=1, total_steps=saves + 1)
+      loop.save(1, state)  # warm-up: the handlers' first use
+      loop.wait()
+      w, c = time.perf_counter(), cpu()
+      for i in range(saves):
+        loop.save(i + 2, state)
+        loop.wait()
+      out[f"checkpoint_{n}_arrays_save_s"] = (time.perf_counter() - w) / saves
+      out[f"checkpoint_{n}_arrays_cpu_s"] = (cpu() - c) / saves
+      loop.close()
+  return out
+
+
 def teacher_prefill_benchmark(cfg, num_teachers=9, rows_per_teacher=1, seq=256):
   """Scoring one stratified batch with a 9-teacher bank (one vmap over the stacked params)."""
   plist = [models.init_params(cfg, jax.random.PRNGKey(i)) for i in range(num_teachers)]
@@ -352,6 +382,7 @@ def run(tunix_python=None) -> dict:
   out.update(prefill_benchmark(cfg, params, peak))
   out.update(train_benchmark(cfg, params, peak))
   out.update(length_groups_benchmark(cfg, params))
+  out.update(checkpoint_benchmark())
   out.update(teacher_prefill_benchmark(cfg))
   # The peak again at the end, keeping the larger: a machine that sped up during the run
   # must not flatter the MFU figures measured against the slower first reading.
@@ -370,12 +401,15 @@ def main():
                   help="interpreter with google-tunix installed, for the decode baseline "
                        "(default: this one if it can import tunix, else the baseline is "
                        "skipped); see benchmarks/tunix_baseline.py")
-  ap.add_argument("--only", default="", choices=("", "length_groups"),
-                  help="one measurement alone: length_groups (the length-grouped train step)")
+  ap.add_argument("--only", default="", choices=("", "length_groups", "checkpoint"),
+                  help="one measurement alone: length_groups (the length-grouped train "
+                       "step) or checkpoint (a training loop's save)")
   args = ap.parse_args()
   if args.only == "length_groups":
     cfg = bench_config()
     result = length_groups_benchmark(cfg, models.init_params(cfg, jax.random.PRNGKey(0)))
+  elif args.only == "checkpoint":
+    result = checkpoint_benchmark()
   else:
     result = run(args.tunix_python or default_tunix_python())
   if args.json:

@@ -1,7 +1,7 @@
 """The embedded toy config: the whole pipeline on a 2-core CPU, in K3's form (the student's
 prompt carries the effort, the teachers' prompts do not).
 
-Run (about 16 minutes on 2 CPU cores, whose speed varies from run to run; seed 0 alone 978 s):
+Run (12-16 minutes on 2 CPU cores, whose speed varies from run to run; seed 0 alone 934 s):
     python -m experiments.run --config configs/toy.py --workdir /tmp/mopd_toy
 The ablation in which the teachers see the effort: add --config.teacher.effort_in_prompt=True.
 Smoke variant of every stage (used by the tests, well under 2 minutes):
@@ -143,11 +143,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.steps = 3 if fast else 60
   c.mopd.lr = 3e-4
   c.mopd.prompts_per_cell = 1 if fast else 6  # b prompts per (domain, effort) cell per step
-  # The update's 54 rows run from gen/low's 3 tokens to agt/max's 56 and its observations:
-  # in one 160-wide batch three quarters is padding. Three length groups (train.py
-  # `OptimConfig.length_groups`) train the same loss on about half the padded tokens, for
-  # the init's updates as well (seed 0: the stage 298 -> 225 s, docs/performance.md).
-  c.mopd.length_groups = 3
+  # Length groups (train.py `OptimConfig.length_groups`): the update's 54 rows run from
+  # gen/low's 3 tokens to agt/max's 56 and its observations, three quarters of a 160-wide
+  # batch is padding, and 3 groups train the same loss on about half the padded tokens (the
+  # MOPD stage of seeds 2 and 4: 188 and 178 s with 3, 230 and 211 s with 1). The full run
+  # keeps the whole batch: with 3 groups seeds 0, 1 and 3 met every non-wall result but seed 2's KL drop was
+  # 4.2x (17.6x with 1) and seed 4's 2.5x with its agt/max student at 0.860 against the
+  # teacher's 0.957 (3.8x and 0.947 with 1; docs/toy_results.md). The smoke variants use 3,
+  # so the default test tier runs the grouped update through the stage.
+  c.mopd.length_groups = 3 if fast else 1
   # The toy's teachers are short RL runs, not converged: at temperature 1 each still writes
   # its other styles a third of the time (seed 0's gen/high teacher: brief 64%, direct
   # 30%), though its greedy answer, which the eval measures, is one style. Scored at 0.5

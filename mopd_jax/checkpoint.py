@@ -227,9 +227,13 @@ class TrainLoop:
     self.close()
     return False
 
+  def wait(self) -> None:
+    """Block until the in-flight async save (if any) is complete on disk."""
+    self._mgr.wait_until_finished()
+
   def close(self) -> None:
     """Wait for an in-flight async save, so no exit path leaves a half-written step."""
-    self._mgr.wait_until_finished()
+    self.wait()
     self._mgr.close()
 
   def restore(self, target):
@@ -315,7 +319,7 @@ class TrainLoop:
     if stop or done % self.every == 0 or done == self.total_steps:
       self.save(done, state)
     if stop:
-      self._mgr.wait_until_finished()
+      self.wait()
       raise Preempted(f"{self.name}: SIGTERM received; stopped after step {step} and the "
                       f"checkpoint of step {done} is complete in {self.directory}. Run the "
                       "same command again to resume from it.")

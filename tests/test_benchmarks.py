@@ -12,3 +12,20 @@ def test_tunix_baseline_without_tunix_fails_clearly():
   assert core.default_tunix_python() is None
   with pytest.raises(RuntimeError, match=r"(?s)Tunix baseline failed.*tunix"):
     core.tunix_decode(sys.executable, batch=1, prompt_len=4, new_tokens=2, vocab=64)
+
+
+def test_length_groups_and_checkpoint_benchmarks_run_at_a_tiny_shape():
+  """Both measurements run end to end (the default tier's guard of their code paths; the
+  figures come from `python -m benchmarks.core`)."""
+  import jax
+
+  cfg = core.bench_config(d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                          mlp_dim=64, vocab_size=128)
+  out = core.length_groups_benchmark(cfg, core.models.init_params(cfg, jax.random.PRNGKey(0)),
+                                     batch=6, seq=64, groups=(2, 3))
+  assert set(out) == {"length_groups_step_s", "length_groups_2_speedup",
+                      "length_groups_3_speedup"}
+  assert all(v > 0 for v in out.values())
+  ck = core.checkpoint_benchmark(leaf_counts=(2, 6), total_floats=600, saves=2)
+  assert set(ck) == {f"checkpoint_{n}_arrays_{k}_s" for n in (2, 6) for k in ("save", "cpu")}
+  assert all(v >= 0 for v in ck.values())
