@@ -198,8 +198,8 @@ def trainer_for(inp: Inputs, ph: dict, trainers: dict) -> train.Trainer:
     trainers[key] = train.Trainer(
         inp.model_cfg, loss_cfg,
         train.OptimConfig(lr=ph["lr"], warmup_steps=0, total_steps=ph["steps"],
-                          microbatches=c.microbatches,
-                                            length_groups=c.length_groups), mesh=inp.mesh)
+                          microbatches=c.microbatches, length_groups=c.length_groups),
+        mesh=inp.mesh)
   return trainers[key]
 
 
