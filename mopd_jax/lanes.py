@@ -34,10 +34,11 @@ from typing import Sequence
 
 import jax
 
-from mopd_jax import checkpoint, storage
+from mopd_jax import checkpoint, profiling, storage
 
 RECORDS = "records.json"  # a lane's finished teachers: its manifest section's entries
 PROGRESS = "progress.json"
+COMPILE = "compile.json"  # a lane worker's wall and compile seconds, written at its end
 LOG = "lane.log"
 
 
@@ -190,11 +191,16 @@ def main(argv=None) -> None:
     checkpoint.write_json(progress, {"done": done, "effort": effort, "reward": m["reward"],
                                      "length": m["length"]})
 
+  profiling.CompileClock.read()  # listen from here on
+  t0 = time.time()
   try:
     with checkpoint.sigterm_guard():
       for name, entry in rl_stage.train_lane(inp, lane, record, on_step=on_step):
         record[name] = entry
         checkpoint.write_json(storage.join(lane.directory, RECORDS), record)
+    seconds, programs = profiling.CompileClock.read()
+    checkpoint.write_json(storage.join(lane.directory, COMPILE), {
+        "wall_seconds": time.time() - t0, "compile_seconds": seconds, "programs": programs})
   except checkpoint.Preempted as e:
     print(f"PREEMPTED: {e}", file=sys.stderr, flush=True)
     sys.exit(checkpoint.PREEMPTED_EXIT_CODE)

@@ -29,7 +29,7 @@ import jax
 from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 
-from mopd_jax import checkpoint, distributed, storage
+from mopd_jax import checkpoint, distributed, profiling, storage
 from mopd_jax.config import ConfigError, RunConfig, build
 from mopd_jax.stages.context import Run
 from mopd_jax.stages.wiring import STAGES  # the registry, in pipeline order
@@ -100,14 +100,17 @@ def run_stage(ctx: Run, stage: str, timings: dict) -> None:
   if checkpoint.preemption_requested():
     raise checkpoint.Preempted(f"SIGTERM received before stage {stage}; finished stages are "
                                "kept. Run the same command again to continue.")
-  t0 = time.time()
+  t0, (c0, n0) = time.time(), profiling.CompileClock.read()
   STAGES[stage](ctx)
   # Multi-process: nobody starts the next stage before every process finished this one and
   # process 0's files (data, DONE.json, manifests) are on the shared workdir.
   distributed.sync(f"stage {stage} done")
   timings[stage] = time.time() - t0
-  print(f"[{stage}] finished in {timings[stage]:.1f}s")
+  c1, n1 = profiling.CompileClock.read()
+  print(f"[{stage}] finished in {timings[stage]:.1f}s ({c1 - c0:.1f}s compiling "
+        f"{n1 - n0} programs in this process)")
   if stage not in ("smoke", "report"):
     all_t = checkpoint.read_json(ctx.path("timings.json"), default={"_": 0})
     all_t[stage] = timings[stage]
+    all_t.setdefault("compile", {})[stage] = {"seconds": c1 - c0, "programs": n1 - n0}
     checkpoint.write_json(ctx.path("timings.json"), all_t)

@@ -104,3 +104,34 @@ class Switch:
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", bar_name).strip("_")
     return StepProfiler(storage.join(self.spec.root, safe), self.spec.start_step,
                         self.spec.num_steps, initial=initial)
+
+
+# JAX's own duration events of one compilation: tracing to a jaxpr, lowering to MLIR, and
+# XLA's backend compile (`jax.monitoring`).
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
+
+
+class CompileClock:
+  """The seconds this process has spent compiling (the sum of `COMPILE_EVENTS`) and how many
+  XLA compilations ran. One listener per process, registered on first use; read it before
+  and after a stage to split the stage's wall time into compilation and the rest. A program
+  loaded from the persistent compilation cache counts its tracing and lowering only."""
+  _seconds = 0.0
+  _programs = 0
+  _registered = False
+
+  @classmethod
+  def _listen(cls, event: str, duration: float, **_) -> None:
+    if event in COMPILE_EVENTS:
+      cls._seconds += duration
+      cls._programs += event == COMPILE_EVENTS[-1]
+
+  @classmethod
+  def read(cls) -> tuple:
+    """(seconds, programs) so far in this process."""
+    if not cls._registered:
+      jax.monitoring.register_event_duration_secs_listener(cls._listen)
+      cls._registered = True
+    return cls._seconds, cls._programs

@@ -132,22 +132,34 @@ def is_wall_time(name: str) -> bool:
   return name in WALL_TIME_CHECKS
 
 
+def kl_windows(curve) -> tuple:
+  """(head, tail): the values of a [[step, value], ...] curve in the first and in the last
+  tenth of its span of steps (at least one step each). A curve measured every step holds a
+  tenth of its points in each; one measured every k steps (`mopd.exact_kl_every`) holds
+  those that fall in them, and the MOPD stage measures every step of the last tenth."""
+  steps = [s for s, _ in curve]
+  vals = np.asarray([v for _, v in curve], np.float64)
+  n = max(1, (steps[-1] - steps[0] + 1) // 10)
+  return (vals[[s < steps[0] + n for s in steps]], vals[[s > steps[-1] - n for s in steps]])
+
+
 def kl_window_means(curve) -> tuple:
-  """(first, last, n): the means of a [[step, value], ...] curve over its first and last
-  tenth (at least one point each, n points)."""
-  vals = [v for _, v in curve]
-  n = max(1, len(vals) // 10)
-  return float(np.mean(vals[:n])), float(np.mean(vals[-n:])), n
+  """(first, last, n_first, n_last): the means of `kl_windows`' head and tail and how many
+  points each holds."""
+  head, tail = kl_windows(curve)
+  return float(head.mean()), float(tail.mean()), len(head), len(tail)
 
 
 def kl_drop(rep: dict) -> tuple:
   """(ratio, source): how far the per-token KL of the student to its routed teachers falls
-  over the MOPD run, as the mean over the first tenth of the measured steps over the mean
-  over the last tenth. The exact full-vocabulary KL where the run measured it
+  over the MOPD run, as the mean over the measured steps of the first tenth of the run over
+  the mean over those of the last tenth. The exact full-vocabulary KL where the run measured it
   (`mopd.exact_kl_every`, source "exact"), else the sampled-token estimate ("sampled").
   One step's value is an estimate from that step's few dozen rollouts (the sampled one can
-  fall below 0), so a single first and last step say little about the trend; a tenth of the
-  run averages several steps at each end. With the teacher-SFT init the distillation
+  fall below 0; the exact one moves 10x from step to step on the toy, as one rollout that
+  leaves its teacher's style carries a large KL over many tokens), so a single first and
+  last step say little about the trend; a tenth of the run averages several steps at each
+  end, and the MOPD stage measures the exact KL on every step of the last tenth. With the teacher-SFT init the distillation
   starts at pi_SFT, before the init: its exact KL (`kl_start`, mopd/start.json) replaces the
   first tenth's mean. (None, source) without a curve or when the last tenth's mean is at or
   below 0, where no ratio means anything."""
@@ -156,7 +168,7 @@ def kl_drop(rep: dict) -> tuple:
                                                              "sampled")
   if len(curve) < 2:
     return None, source
-  first, last, _ = kl_window_means(curve)
+  first, last, _, _ = kl_window_means(curve)
   start = rep.get("kl_start")
   if start and source == "exact":  # the distillation starts at pi_SFT, before its init
     first, source = start["kl_exact"], "exact, from pi_SFT before the teacher-SFT init"
@@ -165,12 +177,12 @@ def kl_drop(rep: dict) -> tuple:
 
 def kl_drop_perfind_cell(per_cell: dict) -> dict:
   """{cell: {first, last, n, drop}} of each cell's [[step, KL], ...] curve, reduced as
-  `kl_drop` reduces the run's: the means over the first and the last tenth of its points
-  (n each), and their ratio (None when the last tenth's mean is at or below 0)."""
+  `kl_drop` reduces the run's: the means over the first and the last tenth of its steps
+  (n points in the last), and their ratio (None when the last tenth's mean is at or below 0)."""
   out = {}
   for name, curve in per_cell.items():
     if curve:
-      first, last, n = kl_window_means(curve)
+      first, last, _, n = kl_window_means(curve)
       out[name] = {"first": first, "last": last, "n": n,
                    "drop": first / last if last > 0 else None}
   return out
@@ -277,7 +289,7 @@ def markdown(rep: dict) -> str:
               "and the toy does not separate that effort from pi_SFT's behaviour."]
   kl = rep["kl"]
   if kl["curve"]:
-    first, last, n = kl_window_means(kl["curve"])
+    first, last, n, _ = kl_window_means(kl["curve"])
     single = (f"x{kl['initial'] / kl['final']:.1f}" if kl["final"] > 0 else
               "at or below 0 at the last step, so no ratio")
     lines += ["", f"Per-token KL student vs routed teacher, sampled-token estimate: first step "
@@ -286,11 +298,15 @@ def markdown(rep: dict) -> str:
                   f" (x{first / last:.1f})." if last > 0 else ".")]
   exact = rep.get("kl_exact_curve") or []
   if exact:
-    first, last, m = kl_window_means(exact)
+    first, last, m1, m2 = kl_window_means(exact)
+    tail = kl_windows(exact)[1]
+    se = f", the last tenth's standard error {np.std(tail, ddof=1) / np.sqrt(len(tail)):.4f}" if len(
+        tail) > 1 else ""
     lines += ["", f"Exact per-token KL over the whole vocabulary (on the student's own "
               f"rollouts, {len(exact)} steps measured): first {exact[0][1]:.4f}, last "
-              f"{exact[-1][1]:.4f}; mean over the first / last {m} measured steps "
-              f"{first:.4f} / {last:.4f}" + (f" (x{first / last:.1f})." if last > 0 else ".")]
+              f"{exact[-1][1]:.4f}; mean over the first / last tenth of the steps ({m1} / "
+              f"{m2} measured) {first:.4f} / {last:.4f}{se}" + (
+                  f" (x{first / last:.1f})." if last > 0 else ".")]
   start = rep.get("kl_start")
   if start:
     lines += ["", f"Exact per-token KL of pi_SFT, the student's start before its teacher-SFT "
@@ -301,11 +317,11 @@ def markdown(rep: dict) -> str:
     measure = ("the exact KL, pi_SFT's before the teacher-SFT init" if source.startswith(
         "exact,") else f"the {source} KL, the first tenth's")
     lines += ["", f"KL drop (the expected result's measure: {measure} over the last tenth of "
-              f"the measured steps): x{ratio:.1f}."]
+              f"the MOPD steps): x{ratio:.1f}."]
   drops = rep.get("kl_exact_drop_per_cell") or {}
   if drops:
-    lines += ["", "Exact per-token KL per cell, mean over the first / last tenth of its "
-              "measured steps and their ratio (informational, not an expected result):", "",
+    lines += ["", "Exact per-token KL per cell, mean over the first / last tenth of the "
+              "MOPD steps and their ratio (informational, not an expected result):", "",
               "| cell | first tenth | last tenth | drop |", "|---|---|---|---|"]
     lines += [f"| {name} | {d['first']:.4f} | {d['last']:.4f} | "
               f"{'-' if d['drop'] is None else 'x' + format(d['drop'], '.1f')} |"

@@ -30,7 +30,7 @@ def test_report_checks_evaluate_the_bars():
   assert got[report.KL_DROP_CHECK] is False  # a 4x drop
   assert got["teacher factory wall seconds (sft + rl)"] is True
   assert got["pipeline wall seconds"] is False
-  assert "the last tenth of the measured steps): x4.0" in " ".join(report.markdown(rep).split())
+  assert "the last tenth of the MOPD steps): x4.0" in " ".join(report.markdown(rep).split())
   rep["clip_frac_curve"] = [[0, 0.02], [1, 0.0]]
   assert "Reward clipped at +-r_max on 1.00% of the generated tokens (mean over the 2 MOPD " \
       "steps; largest step 2.00%)" in " ".join(report.markdown(rep).split())
@@ -49,7 +49,7 @@ def test_report_checks_evaluate_the_bars():
   rep["kl_exact_curve"] = exact
   assert report.kl_drop(rep) == (pytest.approx(0.5 / ((0.05 + 0.05 + 0.09) / 3)), "exact")
   assert {c["name"]: c["ok"] for c in report.checks(rep)}[report.KL_DROP_CHECK] is True
-  assert "the exact KL, the first tenth's over the last tenth of the measured steps): x7.9" \
+  assert "the exact KL, the first tenth's over the last tenth of the MOPD steps): x7.9" \
       in " ".join(report.markdown(rep).split())
   # With the teacher-SFT init the distillation starts at pi_SFT: its exact KL before the init
   # (mopd/start.json) is the start of the drop.
@@ -60,7 +60,17 @@ def test_report_checks_evaluate_the_bars():
   assert "Exact per-token KL of pi_SFT, the student's start before its teacher-SFT " \
       "initialisation, on its own rollouts of the first step's prompts: 1.9000." in md
   assert "the exact KL, pi_SFT's before the teacher-SFT init over the last tenth of the " \
-      "measured steps): x30.0" in md, md
+      "MOPD steps): x30.0" in md, md
+  # The MOPD stage measures every third step and each of the last tenth's: the windows are
+  # tenths of the steps, so the end averages the 6 steps of a 60-step run, not the last two
+  # measured points (one of which, a rollout's excursion, can double the mean).
+  exact = [[s, 0.2] for s in range(0, 54, 3)] + [[s, 0.02] for s in range(54, 59)] + [[59, 0.2]]
+  rep["kl_exact_curve"] = exact
+  assert report.kl_windows(exact)[1].tolist() == [0.02] * 5 + [0.2]
+  assert report.kl_drop(rep)[0] == pytest.approx(1.9 / ((5 * 0.02 + 0.2) / 6))
+  md = " ".join(report.markdown(rep).split())
+  assert "mean over the first / last tenth of the steps (2 / 6 measured) 0.2000 / 0.0500, " \
+      "the last tenth's standard error 0.0300" in md, md
 
 
 def test_outside_teacher_accuracy_is_compared_with_the_teacher_it_replaces():

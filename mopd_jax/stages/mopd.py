@@ -222,8 +222,12 @@ class Distillation:
   def measure(self, step: int):
     """The diagnostics of `step` as a `train_on` hook, or None when none are due."""
     inp = self.inp
-    ends = step in (0, inp.cfg.steps - 1)
-    exact = bool(self.every) and (step % self.every == 0 or ends)
+    steps = inp.cfg.steps
+    ends = step in (0, steps - 1)
+    # The KL-drop result averages the last tenth of the steps (report.kl_windows): each of
+    # them is measured, as one step's value alone moves several-fold with its rollouts.
+    last_tenth = step >= steps - max(1, steps // 10)
+    exact = bool(self.every) and (step % self.every == 0 or ends or last_tenth)
     if not exact and not ends:
       return None
 

@@ -22,6 +22,7 @@ class Inputs:
 def run(inp: Inputs) -> None:
   timings = checkpoint.read_json(inp.files.path("timings.json"), default={"_": 0})
   timings.pop("_", None)
+  compile_seconds = timings.pop("compile", {})  # per stage: {seconds, programs} (pipeline.py)
   timings["total"] = sum(timings.values())
   rep = report.write(inp.files.root, json.loads(inp.config_json), timings, grid=inp.grid)
   inp.files.mark_done("report", {"kl": rep["kl"]["final"]})
