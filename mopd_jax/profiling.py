@@ -115,9 +115,10 @@ COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
 
 class CompileClock:
   """The seconds this process has spent compiling (the sum of `COMPILE_EVENTS`) and how many
-  XLA compilations ran. One listener per process, registered on first use; read it before
+  programs XLA compiled. One listener per process, registered on first use; read it before
   and after a stage to split the stage's wall time into compilation and the rest. A program
-  loaded from the persistent compilation cache counts its tracing and lowering only."""
+  loaded from the persistent compilation cache counts its tracing and lowering only, and is
+  not counted as compiled."""
   _seconds = 0.0
   _programs = 0
   _registered = False

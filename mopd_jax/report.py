@@ -377,7 +377,15 @@ def markdown(rep: dict) -> str:
           f" | {c['train_duplicates'] + c['test_duplicates']} | {no_b0} | "
           f"{sum(c[s]['too_long'] for s in splits)} |")
   lines += ["", "Wall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in
-                                             rep["wall_seconds"].items()), "",
+                                             rep["wall_seconds"].items()) + "."]
+  comp = {k: v for k, v in (rep.get("compile_seconds") or {}).items() if v["programs"]}
+  if comp:
+    lines += ["", "Of which compiling (tracing, lowering and XLA's compile; the programs XLA "
+              "compiled, not counting those loaded from the run's cache): " + ", ".join(
+                  f"{k} {v['seconds']:.0f} s ({v['programs']} programs" +
+                  (f", of its {v['wall']:.0f} s)" if "wall" in v else ")")
+                  for k, v in comp.items()) + "."]
+  lines += ["",
             "![cells](cells.png)", "", "![kl](kl.png)", "", "![length](length.png)"]
   return "\n".join(lines) + "\n"
 
@@ -487,8 +495,13 @@ def _save(fig, outdir: str, name: str) -> str:
   return path
 
 
-def write(workdir: str, config_json: dict, wall_seconds: dict, *, grid: Grid) -> dict:
+def write(workdir: str, config_json: dict, wall_seconds: dict, *, grid: Grid,
+          compile_seconds: Optional[dict] = None) -> dict:
+  """`compile_seconds`: {stage or "rl lane <domain>": {seconds, programs[, wall]}}, the
+  time each process spent compiling (`profiling.CompileClock`), shown beside the wall
+  seconds."""
   rep = build(workdir, config_json, wall_seconds, grid=grid)
+  rep["compile_seconds"] = compile_seconds or {}
   rep["checks"] = checks(rep)
   rep["teachers_like_sft"] = teachers_like_sft(rep)  # cells RL did not move (informational)
   checkpoint.write_json(storage.join(workdir, "report.json"), rep)

@@ -56,3 +56,21 @@ def test_bad_switch_is_an_error(tmp_path, profile_cfg, field, value):
   setattr(profile_cfg, field, value)
   with pytest.raises(ValueError, match="profile"):
     profiling.Switch(profile_cfg, str(tmp_path))
+
+
+def test_compile_clock_counts_this_process_compilations():
+  """A new program adds its compile seconds and one XLA compilation; running it again adds
+  neither."""
+  import jax
+  import jax.numpy as jnp
+  from mopd_jax import profiling
+  import time
+  salt = float(time.time_ns() % 1_000_003)  # a program no cache holds
+  f = jax.jit(lambda x: jnp.tanh(x) * 3.0 + salt)
+  x = jnp.ones((7, 5)).block_until_ready()
+  s0, n0 = profiling.CompileClock.read()
+  f(x).block_until_ready()
+  s1, n1 = profiling.CompileClock.read()
+  assert s1 > s0 and n1 == n0 + 1
+  f(x).block_until_ready()
+  assert profiling.CompileClock.read() == (s1, n1)

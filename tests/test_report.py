@@ -31,6 +31,13 @@ def test_report_checks_evaluate_the_bars():
   assert got["teacher factory wall seconds (sft + rl)"] is True
   assert got["pipeline wall seconds"] is False
   assert "the last tenth of the MOPD steps): x4.0" in " ".join(report.markdown(rep).split())
+  # The compile seconds of each stage and lane process, beside the wall seconds.
+  rep["compile_seconds"] = {"sft": {"seconds": 12.8, "programs": 13},
+                            "rl lane agt": {"seconds": 57.8, "programs": 237, "wall": 183.9},
+                            "report": {"seconds": 0.0, "programs": 0}}
+  md = " ".join(report.markdown(rep).split())
+  assert "the run's cache): sft 13 s (13 programs), rl lane agt 58 s (237 programs, of its " \
+      "184 s)." in md, md
   rep["clip_frac_curve"] = [[0, 0.02], [1, 0.0]]
   assert "Reward clipped at +-r_max on 1.00% of the generated tokens (mean over the 2 MOPD " \
       "steps; largest step 2.00%)" in " ".join(report.markdown(rep).split())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from mopd_jax import checkpoint, report
+from mopd_jax import checkpoint, lanes, report
 from mopd_jax import grid as grid_mod
 from mopd_jax.stages import loops
 
@@ -24,6 +24,14 @@ def run(inp: Inputs) -> None:
   timings.pop("_", None)
   compile_seconds = timings.pop("compile", {})  # per stage: {seconds, programs} (pipeline.py)
   timings["total"] = sum(timings.values())
-  rep = report.write(inp.files.root, json.loads(inp.config_json), timings, grid=inp.grid)
+  # Each RL lane process records its own (mopd_jax/lanes.py); lanes run side by side.
+  for d in inp.grid.domains:
+    lane = checkpoint.read_json(inp.files.path("rl", d, lanes.COMPILE), default=None)
+    if lane is not None:
+      compile_seconds[f"rl lane {d}"] = {"seconds": lane["compile_seconds"],
+                                         "programs": lane["programs"],
+                                         "wall": lane["wall_seconds"]}
+  rep = report.write(inp.files.root, json.loads(inp.config_json), timings, grid=inp.grid,
+                     compile_seconds=compile_seconds)
   inp.files.mark_done("report", {"kl": rep["kl"]["final"]})
   print(f"report: {inp.files.path('report.md')}")
