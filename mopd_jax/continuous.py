@@ -263,13 +263,12 @@ class ContinuousSampler:
       state = self._decode(dparams, state, width, *put(np.bool_(nxt < q)), temp)
       decodes += 1
       done, count = distributed.gather((state.done, state.count))
-      for sl in np.flatnonzero(done):
-        r = slot_row[sl]
-        if r < 0:
-          continue
-        toks, lps = distributed.gather((state.tokens[sl], state.logprobs[sl]))
-        c = int(count[sl])
-        out_tok[r, :c], out_lp[r, :c], out_len[r] = toks[:c], lps[:c], c
+      finished = [sl for sl in np.flatnonzero(done) if slot_row[sl] >= 0]
+      if finished:  # one transfer of every slot's tokens, not a slicing program per slot
+        toks, lps = distributed.gather((state.tokens, state.logprobs))
+      for sl in finished:
+        r, c = slot_row[sl], int(count[sl])
+        out_tok[r, :c], out_lp[r, :c], out_len[r] = toks[sl, :c], lps[sl, :c], c
         slot_row[sl] = -1
     self.last_stats = {"decode_calls": decodes, "rows": q}
     return _assemble(tokens, mask, out_tok, out_lp=out_lp, out_len=out_len, scfg=self.scfg)

@@ -375,7 +375,9 @@ class Sampler:
       tokens = np.pad(tokens, ((0, 0), (width - tokens.shape[1], 0)),
                       constant_values=self.scfg.pad_id)
     mask = np.arange(width)[None, :] >= (width - lengths)[:, None]
-    return jnp.asarray(tokens, jnp.int32), jnp.asarray(mask)
+    # Host arrays: the programs take them as arguments (an eager `jnp.asarray` would compile
+    # a copy program per shape; the continuous sampler reads them on the host anyway).
+    return tokens.astype(np.int32), mask
 
   def row_args(self, b: int, rng, row_keys=None, *, max_new=None):
     """Each row's cap (`max_new`: checked, clipped to max_new_tokens) and PRNG key (given,
@@ -393,7 +395,7 @@ class Sampler:
       limits = np.minimum(limits, n).astype(np.int32)
     if row_keys is None:
       row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(b))
-    row_keys = jnp.asarray(row_keys)
+    row_keys = np.asarray(row_keys)  # host keys, like the prompts (`prepare`)
     if row_keys.shape[0] != b:
       raise ValueError(f"{row_keys.shape[0]} row keys for a batch of {b} prompts")
     return limits, row_keys
@@ -411,14 +413,14 @@ class Sampler:
     if jax.process_count() == 1:
       cache = models.init_cache(self.model_cfg, b, p + n)
       _, rollout = self._fn(params, cache, tokens, prompt_mask=mask, row_keys=row_keys,
-                            row_limits=jnp.asarray(limits))
+                            row_limits=limits)
       return rollout
     # Multi-process: every process holds the same prompts; they enter as replicated global
     # arrays on the params' mesh, and the rollout comes back in full to every host.
     rep = jax.sharding.NamedSharding(distributed.mesh_of(params), jax.sharding.PartitionSpec())
     cache = _replicated_cache(self.model_cfg, b, p + n, rep=rep)()
     tokens, mask, row_keys, limits = distributed.to_global(
-        (tokens, mask, row_keys, jnp.asarray(limits)), rep)
+        (tokens, mask, row_keys, limits), rep)
     _, rollout = self._fn(params, cache, tokens, prompt_mask=mask, row_keys=row_keys,
                           row_limits=limits)
     return distributed.gather(rollout)

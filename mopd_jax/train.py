@@ -13,6 +13,7 @@ from typing import Optional
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -42,11 +43,18 @@ class TrainBatch:
     """The batch of a `rollout.pad_batch` result (the one padded layout every loop uses):
     its tokens and masks, its sampler log-probs when `sampler_logprobs`, and any other
     field given (arrays or None)."""
-    kw = {k: jnp.asarray(arr[k]) for k in ("tokens", "input_mask", "loss_mask")}
+    kw = {k: _to_device(arr[k]) for k in ("tokens", "input_mask", "loss_mask")}
     if sampler_logprobs:
-      kw["sampler_logprobs"] = jnp.asarray(arr["sampler_logprobs"])
-    kw.update({k: None if v is None else jnp.asarray(v) for k, v in fields.items()})
+      kw["sampler_logprobs"] = _to_device(arr["sampler_logprobs"])
+    kw.update({k: None if v is None else _to_device(v) for k, v in fields.items()})
     return cls(**kw)
+
+
+def _to_device(x):
+  """A host array as a JAX array, by transfer: `jnp.asarray` of a NumPy array compiles a
+  copy program for every new shape (the toy's loops meet hundreds of batch shapes); a JAX
+  array passes unchanged."""
+  return x if isinstance(x, jax.Array) else jax.device_put(np.asarray(x))
 
 
 @dataclasses.dataclass(frozen=True)

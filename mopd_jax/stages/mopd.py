@@ -144,6 +144,9 @@ def run(inp: Inputs) -> None:
                                "staleness": c.staleness,
                                "partial_rollout_tokens": c.partial_rollout_tokens,
                                "phase_seconds_per_step": times.per_step(),
+                               "seconds_outside_steps": {"start_kl": dist.seconds["start_kl"],
+                                                         "init": dist.seconds["init"]},
+                               "diagnostics_seconds": dist.seconds["diagnostics"],
                                "kl_initial": history[0]["kl"], "kl_final": history[-1]["kl"]})
 
 
@@ -179,6 +182,9 @@ class Distillation:
     # KL every `every` steps and on those two.
     self.probe = diagnostics.Probe(inp.model_cfg, loss_cfg, inp.tok, tuple(grid.cells),
                                    grid.effort_names)
+    # Wall seconds of this run's start (pi_SFT's exact KL; the teacher-SFT init: its teacher
+    # rollouts and updates) and of the steps' diagnostics (inside the steps' `train` phase).
+    self.seconds = {"start_kl": 0.0, "init": 0.0, "diagnostics": 0.0}
 
   def data_state(self) -> dict:
     data = self.drawn_at.get(self.last_step + 1) or self.streams.state()
@@ -195,8 +201,11 @@ class Distillation:
     inp = self.inp
     student = inp.load_start()
     if inp.cfg.init == "teacher_sft":
+      t = time.time()
       self.measure_start(student)
+      self.seconds["start_kl"] = time.time() - t
       student, pool_size = teacher_sft_init(inp, student)
+      self.seconds["init"] = time.time() - t - self.seconds["start_kl"]
       print(f"[mopd] student initialised by SFT on "
             f"{pool_size if pool_size is not None else 'restored'} teacher trajectories")
     return self.trainer.init(student)
@@ -232,11 +241,14 @@ class Distillation:
       return None
 
     def fn(params, sampled, batch):
+      t = time.time()
       out = [self.probe.measure(params, sampled, batch)] if ends else []
       if exact:
         kl = mopd.exact_kl_rows(inp.model_cfg, params, inp.scoring, sampled=sampled)
         out.insert(0, diagnostics.exact_kl_means(kl, sampled, inp.bank.router.names))
-      return diagnostics.merge(*out)
+      merged = diagnostics.merge(*out)  # host floats: the measurement has finished
+      self.seconds["diagnostics"] += time.time() - t
+      return merged
     return fn
 
   def train(self, state, sampled, scored):
