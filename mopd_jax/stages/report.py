@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from mopd_jax import checkpoint, lanes, report
+from mopd_jax import checkpoint, lanes, report, storage
 from mopd_jax import grid as grid_mod
 from mopd_jax.stages import loops
 
@@ -26,8 +26,9 @@ def run(inp: Inputs) -> None:
   timings["total"] = sum(timings.values())
   # Each RL lane process records its own (mopd_jax/lanes.py); lanes run side by side.
   for d in inp.grid.domains:
-    lane = checkpoint.read_json(inp.files.path("rl", d, lanes.COMPILE), default=None)
-    if lane is not None:
+    path = inp.files.path("rl", d, lanes.COMPILE)
+    if storage.exists(path):  # lanes run in this process leave none
+      lane = checkpoint.read_json(path)
       compile_seconds[f"rl lane {d}"] = {"seconds": lane["compile_seconds"],
                                          "programs": lane["programs"],
                                          "wall": lane["wall_seconds"]}
