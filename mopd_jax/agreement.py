@@ -70,3 +70,23 @@ def row_logratios(model_cfg: models.ModelConfig, params, tok, *,
   lp_t = mopd.realign(np.asarray(scores)[k, :n], spans, arr["tokens"].shape[1])
   loss = np.asarray(arr["loss_mask"], bool)[:n]
   return np.where(loss, lp_pi - lp_t, 0.0).sum(1) / np.maximum(loss.sum(1), 1)
+
+
+def logratio_table(cells: Sequence[dict], grid_cells) -> list:
+  """report.md's lines of pi_SFT's and the student's held-out log-ratio to each cell's
+  teacher (`eval.teacher_logratio`) over the grid's (domain, effort) `grid_cells`; none when
+  the eval did not measure it."""
+  have = {(c["policy"], c["domain"], c["effort"]): c for c in cells if "teacher_logratio" in c}
+  if not have:
+    return []
+  lines = ["", "Mean per-token log pi - log pi_teacher along each policy's greedy test answers "
+           "(a reverse-KL estimate on held-out prompts; ± its standard error over the answers):",
+           "", "| domain | effort | sft | student |", "|---|---|---|---|"]
+  for d, e in grid_cells:
+    row = [d, e]
+    for p in ("sft", "student"):
+      c = have.get((p, d, e))
+      row.append("-" if c is None else
+                 f"{c['teacher_logratio']:.4f} ± {c['teacher_logratio_se']:.4f}")
+    lines.append("| " + " | ".join(row) + " |")
+  return lines

@@ -136,3 +136,16 @@ class CompileClock:
       jax.monitoring.register_event_duration_secs_listener(cls._listen)
       cls._registered = True
     return cls._seconds, cls._programs
+
+
+def compile_line(compile_seconds: dict) -> str:
+  """report.md's sentence of each process's compile seconds ({stage or lane: {seconds,
+  programs[, wall]}}), or "" when nothing compiled."""
+  comp = {k: v for k, v in compile_seconds.items() if v["programs"]}
+  if not comp:
+    return ""
+  return ("Of which compiling (tracing, lowering and XLA's compile; the programs XLA "
+          "compiled, not counting those loaded from the run's cache): " + ", ".join(
+              f"{k} {v['seconds']:.0f} s ({v['programs']} programs" +
+              (f", of its {v['wall']:.0f} s)" if "wall" in v else ")")
+              for k, v in comp.items()) + ".")

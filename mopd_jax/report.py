@@ -8,7 +8,7 @@ from typing import Optional
 import jax
 import numpy as np
 
-from mopd_jax import checkpoint, diagnostics, storage
+from mopd_jax import agreement, checkpoint, diagnostics, profiling, storage
 from mopd_jax.grid import Grid
 
 POLICIES = ("sft", "teacher", "student")
@@ -280,7 +280,7 @@ def markdown(rep: dict) -> str:
           f"{c['accuracy']:.3f}" + ("" if se is None else f" ± {se:.3f}"),
           f"{c['mean_length']:.1f}"]
     lines.append("| " + " | ".join(row) + " |")
-  lines += _logratio_table(rep)
+  lines += agreement.logratio_table(rep["cells"], Grid.from_json(rep["grid"]).cells)
   same = teachers_like_sft(rep)
   if same:
     lines += ["", "Teachers no different from pi_SFT in their own cell (the same mean length "
@@ -376,37 +376,13 @@ def markdown(rep: dict) -> str:
               f"{b[k]:.0f}" for k in ("min", "p10", "p50", "p90", "max")) +
           f" | {c['train_duplicates'] + c['test_duplicates']} | {no_b0} | "
           f"{sum(c[s]['too_long'] for s in splits)} |")
+  compiling = profiling.compile_line(rep.get("compile_seconds") or {})
   lines += ["", "Wall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in
                                              rep["wall_seconds"].items()) + "."]
-  comp = {k: v for k, v in (rep.get("compile_seconds") or {}).items() if v["programs"]}
-  if comp:
-    lines += ["", "Of which compiling (tracing, lowering and XLA's compile; the programs XLA "
-              "compiled, not counting those loaded from the run's cache): " + ", ".join(
-                  f"{k} {v['seconds']:.0f} s ({v['programs']} programs" +
-                  (f", of its {v['wall']:.0f} s)" if "wall" in v else ")")
-                  for k, v in comp.items()) + "."]
+  lines += ["", compiling] if compiling else []
   lines += ["",
             "![cells](cells.png)", "", "![kl](kl.png)", "", "![length](length.png)"]
   return "\n".join(lines) + "\n"
-
-
-def _logratio_table(rep: dict) -> list:
-  """pi_SFT's and the student's held-out log-ratio to each cell's teacher (`eval.
-  teacher_logratio`), when the eval measured it."""
-  cells = [c for c in rep["cells"] if "teacher_logratio" in c]
-  if not cells:
-    return []
-  lines = ["", "Mean per-token log pi - log pi_teacher along each policy's greedy test answers "
-           "(a reverse-KL estimate on held-out prompts; ± its standard error over the answers):",
-           "", "| domain | effort | sft | student |", "|---|---|---|---|"]
-  for d, e in Grid.from_json(rep["grid"]).cells:
-    row = [d, e]
-    for p in ("sft", "student"):
-      c = find_cell(cells, p, d, effort=e)
-      row.append("-" if c is None else
-                 f"{c['teacher_logratio']:.4f} ± {c['teacher_logratio_se']:.4f}")
-    lines.append("| " + " | ".join(row) + " |")
-  return lines
 
 
 def _fmt(v) -> str:
