@@ -297,6 +297,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # answers, scored like the MOPD stage's (in process, or by the `teacher.endpoints`
   # servers). One teacher-forced forward of the policy and one teacher prefill per batch.
   c.eval.teacher_logratio = False
+  # The exact per-token KL(policy || routed teacher) over the whole vocabulary, as the MOPD
+  # stage measures it, for pi_SFT and the student on their own rollouts (temperature 1) of
+  # the first `kl_rollouts` test prompts of each domain at every effort (0 = off): the
+  # report's KL drop is pi_SFT's over the student's, each with its standard error
+  # (mopd_jax/agreement.py). Needs the teachers' params in this process.
+  c.eval.kl_rollouts = 0
 
   # Profiling switch (off by default): trace steps [start_step, start_step + num_steps) of
   # one training loop with the JAX profiler into <workdir>/profile/<loop>/. `stage`: "" (off),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -90,3 +90,49 @@ def logratio_table(cells: Sequence[dict], grid_cells) -> list:
                  f"{c['teacher_logratio']:.4f} ± {c['teacher_logratio_se']:.4f}")
     lines.append("| " + " | ".join(row) + " |")
   return lines
+
+
+def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", scoring, *,
+               examples: Mapping[str, Sequence], rng, batch: int = 32) -> dict:
+  """The exact per-token KL(pi || routed teacher) over the whole vocabulary along pi's own
+  rollouts, the MOPD stage's measure (`mopd.exact_kl_rows`) on held-out prompts: pi =
+  (model_cfg, params) samples once (`setup.engine`) after each of `examples[d]` at every
+  effort of `setup.cells`, `batch` prompts per cell per call; `scoring` is the bank at its
+  scoring temperature.
+
+  Returns {"kl_exact", "kl_exact_se", "rollouts", "tokens", "cells": {"d/e": {"kl_exact",
+  "kl_exact_se", "rollouts"}}}: each the mean over the generated tokens, with the standard
+  error of that ratio of sums over independent rollouts (a rare rollout that leaves its
+  teacher's style carries a large KL over its tokens, so the error is reported with it)."""
+  sums, counts, cell_ids = [], [], []
+  n = min(len(examples[d]) for d, _ in setup.cells)
+  for i, start in enumerate(range(0, n, batch)):
+    per_cell = [list(examples[d][start:start + batch]) for d, _ in setup.cells]
+    sampled = mopd.sample_batch(setup, params, per_cell, rng=jax.random.fold_in(rng, i))
+    kl = mopd.exact_kl_rows(model_cfg, params, scoring, sampled=sampled)
+    rows = len(sampled.lengths)
+    mask = np.asarray(sampled.arr["loss_mask"], bool)[:rows]
+    sums.append((kl[:rows] * mask).sum(1))
+    counts.append(mask.sum(1))
+    cell_ids.append(np.asarray(sampled.cell_ids)[:rows])
+  sums, counts, cell_ids = map(np.concatenate, (sums, counts, cell_ids))
+  out = {**_token_mean(sums, counts), "rollouts": len(sums), "tokens": int(counts.sum()),
+         "cells": {}}
+  for j, (d, e) in enumerate(setup.cells):
+    sel = cell_ids == j
+    out["cells"][f"{d}/{e}"] = {**_token_mean(sums[sel], counts[sel]),
+                                "rollouts": int(sel.sum())}
+  return out
+
+
+def _token_mean(sums: np.ndarray, counts: np.ndarray) -> dict:
+  """The token mean sum(sums) / sum(counts) over rollouts and its standard error (the
+  linearised ratio estimator's, over the rollouts)."""
+  total = counts.sum()
+  if total == 0:
+    return {"kl_exact": 0.0, "kl_exact_se": 0.0}
+  mean = sums.sum() / total
+  r = len(sums)
+  resid = sums - mean * counts
+  se = np.sqrt(r / max(r - 1, 1) * np.sum(resid ** 2)) / total
+  return {"kl_exact": float(mean), "kl_exact_se": float(se)}

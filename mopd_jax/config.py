@@ -291,6 +291,7 @@ class EvalConfig:
   samples: int = _f(Int(0))
   sample_temperature: float = _f(Num(strict=True))
   teacher_logratio: bool = _f(Bool())
+  kl_rollouts: int = _f(Int(0))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,8 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, *, grid: Grid) ->
              **initial_kl_byfind_cell(workdir, history)},
       # The exact full-vocabulary KL, on the steps that measured it (mopd.exact_kl_every).
       "kl_exact_curve": [[h["step"], h["kl_exact"]] for h in history if "kl_exact" in h],
+      # pi_SFT's and the student's exact KL on held-out prompts (eval.kl_rollouts), if any.
+      "kl_heldout": ev.get("kl_heldout"),
       # pi_SFT's exact KL before the teacher-SFT initialisation (mopd/start.json), if any.
       "kl_start": (checkpoint.read_json(start) if storage.exists(
           start := storage.join(workdir, "mopd", "start.json")) else None),
@@ -122,7 +124,7 @@ def checks(rep: dict) -> list:
   return out
 
 
-KL_DROP_CHECK = "per-token KL, start / last tenth of the MOPD steps"
+KL_DROP_CHECK = "per-token KL to the routed teachers, start / end of the distillation"
 WALL_TIME_CHECKS = ("teacher factory wall seconds (sft + rl)", "pipeline wall seconds")
 
 
@@ -151,18 +153,20 @@ def kl_window_means(curve) -> tuple:
 
 
 def kl_drop(rep: dict) -> tuple:
-  """(ratio, source): how far the per-token KL of the student to its routed teachers falls
-  over the MOPD run, as the mean over the measured steps of the first tenth of the run over
-  the mean over those of the last tenth. The exact full-vocabulary KL where the run measured it
-  (`mopd.exact_kl_every`, source "exact"), else the sampled-token estimate ("sampled").
-  One step's value is an estimate from that step's few dozen rollouts (the sampled one can
-  fall below 0; the exact one moves 10x from step to step on the toy, as one rollout that
-  leaves its teacher's style carries a large KL over many tokens), so a single first and
-  last step say little about the trend; a tenth of the run averages several steps at each
-  end, and the MOPD stage measures the exact KL on every step of the last tenth. With the teacher-SFT init the distillation
-  starts at pi_SFT, before the init: its exact KL (`kl_start`, mopd/start.json) replaces the
-  first tenth's mean. (None, source) without a curve or when the last tenth's mean is at or
-  below 0, where no ratio means anything."""
+  """(ratio, source): how far the per-token KL of the student to its routed teachers falls.
+  With the eval's held-out measure (`eval.kl_rollouts`, source "exact, held-out"): pi_SFT's
+  exact KL over the student's, each on its own rollouts of the same test prompts. Else from
+  the MOPD run's curve: the mean over its first tenth of steps over the mean over its last
+  tenth (every step of which the stage measures), of the exact full-vocabulary KL where
+  measured (`mopd.exact_kl_every`, "exact"; pi_SFT's before the teacher-SFT init,
+  mopd/start.json, replaces the first tenth), else of the sampled-token estimate
+  ("sampled"). A step's value is an estimate from a few dozen rollouts, one of which, off its
+  teacher's style, can move it 10x. (None, source) when there is nothing to measure or the
+  end's KL is at or below 0."""
+  held = rep.get("kl_heldout") or {}
+  if "sft" in held and "student" in held:
+    last = held["student"]["kl_exact"]
+    return (held["sft"]["kl_exact"] / last if last > 0 else None), "exact, held-out"
   exact = rep.get("kl_exact_curve") or []
   curve, source = (exact, "exact") if len(exact) >= 2 else (rep["kl"].get("curve") or [],
                                                              "sampled")
@@ -312,12 +316,21 @@ def markdown(rep: dict) -> str:
     lines += ["", f"Exact per-token KL of pi_SFT, the student's start before its teacher-SFT "
               f"initialisation, on its own rollouts of the first step's prompts: "
               f"{start['kl_exact']:.4f}."]
+  held = rep.get("kl_heldout") or {}
+  if "sft" in held and "student" in held:
+    a, b = held["sft"], held["student"]
+    lines += ["", f"Exact per-token KL to the routed teachers on held-out prompts (each "
+              f"policy's own rollouts of {a['rollouts']} test prompts, ± standard error): "
+              f"pi_SFT {a['kl_exact']:.4f} ± {a['kl_exact_se']:.4f}, the student "
+              f"{b['kl_exact']:.4f} ± {b['kl_exact_se']:.4f}."]
   ratio, source = kl_drop(rep)
   if ratio is not None:
-    measure = ("the exact KL, pi_SFT's before the teacher-SFT init" if source.startswith(
-        "exact,") else f"the {source} KL, the first tenth's")
-    lines += ["", f"KL drop (the expected result's measure: {measure} over the last tenth of "
-              f"the MOPD steps): x{ratio:.1f}."]
+    measure = ("pi_SFT's over the student's exact KL on held-out prompts" if
+               source == "exact, held-out" else
+               "the exact KL, pi_SFT's before the teacher-SFT init" if source.startswith(
+                   "exact,") else f"the {source} KL, the first tenth's")
+    over = "" if source == "exact, held-out" else " over the last tenth of the MOPD steps"
+    lines += ["", f"KL drop (the expected result's measure: {measure}{over}): x{ratio:.1f}."]
   drops = rep.get("kl_exact_drop_per_cell") or {}
   if drops:
     lines += ["", "Exact per-token KL per cell, mean over the first / last tenth of the "

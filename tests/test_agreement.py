@@ -88,3 +88,48 @@ def test_a_response_without_generated_tokens_scores_zero():
   assert got[0] == 0.0 and np.all(np.isfinite(got))
   with pytest.raises(IndexError):
     agreement.row_logratios(CFG, policy, TOK, trajs=[], examples=[], scoring=scoring)
+
+
+def _kl_setup(bank, view):
+  from mopd_jax import mopd, views  # noqa: F401
+  engine = rollout.RolloutEngine(CFG, TOK, max_response_tokens=12,
+                                 decode=rollout.DecodeOptions(decode_slots=4))
+  cells = [("gen", n.split("/")[1]) for n in NAMES]
+  return mopd.StepSetup(bank, engine, {"gen": get_task("gen")}, cells,
+                        {"low": 0.3, "high": 0.7, "max": 1.5}, view=view)
+
+
+def test_heldout_kl_is_the_token_mean_of_the_exact_kl_with_its_error():
+  """Every prompt at every effort, sampled in batches: the overall and per-cell values are the
+  token means of `mopd.exact_kl_rows` over the same rollouts, the error is the ratio
+  estimator's over rollouts; a policy scored by itself after its own prompt gives 0."""
+  from mopd_jax import mopd, views
+  policy, bank, _, _ = _setup()
+  exs = get_task("gen").generate(3, 4)
+  setup = _kl_setup(bank, views.PromptView(teacher_sees_effort=False))
+  rng = jax.random.PRNGKey(3)
+  got = agreement.heldout_kl(CFG, policy, setup, bank, examples={"gen": exs}, rng=rng, batch=2)
+  assert got["rollouts"] == 12 and set(got["cells"]) == set(NAMES)
+  sums, counts, cells = [], [], []
+  for i, start in enumerate((0, 2)):  # the batches heldout_kl draws, by hand
+    sampled = mopd.sample_batch(setup, policy, [exs[start:start + 2]] * 3,
+                                rng=jax.random.fold_in(rng, i))
+    kl = mopd.exact_kl_rows(CFG, policy, bank, sampled=sampled)
+    mask = np.asarray(sampled.arr["loss_mask"], bool)[:6]
+    sums += list((kl[:6] * mask).sum(1))
+    counts += list(mask.sum(1))
+    cells += list(sampled.cell_ids[:6])
+  sums, counts, cells = map(np.asarray, (sums, counts, cells))
+  mean = sums.sum() / counts.sum()
+  se = np.sqrt(12 / 11 * np.sum((sums - mean * counts) ** 2)) / counts.sum()
+  assert got["tokens"] == counts.sum()
+  np.testing.assert_allclose([got["kl_exact"], got["kl_exact_se"]], [mean, se], rtol=1e-6)
+  for j, name in enumerate(NAMES):
+    sel = cells == j
+    np.testing.assert_allclose(got["cells"][name]["kl_exact"],
+                               sums[sel].sum() / counts[sel].sum(), rtol=1e-6)
+  assert got["kl_exact"] > 0.01  # random teachers are far from the policy
+  same = teachers.build_bank(CFG, [policy] * 3, names=NAMES)
+  zero = agreement.heldout_kl(CFG, policy, _kl_setup(same, views.EFFORT_EVERYWHERE), same,
+                              examples={"gen": exs}, rng=rng, batch=4)
+  assert abs(zero["kl_exact"]) < 1e-5 and zero["kl_exact_se"] < 1e-5

@@ -15,7 +15,8 @@ from typing import Any, Callable, Mapping, Optional
 import jax
 import numpy as np
 
-from mopd_jax import agreement, checkpoint, config as config_mod, models, sft, storage, views
+from mopd_jax import (agreement, checkpoint, config as config_mod, models, mopd, sft, storage,
+                      views)
 from mopd_jax import grid as grid_mod
 from mopd_jax.stages import loops
 from mopd_jax.tasks import base as task_base
@@ -42,6 +43,10 @@ class Inputs:
   loops: loops.Loops
   scorer: Optional[Callable] = None
   teacher_cells: tuple = ()
+  # `eval.kl_rollouts`: the student's rollout setup (its sampler, the bank's router, the
+  # tasks, the view) and the bank at its scoring temperature; None when not measured.
+  kl_setup: Optional[mopd.StepSetup] = None
+  kl_scoring: Any = None
 
 
 def run(inp: Inputs) -> None:
@@ -87,9 +92,31 @@ def run(inp: Inputs) -> None:
     log.scalars(0, {k: c[k] for k in ("accuracy", "mean_length", "over_budget_rate")},
                 prefix=f"{c['policy']}/{c['domain']}/{c['effort']}/")
   log.close()
-  checkpoint.write_json(files.path("eval.json"), {"cells": cells})
+  out = {"cells": cells}
+  if inp.kl_setup is not None and ec.kl_rollouts:
+    out["kl_heldout"] = heldout_kl(inp, policies)
+  checkpoint.write_json(files.path("eval.json"), out)
   files.mark_done("eval", {"num_cells": len(cells)})
   print(cells_table(cells))
+
+
+def heldout_kl(inp: Inputs, policies: dict) -> dict:
+  """{policy: `agreement.heldout_kl`} of pi_SFT and the student on the first
+  `eval.kl_rollouts` test prompts of each domain at every effort (the same prompts and
+  rollout keys for both)."""
+  n = inp.cfg.kl_rollouts
+  examples = {}
+  for d in inp.grid.domains:
+    test = inp.test(d)
+    examples[d] = [test[i] for i in range(min(n, len(test)))]
+  out = {}
+  for policy, params in policies.items():
+    out[policy] = agreement.heldout_kl(inp.model_cfg, params, inp.kl_setup, inp.kl_scoring,
+                                       examples=examples, rng=jax.random.PRNGKey(13))
+    print(f"[eval] {policy}: exact per-token KL to the routed teachers on its own rollouts "
+          f"of {out[policy]['rollouts']} test prompts: {out[policy]['kl_exact']:.4f} "
+          f"+- {out[policy]['kl_exact_se']:.4f}")
+  return out
 
 
 class _LogRatio:

@@ -7,6 +7,7 @@ and never sees the run.
 from __future__ import annotations
 
 from mopd_jax import checkpoint, models, placement, teachers
+from mopd_jax import mopd as mopd_lib
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
 
@@ -76,16 +77,20 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
       files=ctx.files, loops=ctx.loops)
 
 
+def scoring_bank(ctx: Run, bank: teachers.TeacherBank) -> teachers.TeacherBank:
+  """The bank at `mopd.teacher_temperature`: the teachers score at it, and sample the
+  teacher_sft init's trajectories at it, so the student is initialised on, and distilled
+  from, the same distribution (a bank without params, the router alone, as it is)."""
+  return bank if not bank.params else bank.replace(
+      params=models.with_temperature(bank.params, ctx.config.mopd.teacher_temperature))
+
+
 def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> tuple:
   """(the bank at its scoring temperature, the scorer of stratified batches) that MOPD and
   eval share: the `teacher.endpoints` servers' client, checked against the student at start,
   or the bank in this process (co-located or on its disaggregated slice)."""
   c = ctx.config.mopd
-  # The teachers score at `mopd.teacher_temperature`, and sample the teacher_sft init's
-  # trajectories at it: the student is initialised on, and distilled from, the same
-  # distribution.
-  scoring = bank if not bank.params else bank.replace(
-      params=models.with_temperature(bank.params, c.teacher_temperature))
+  scoring = scoring_bank(ctx, bank)
   if ctx.config.teacher.endpoints:
     return scoring, mopd.endpoint_scorer(
         ctx.grid.names, ctx.config.teacher.endpoints, policy=ctx.config.teacher.retry_policy(),
@@ -99,17 +104,25 @@ def eval_inputs(ctx: Run) -> eval_stage.Inputs:
   """The eval stage's inputs: its config block, the models' configs, the tasks and test
   splits, the engines and the loaders of the policies."""
   like = ctx.params_like()
-  scorer, cells = None, ()
-  if ctx.config.eval.teacher_logratio:  # scored as the MOPD stage scores
-    if ctx.config.teacher.endpoints:
-      bank = teachers.TeacherBank(params={}, model_cfg=ctx.teacher_cfg,
-                                  router=teachers.Router(ctx.grid.names))
-    else:
-      bank = ctx.load_bank()
+  ec = ctx.config.eval
+  scorer, cells, bank, kl_setup, kl_scoring = None, (), None, None, None
+  # The held-out exact KL reads the teachers' params beside the student's, in this process.
+  kl = ec.kl_rollouts > 0 and ctx.config.placement.teachers == "colocated"
+  if ec.kl_rollouts and not kl:
+    print("[eval] eval.kl_rollouts: the exact KL needs co-located teachers; not measured")
+  if ec.teacher_logratio or kl:
+    bank = (teachers.TeacherBank(params={}, model_cfg=ctx.teacher_cfg,
+                                 router=teachers.Router(ctx.grid.names))
+            if ctx.config.teacher.endpoints and not kl else ctx.load_bank())
+  if ec.teacher_logratio:  # scored as the MOPD stage scores
     scorer = teacher_scorer(ctx, bank)[1]
     cells = tuple(bank.router.names)
+  if kl:
+    kl_scoring = scoring_bank(ctx, bank)
+    kl_setup = mopd_lib.StepSetup(bank, ctx.engine, {d: ctx.task(d) for d in ctx.grid.domains},
+                                  ctx.grid.cells, ctx.grid.taus, view=ctx.view)
   return eval_stage.Inputs(
-      scorer=scorer, teacher_cells=cells,
+      scorer=scorer, teacher_cells=cells, kl_setup=kl_setup, kl_scoring=kl_scoring,
       cfg=ctx.config.eval, grid=ctx.grid, view=ctx.view, model_cfg=ctx.model_cfg,
       teacher_cfg=ctx.teacher_cfg, tasks={d: ctx.task(d) for d in ctx.grid.domains},
       test=lambda domain: ctx.split(domain, "test"), engine=ctx.make_engine,
