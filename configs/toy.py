@@ -173,12 +173,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # accuracy (the low efforts' guesses) has a binomial standard error of 0.04, twice the
   # room the student's ">= 0.9 x its teacher" result leaves there (0.02); on 300 it is 0.023.
   c.eval.num_examples = 16 if fast else 300
-  # The KL-drop result: pi_SFT's and the student's exact KL to their routed teachers, each
-  # on its own rollouts of the first 128 test prompts per domain at every effort (1152
-  # rollouts; seed 0's student 0.018 +- 0.003). The MOPD run's own curve, 54 rollouts a
-  # step, is noisier: one rollout that leaves its teacher's style moves a step's value
-  # several-fold (seed 3: `agt/low` 2.06 at step 54, 0.04 around it), so its last tenth
-  # (6 steps) had a standard error of a third of its mean (docs/choices.md).
+  # Beside the KL-drop result (the MOPD run's own curve: 54 rollouts a step, its last tenth
+  # 6 steps), pi_SFT's and the student's exact KL to their routed teachers on their own
+  # rollouts of the first 128 test prompts per domain at every effort (1152 rollouts each),
+  # with standard errors: the held-out view of the same distance. On the toy it is
+  # dominated in `agt` by rare rollouts that call a name the prompt does not hold and then
+  # write what neither the student nor its teacher would (docs/toy_results.md).
   c.eval.kl_rollouts = 2 if fast else 128
   c.smoke.max_new_tokens = 32 if fast else 64
   if arg == "tiny":  # fewest steps that still give every loop a middle to interrupt

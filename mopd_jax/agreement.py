@@ -92,7 +92,7 @@ def logratio_table(cells: Sequence[dict], grid_cells) -> list:
   return lines
 
 
-def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", scoring, *,
+def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *, scoring,
                examples: Mapping[str, Sequence], rng, batch: int = 32) -> dict:
   """The exact per-token KL(pi || routed teacher) over the whole vocabulary along pi's own
   rollouts, the MOPD stage's measure (`mopd.exact_kl_rows`) on held-out prompts: pi =
@@ -123,6 +123,18 @@ def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", s
     out["cells"][f"{d}/{e}"] = {**_token_mean(sums[sel], counts[sel]),
                                 "rollouts": int(sel.sum())}
   return out
+
+
+def heldout_drop(held: dict) -> Optional[tuple]:
+  """(ratio, its standard error) of pi_SFT's exact KL over the student's in `held`
+  ({policy: `heldout_kl`}, the eval's `kl_heldout`; the error propagated from theirs), or
+  None without both or with the student's at 0."""
+  if "sft" not in held or "student" not in held or held["student"]["kl_exact"] <= 0:
+    return None
+  a, b = held["sft"], held["student"]
+  ratio = a["kl_exact"] / b["kl_exact"]
+  return ratio, ratio * float(np.hypot(a["kl_exact_se"] / max(a["kl_exact"], 1e-12),
+                                       b["kl_exact_se"] / b["kl_exact"]))
 
 
 def _token_mean(sums: np.ndarray, counts: np.ndarray) -> dict:

@@ -6,17 +6,16 @@ qwen3_mopd.py) and the command line's. `build(config, num_devices)` turns it int
 field checked by the checker in its metadata (type, finiteness, sign or range, enum), the
 task grid resolved (unknown domain or effort names list the known ones), and the cross-field
 rules applied (batch sizes over the mesh, losses that need one another). Stages read only
-the RunConfig: no block or field has a default outside `configs/base.py`, and a field a
-config file adds that the schema does not know is an error, not silently ignored.
+the RunConfig: no field has a default outside `configs/base.py`, and a field a config file
+adds that the schema does not know is an error.
 
 The schema sits at the bottom of the import graph: it imports only the leaf modules
 `choices`, `config_checks` (the field checkers), `endpoints` and `tokenizer_options`. What
 needs the registered tasks, the verifiers or an algorithm's own rule (the grid, the record
-domains, the RL reference spec, ...) is resolved by mopd_jax/config_build.py, which `build`
-calls.
+domains, the RL reference spec...) is resolved by `build`'s mopd_jax/config_build.py.
 
-Checks use `raise`, never `assert`, so `python -O` keeps them, and raise `ConfigError` (a
-ValueError) so that the command line can tell a bad value from a failure inside a stage.
+Checks `raise ConfigError` (a ValueError), never `assert` (`python -O` keeps them), so the
+command line tells a bad value from a failure inside a stage.
 """
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def checks(rep: dict) -> list:
   return out
 
 
-KL_DROP_CHECK = "per-token KL to the routed teachers, start / end of the distillation"
+KL_DROP_CHECK = "per-token KL, start / last tenth of the MOPD steps"
 WALL_TIME_CHECKS = ("teacher factory wall seconds (sft + rl)", "pipeline wall seconds")
 
 
@@ -153,20 +153,14 @@ def kl_window_means(curve) -> tuple:
 
 
 def kl_drop(rep: dict) -> tuple:
-  """(ratio, source): how far the per-token KL of the student to its routed teachers falls.
-  With the eval's held-out measure (`eval.kl_rollouts`, source "exact, held-out"): pi_SFT's
-  exact KL over the student's, each on its own rollouts of the same test prompts. Else from
-  the MOPD run's curve: the mean over its first tenth of steps over the mean over its last
+  """(ratio, source): how far the per-token KL of the student to its routed teachers falls
+  over the MOPD run: the mean over its first tenth of steps over the mean over its last
   tenth (every step of which the stage measures), of the exact full-vocabulary KL where
   measured (`mopd.exact_kl_every`, "exact"; pi_SFT's before the teacher-SFT init,
   mopd/start.json, replaces the first tenth), else of the sampled-token estimate
   ("sampled"). A step's value is an estimate from a few dozen rollouts, one of which, off its
   teacher's style, can move it 10x. (None, source) when there is nothing to measure or the
-  end's KL is at or below 0."""
-  held = rep.get("kl_heldout") or {}
-  if "sft" in held and "student" in held:
-    last = held["student"]["kl_exact"]
-    return (held["sft"]["kl_exact"] / last if last > 0 else None), "exact, held-out"
+  end's KL is at or below 0. The held-out measure (`agreement.heldout_drop`) is shown beside it."""
   exact = rep.get("kl_exact_curve") or []
   curve, source = (exact, "exact") if len(exact) >= 2 else (rep["kl"].get("curve") or [],
                                                              "sampled")
@@ -316,21 +310,21 @@ def markdown(rep: dict) -> str:
     lines += ["", f"Exact per-token KL of pi_SFT, the student's start before its teacher-SFT "
               f"initialisation, on its own rollouts of the first step's prompts: "
               f"{start['kl_exact']:.4f}."]
-  held = rep.get("kl_heldout") or {}
-  if "sft" in held and "student" in held:
-    a, b = held["sft"], held["student"]
-    lines += ["", f"Exact per-token KL to the routed teachers on held-out prompts (each "
-              f"policy's own rollouts of {a['rollouts']} test prompts, ± standard error): "
-              f"pi_SFT {a['kl_exact']:.4f} ± {a['kl_exact_se']:.4f}, the student "
-              f"{b['kl_exact']:.4f} ± {b['kl_exact_se']:.4f}."]
   ratio, source = kl_drop(rep)
   if ratio is not None:
-    measure = ("pi_SFT's over the student's exact KL on held-out prompts" if
-               source == "exact, held-out" else
-               "the exact KL, pi_SFT's before the teacher-SFT init" if source.startswith(
-                   "exact,") else f"the {source} KL, the first tenth's")
-    over = "" if source == "exact, held-out" else " over the last tenth of the MOPD steps"
-    lines += ["", f"KL drop (the expected result's measure: {measure}{over}): x{ratio:.1f}."]
+    measure = ("the exact KL, pi_SFT's before the teacher-SFT init" if source.startswith(
+        "exact,") else f"the {source} KL, the first tenth's")
+    lines += ["", f"KL drop (the expected result's measure: {measure} over the last tenth of "
+              f"the MOPD steps): x{ratio:.1f}."]
+  held = rep.get("kl_heldout") or {}
+  hd = agreement.heldout_drop(held)
+  if hd is not None:
+    a, b = held["sft"], held["student"]
+    lines += ["", f"Exact per-token KL to the routed teachers on held-out prompts, each "
+              f"policy's own rollouts of {a['rollouts']} test prompts (± standard error; "
+              f"informational): pi_SFT {a['kl_exact']:.4f} ± {a['kl_exact_se']:.4f}, the "
+              f"student {b['kl_exact']:.4f} ± {b['kl_exact_se']:.4f}: x{hd[0]:.1f} ± "
+              f"{hd[1]:.1f}."]
   drops = rep.get("kl_exact_drop_per_cell") or {}
   if drops:
     lines += ["", "Exact per-token KL per cell, mean over the first / last tenth of the "

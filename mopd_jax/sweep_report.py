@@ -92,7 +92,7 @@ def sweep_markdown(sw: dict) -> str:
                    + " | ".join(secs) + " |")
   drops = sw.get("kl_drop", {})
   if any(d["ratio"] is not None for d in drops.values()):
-    lines += ["", "KL drop per seed (the measure of `report.kl_drop`): " + ", ".join(
+    lines += ["", "KL drop per seed (first over last tenth of the MOPD steps): " + ", ".join(
         f"seed {s} " + ("-" if d["ratio"] is None else f"x{d['ratio']:.1f} ({d['source']})")
         for s, d in drops.items()) + "."]
   return "\n".join(lines) + "\n"

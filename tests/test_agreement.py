@@ -108,7 +108,8 @@ def test_heldout_kl_is_the_token_mean_of_the_exact_kl_with_its_error():
   exs = get_task("gen").generate(3, 4)
   setup = _kl_setup(bank, views.PromptView(teacher_sees_effort=False))
   rng = jax.random.PRNGKey(3)
-  got = agreement.heldout_kl(CFG, policy, setup, bank, examples={"gen": exs}, rng=rng, batch=2)
+  got = agreement.heldout_kl(CFG, policy, setup, scoring=bank, examples={"gen": exs}, rng=rng,
+                             batch=2)
   assert got["rollouts"] == 12 and set(got["cells"]) == set(NAMES)
   sums, counts, cells = [], [], []
   for i, start in enumerate((0, 2)):  # the batches heldout_kl draws, by hand
@@ -130,6 +131,6 @@ def test_heldout_kl_is_the_token_mean_of_the_exact_kl_with_its_error():
                                sums[sel].sum() / counts[sel].sum(), rtol=1e-6)
   assert got["kl_exact"] > 0.01  # random teachers are far from the policy
   same = teachers.build_bank(CFG, [policy] * 3, names=NAMES)
-  zero = agreement.heldout_kl(CFG, policy, _kl_setup(same, views.EFFORT_EVERYWHERE), same,
-                              examples={"gen": exs}, rng=rng, batch=4)
+  zero = agreement.heldout_kl(CFG, policy, _kl_setup(same, views.EFFORT_EVERYWHERE),
+                              scoring=same, examples={"gen": exs}, rng=rng, batch=4)
   assert abs(zero["kl_exact"]) < 1e-5 and zero["kl_exact_se"] < 1e-5
