@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from mopd_jax import report
+from mopd_jax import agreement, report
 from mopd_jax.grid import Grid
 
 
@@ -52,7 +52,11 @@ def sweep(reports: dict) -> dict:
           "kl_curves": {str(s): reports[s]["kl"]["curve"] for s in seeds},
           "kl_exact_curves": {str(s): reports[s].get("kl_exact_curve") or [] for s in seeds},
           "kl_drop": {str(s): dict(zip(("ratio", "source"), report.kl_drop(reports[s])))
-                      for s in seeds}}
+                      for s in seeds},
+          # pi_SFT's over the student's exact KL on held-out prompts (eval.kl_rollouts).
+          "kl_heldout_drop": {str(s): dict(zip(("ratio", "se"), held)) for s in seeds
+                              if (held := agreement.heldout_drop(
+                                  reports[s].get("kl_heldout") or {})) is not None}}
 
 
 def sweep_markdown(sw: dict) -> str:
@@ -95,4 +99,9 @@ def sweep_markdown(sw: dict) -> str:
     lines += ["", "KL drop per seed (first over last tenth of the MOPD steps): " + ", ".join(
         f"seed {s} " + ("-" if d["ratio"] is None else f"x{d['ratio']:.1f} ({d['source']})")
         for s, d in drops.items()) + "."]
+  held = sw.get("kl_heldout_drop", {})
+  if held:
+    lines += ["", "Held-out KL drop per seed (pi_SFT's over the student's exact KL on their own "
+              "rollouts of test prompts, ± standard error; informational): " + ", ".join(
+                  f"seed {s} x{d['ratio']:.1f} ± {d['se']:.1f}" for s, d in held.items()) + "."]
   return "\n".join(lines) + "\n"

@@ -146,6 +146,14 @@ def test_sweep_means_spreads_and_checks_per_seed():
   assert "Expected results met on every seed: 0 of 1." in md and "| a bar | >= 1 | 0, 2 | 1 |" in md
   assert sw["kl_drop"]["1"] == {"ratio": pytest.approx(10.0), "source": "sampled"}
   assert "seed 0 x10.0 (sampled), seed 1 x10.0 (sampled)" in md
+  assert sw["kl_heldout_drop"] == {} and "Held-out KL drop" not in md
+  held = {0: _seed_report(0.5, True), 1: _seed_report(0.7, True)}
+  held[1]["kl_heldout"] = {"sft": {"kl_exact": 0.3, "kl_exact_se": 0.0},
+                           "student": {"kl_exact": 0.03, "kl_exact_se": 0.003}}
+  sw = sweep_report.sweep(held)
+  assert sw["kl_heldout_drop"] == {"1": {"ratio": pytest.approx(10.0), "se": pytest.approx(1.0)}}
+  assert "Held-out KL drop per seed (" in sweep_report.sweep_markdown(sw)
+  assert "informational): seed 1 x10.0 ± 1.0." in sweep_report.sweep_markdown(sw)
   # Each seed's count of expected results without the wall-time rows, and its stage times.
   walled = {s: _seed_report(0.5, ok) for s, ok in ((0, True), (1, False))}
   for s, rep in walled.items():
