@@ -175,11 +175,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval.num_examples = 16 if fast else 300
   # Beside the KL-drop result (the MOPD run's own curve: 54 rollouts a step, its last tenth
   # 6 steps), pi_SFT's and the student's exact KL to their routed teachers on their own
-  # rollouts of the first 128 test prompts per domain at every effort (1152 rollouts each),
-  # with standard errors: the held-out view of the same distance. On the toy it is
-  # dominated in `agt` by rare rollouts that call a name the prompt does not hold and then
-  # write what neither the student nor its teacher would (docs/toy_results.md).
-  c.eval.kl_rollouts = 2 if fast else 128
+  # rollouts of the first 32 test prompts per domain at every effort (288 rollouts each),
+  # with standard errors: the held-out view of the same distance, informational. 128
+  # (`--config.eval.kl_rollouts=128`, the sweep's figures in docs/toy_results.md) halves the
+  # errors and costs the eval stage about 50 s more. On the toy it is dominated in `agt` by
+  # rare rollouts that call a name the prompt does not hold and then write what neither the
+  # student nor its teacher would.
+  c.eval.kl_rollouts = 2 if fast else 32
   c.smoke.max_new_tokens = 32 if fast else 64
   if arg == "tiny":  # fewest steps that still give every loop a middle to interrupt
     # One layer and no QAT: compilation dominates a run this short and both nearly halve it.
