@@ -91,7 +91,6 @@ def run_side_by_side(workdir: str, config_json: str, lanes: Sequence, *, process
     bars[i] = tqdm(total=total_steps[i], desc=f"rl lane {lanes[i].name}", unit="step",
                    position=len(bars), dynamic_ncols=True, mininterval=1.0)
   running, failed, preempted, mirrors = {}, [], False, {}
-  started, lowered = {}, None  # lane -> (start time, steps done then); the lanes lowered
   pending = list(todo)
   try:
     while pending or running:
@@ -102,23 +101,14 @@ def run_side_by_side(workdir: str, config_json: str, lanes: Sequence, *, process
         cmd = [sys.executable, "-m", "mopd_jax.lanes", "--workdir", workdir,
                "--lane", str(i), "--config", config_path]
         running[i] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log)
-        started[i] = (time.time(), _show(bars[i], lanes[i]))
       if checkpoint.preemption_requested() and not preempted:
         preempted = True
         pending.clear()
         for proc, _ in running.values():
           proc.send_signal(signal.SIGTERM)
       time.sleep(0.5)
-      progress = {}
       for i in list(running):
-        done = _show(bars[i], lanes[i])
-        progress[i] = (started[i][0], done - started[i][1], total_steps[i] - done, time.time())
-      if lowered is None and not pending and min(p[1] for p in progress.values()) >= \
-          PROJECT_AFTER_STEPS:  # decided once, with every lane's rate measured
-        lowered = lanes_to_lower(progress)
-        for i in lowered:
-          _lower(running[i][0].pid)
-      for i in list(running):
+        _show(bars[i], lanes[i])
         proc, log = running[i]
         if proc.poll() is None:
           continue
@@ -163,51 +153,12 @@ def _tail(mirror: storage.LocalMirror, lines: int = 15) -> str:
     return ""
 
 
-def _show(bar, lane) -> int:
-  """Moves the lane's bar to its progress file; returns its steps done."""
+def _show(bar, lane) -> None:
   p = checkpoint.read_json(storage.join(lane.directory, PROGRESS), default={"done": 0})
   if p["done"] > bar.n:
     bar.set_postfix({k: f"{p[k]:.3f}" if isinstance(p[k], float) else p[k]
                      for k in ("effort", "reward", "length") if k in p}, refresh=False)
     bar.update(p["done"] - bar.n)
-  return p["done"]
-
-
-# The stage lasts as long as its slowest lane, but the OS shares the cores evenly between
-# the lane processes. Once every lane is running and has done `PROJECT_AFTER_STEPS` steps in
-# this run, each lane's finish is projected from its own rate so far, once; a lane projected
-# to finish more than `SLACK` (a fraction of the latest projected duration) before the latest
-# one is lowered in CPU priority (niceness + `LOWER_BY`) for the rest of its run: it then
-# takes the cycles the slow lane leaves idle (its host work between steps, decode ops that
-# use one core) instead of an equal share. Lanes share no state, so priority changes when
-# each step runs, never what it computes. A lowered lane is not raised again (an
-# unprivileged process cannot lower a niceness); once the slow lane ends it has the cores to
-# itself.
-PROJECT_AFTER_STEPS = 5
-SLACK = 0.15
-LOWER_BY = 10
-
-
-def lanes_to_lower(progress: dict, *, min_steps: int = PROJECT_AFTER_STEPS,
-                   slack: float = SLACK) -> list:
-  """`progress`: {lane: (start time, steps done since then, steps left, now)} of the running
-  lanes. The lanes to lower: none until every lane has done `min_steps`; then those whose
-  projected finish (start + elapsed / done x (done + left)) comes more than `slack` x the
-  latest projected duration before the latest finish."""
-  if len(progress) < 2 or any(done < min_steps for _, done, _, _ in progress.values()):
-    return []
-  finish = {i: start + (now - start) / done * (done + left)
-            for i, (start, done, left, now) in progress.items()}
-  latest = max(finish.values())
-  span = latest - min(start for start, _, _, _ in progress.values())
-  return sorted(i for i, f in finish.items() if f < latest - slack * span)
-
-
-def _lower(pid: int) -> None:
-  try:
-    os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, pid) + LOWER_BY)
-  except OSError:  # the process has just exited, or the OS refuses: only the order changes
-    pass
 
 
 def main(argv=None) -> None:

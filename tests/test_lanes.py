@@ -29,28 +29,3 @@ def test_failed_rl_lane_processes_are_named_with_their_logs(tmp_path):
   assert "sft/params" in out  # the cause, from the logs' tails
   assert not os.path.exists(tmp_path / "teachers.json")
 
-
-def test_lanes_projected_to_finish_early_are_lowered():
-  """The slow lane keeps its priority; lanes projected to end well before it are lowered,
-  and only once every lane has done enough steps to project from."""
-  from mopd_jax import lanes
-  # (start, steps done, steps left, now): lane 1 runs at half the others' rate.
-  progress = {0: (0.0, 6, 54, 30.0), 1: (0.0, 6, 54, 60.0), 2: (1.0, 7, 53, 31.0)}
-  assert lanes.lanes_to_lower(progress) == [0, 2]
-  assert lanes.lanes_to_lower({**progress, 2: (1.0, 4, 56, 31.0)}) == []  # too few steps
-  assert lanes.lanes_to_lower({0: (0.0, 6, 54, 57.0), 1: (0.0, 6, 54, 60.0)}) == []  # close
-  assert lanes.lanes_to_lower({0: progress[0]}) == []  # nothing to give way to
-
-
-def test_lowering_raises_a_processes_niceness():
-  from mopd_jax import lanes
-  proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-  try:
-    before = os.getpriority(os.PRIO_PROCESS, proc.pid)
-    lanes._lower(proc.pid)
-    assert os.getpriority(os.PRIO_PROCESS, proc.pid) == before + lanes.LOWER_BY or \
-        before + lanes.LOWER_BY > 19  # niceness is capped at 19
-  finally:
-    proc.kill()
-    proc.wait()
-  lanes._lower(proc.pid)  # an exited lane: nothing happens
