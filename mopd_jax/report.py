@@ -298,8 +298,8 @@ def markdown(rep: dict) -> str:
   if exact:
     first, last, m1, m2 = kl_window_means(exact)
     tail = kl_windows(exact)[1]
-    se = f", the last tenth's standard error {np.std(tail, ddof=1) / np.sqrt(len(tail)):.4f}" if len(
-        tail) > 1 else ""
+    se = (f", the last tenth's standard error {np.std(tail, ddof=1) / np.sqrt(len(tail)):.4f}"
+          if len(tail) > 1 else "")
     lines += ["", f"Exact per-token KL over the whole vocabulary (on the student's own "
               f"rollouts, {len(exact)} steps measured): first {exact[0][1]:.4f}, last "
               f"{exact[-1][1]:.4f}; mean over the first / last tenth of the steps ({m1} / "
