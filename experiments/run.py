@@ -17,6 +17,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from mopd_jax import allocator
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and reports.")
@@ -59,6 +61,8 @@ def main(argv):
     logging.info("JAX %s on %d %s device(s), process %d of %d", jax.__version__,
                  jax.device_count(), jax.default_backend(), jax.process_index(),
                  jax.process_count())
+    if distributed.is_main():
+      print(f"[run] {allocator.describe()}", flush=True)
     pipeline.run(run_config, _WORKDIR.value)
   except config_mod.ConfigError as e:  # a bad config value or flag: one line, exit status 2
     if logging.get_verbosity() >= 1:
@@ -102,5 +106,10 @@ def _parse_flags(argv):
 
 
 if __name__ == "__main__":
+  try:  # first: the host allocator can only be chosen by starting the process again
+    allocator.reexec("experiments.run", sys.argv)
+  except ValueError as e:
+    print(f"config error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
   flags.mark_flags_as_required(["config"])
   app.run(main, flags_parser=_parse_flags)

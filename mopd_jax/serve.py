@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import json
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -411,4 +412,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+  from mopd_jax import allocator  # pylint: disable=g-import-not-at-top
+  allocator.reexec("mopd_jax.serve", sys.argv)  # tcmalloc where the machine has it
   main()
