@@ -92,7 +92,7 @@ def main(argv=None) -> int:
       **{f"{m}_{k}": best[m][k] for m in runs
          for k in ("seconds_per_step", "minor_faults_per_step", "kernel_seconds_per_step")},
       "speedup": best["system"]["seconds_per_step"] / best["tcmalloc"]["seconds_per_step"],
-      "tcmalloc_loaded": all("tcmalloc" in r["allocator"] and "not" not in r["allocator"]
+      "tcmalloc_loaded": all(r["allocator"] == "host allocator: tcmalloc"
                              for r in runs["tcmalloc"]),
       "bitwise_equal": len({r["params_sha256"] for rs in runs.values() for r in rs}) == 1,
   }
