@@ -58,7 +58,7 @@ def preloaded(environ=None) -> bool:
 def loaded(maps: str = "/proc/self/maps") -> bool:
   """Whether a tcmalloc is mapped into this process (False where `maps` cannot be read)."""
   try:
-    with open(maps) as f:
+    with open(maps) as f:  # local: the process's own memory map, never a workdir path
       return "tcmalloc" in f.read()
   except OSError:
     return False
