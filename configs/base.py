@@ -250,6 +250,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.init = "sft"
   c.mopd.init_samples_per_cell = 64  # teacher rollouts per cell (teacher_sft)
   c.mopd.init_sft_steps = 60  # SFT updates on them (teacher_sft)
+  # The teacher-SFT init fine-tunes pi_SFT: its AdamW peak rate and linear warmup (then
+  # cosine decay over init_sft_steps).
+  c.mopd.init_lr = 3e-3
+  c.mopd.init_warmup_steps = 0
   # Every this many steps, the exact per-token KL(student || routed teacher) over the whole
   # vocabulary (chunked; one more forward of the student and the teachers) beside the
   # sampled-token estimate; the report's KL plot uses it. 0 = off; co-located teachers only.

@@ -105,6 +105,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.microbatches = 9 if big else 1
   c.mopd.init_samples_per_cell = 8 if tiny else 64  # teacher rollouts per cell (teacher_sft)
   c.mopd.init_sft_steps = 3 if tiny else 60  # SFT updates on them (teacher_sft)
+  c.mopd.init_lr = c.sft.lr  # the init fine-tunes pi_SFT at its SFT rate
 
   c.rollout.max_response_tokens = 96 if tiny else 512  # cap on a response (generated + obs.)
   c.rollout.width = 128 if tiny else 1024  # padded length of train batches (prompt + response)

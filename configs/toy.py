@@ -141,6 +141,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.init = "teacher_sft"
   c.mopd.init_samples_per_cell = 8 if fast else 128  # teacher rollouts per cell
   c.mopd.init_sft_steps = 3 if fast else 200  # SFT updates on them
+  # A fine-tuning rate with a warmup: at pi_SFT's own peak rate (3e-3) from the first update
+  # seed 3's init loss rose from 0.13 to 0.28 within 20 updates, and pi_SFT's agt/max copy of
+  # the question's name was lost (KL to its teacher at that character 0.27 -> 1.07), which
+  # MOPD did not repair (docs/toy_results.md).
+  c.mopd.init_lr = 3e-3 if fast else 1e-3
+  c.mopd.init_warmup_steps = 0 if fast else 20
   c.mopd.steps = 3 if fast else 60
   c.mopd.lr = 3e-4
   c.mopd.prompts_per_cell = 1 if fast else 6  # b prompts per (domain, effort) cell per step

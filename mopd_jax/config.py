@@ -251,6 +251,8 @@ class MopdConfig:
   init: str = _f(OneOf(("sft", "teacher_sft")))
   init_samples_per_cell: int = _f(Int())
   init_sft_steps: int = _f(Int())
+  init_lr: float = _f(Num(strict=True))
+  init_warmup_steps: int = _f(Int(0))
   exact_kl_every: int = _f(Int(0))
   partial_rollout_tokens: int = _f(Int(0))
   partial_mode: str = _f(OneOf(choices.PARTIAL_MODES))

@@ -1,5 +1,6 @@
 """MOPD-stage options: the outcome-reward term (`mopd.alpha`), the top-k distillation loss
-(`mopd.loss = "topk"`) and the outside-teacher ablation (`configs/toy_outside_teacher.py`)."""
+(`mopd.loss = "topk"`), the teacher-SFT init's optimiser (`mopd.init_lr`,
+`mopd.init_warmup_steps`) and the outside-teacher ablation (`configs/toy_outside_teacher.py`)."""
 import json
 import os
 import subprocess
@@ -157,4 +158,39 @@ def test_bad_outside_teacher_config_raises(change, match):
   c = cfg_mod.get_config("fast")
   c.mopd.loss, c.mopd.top_k = "topk", 0
   with pytest.raises(ValueError, match="top_k"):
+    config_mod.build(c, 1)
+
+
+def test_teacher_sft_init_fine_tunes_at_its_own_rate_after_a_warmup():
+  """The init's optimiser takes `mopd.init_lr` and `mopd.init_warmup_steps` (not pi_SFT's
+  rate): no move at its first update, the peak rate at the warmup's end, and the toy's own
+  setting is a fine-tuning rate below pi_SFT's."""
+  from configs import toy
+  from mopd_jax import config as config_mod
+  from mopd_jax.stages import mopd as mopd_stage
+  c = toy.get_config()
+  built = config_mod.build(c, 1)
+  assert built.mopd.init_lr < built.sft.lr and built.mopd.init_warmup_steps > 0
+  c.mopd.init_lr, c.mopd.init_warmup_steps, c.mopd.init_sft_steps = 0.25, 4, 10
+  ocfg = mopd_stage.init_optim(config_mod.build(c, 1).mopd)
+  assert (ocfg.lr, ocfg.warmup_steps, ocfg.total_steps) == (0.25, 4, 10)
+  params = {"w": jnp.ones((3,))}
+  opt = train.make_optimizer(ocfg)
+  state = opt.init(params)
+  grads = {"w": jnp.full((3,), 0.5)}
+  sizes = []
+  for _ in range(5):
+    upd, state = opt.update(grads, state, params)
+    sizes.append(float(jnp.abs(upd["w"]).max()))
+  assert sizes[0] == 0.0  # warmup starts at 0
+  assert sizes[1] < sizes[2] < sizes[3] < sizes[4]
+  np.testing.assert_allclose(sizes[4], 0.25, rtol=0.05)  # Adam's unit step at the peak rate
+
+
+def test_init_lr_must_be_positive():
+  from configs import toy
+  from mopd_jax import config as config_mod
+  c = toy.get_config()
+  c.mopd.init_lr = 0.0
+  with pytest.raises(config_mod.ConfigError, match="init_lr"):
     config_mod.build(c, 1)

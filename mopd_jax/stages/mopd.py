@@ -59,7 +59,7 @@ class Inputs:
   `iterator(domain, batch_size, salt)`: a domain's training batches; `load_start()`:
   pi_SFT's params."""
   cfg: config_mod.MopdConfig
-  sft: config_mod.SftConfig  # the teacher-SFT init's learning rate and batch size
+  sft: config_mod.SftConfig  # the teacher-SFT init's batch size
   seed: int
   grid: grid_mod.Grid
   view: views.PromptView
@@ -309,10 +309,7 @@ def teacher_sft_init(inp: Inputs, student):
   budget, then SFT on the pooled set. Returns (params, pool size); the pool size is None
   when a restart found the init already finished."""
   total = inp.cfg.init_sft_steps
-  trainer = train.Trainer(inp.model_cfg, train.LossConfig(kind="sft"),
-                          train.OptimConfig(lr=inp.sft.lr, warmup_steps=0, total_steps=total,
-                                            microbatches=inp.cfg.microbatches,
-                                            length_groups=inp.cfg.length_groups),
+  trainer = train.Trainer(inp.model_cfg, train.LossConfig(kind="sft"), init_optim(inp.cfg),
                           mesh=inp.mesh)
   with inp.loops.training("mopd init: teacher SFT", inp.files.path("mopd", "init_ckpt"),
                           trainer, total_steps=total,
@@ -332,6 +329,16 @@ def teacher_sft_init(inp: Inputs, student):
       loop.end_step(step, state, m, record=[step, m["loss"]])
       bar.update(m)
   return state.params, len(pool)
+
+
+def init_optim(cfg: config_mod.MopdConfig) -> train.OptimConfig:
+  """The teacher-SFT init's optimiser: a fine-tuning of pi_SFT at `init_lr` after
+  `init_warmup_steps` of linear warmup, then cosine decay over `init_sft_steps`. At pi_SFT's
+  own peak rate from the first update the toy lost a skill pi_SFT had (the `agt` copy of the
+  question's name) that MOPD did not restore (docs/toy_results.md)."""
+  return train.OptimConfig(lr=cfg.init_lr, warmup_steps=cfg.init_warmup_steps,
+                           total_steps=cfg.init_sft_steps, microbatches=cfg.microbatches,
+                           length_groups=cfg.length_groups)
 
 
 def teacher_pool(inp: Inputs) -> list:
