@@ -13,10 +13,8 @@ The schema sits at the bottom of the import graph: it imports only the leaf modu
 `choices`, `config_checks` (the field checkers), `endpoints` and `tokenizer_options`. What
 needs the registered tasks, the verifiers or an algorithm's own rule (the grid, the record
 domains, the RL reference spec...) is resolved by `build`'s mopd_jax/config_build.py.
-
-Checks `raise ConfigError` (a ValueError), never `assert` (`python -O` keeps them), so the
-command line tells a bad value from a failure inside a stage.
-"""
+Checks `raise ConfigError` (a ValueError), never `assert`: the command line tells a bad
+value from a failure inside a stage."""
 from __future__ import annotations
 
 import dataclasses
