@@ -135,8 +135,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # KL(low || high) along its own rollouts 0.19 after them; 0.0005 after 60 updates on 64);
   # 60 on-policy MOPD steps of 6 prompts per cell (54 rollouts) then distil the rest at a
   # fine-tuning rate (at 1e-3 the seed-0 student's KL to its teachers rose from 0.05 after
-  # the init to 0.43 within 25 steps before settling back). 30 steps (about 100 s less)
-  # keep every other result on seeds 0-4 but seed 3's KL drop falls to 4.2x (its last
+  # the init to 0.43 within 25 steps before settling back). 30 steps (about 100 s less; with
+  # the init at 3e-3, no warmup) kept every other result on seeds 0-4 but seed 3's KL drop fell to 4.2x (its last
   # three steps' exact KL 0.031-0.069, agt/high's 0.14-0.36; docs/toy_results.md).
   c.mopd.init = "teacher_sft"
   c.mopd.init_samples_per_cell = 8 if fast else 128  # teacher rollouts per cell
@@ -154,7 +154,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # gen/low's 3 tokens to agt/max's 56 and its observations, three quarters of a 160-wide
   # batch is padding, and 3 groups train the same loss on about half the padded tokens (the
   # MOPD stage of seeds 2 and 4: 188 and 178 s with 3, 230 and 211 s with 1). The full run
-  # keeps the whole batch: with 3 groups seeds 0, 1 and 3 met every non-wall result but seed 2's KL drop was
+  # keeps the whole batch: with 3 groups (and the init at 3e-3) seeds 0, 1 and 3 met every non-wall result but seed 2's KL drop was
   # 4.2x (17.6x with 1) and seed 4's 2.5x with its agt/max student at 0.860 against the
   # teacher's 0.957 (3.8x and 0.947 with 1; docs/toy_results.md). The smoke variants use 3,
   # so the default test tier runs the grouped update through the stage.
