@@ -26,12 +26,14 @@ import ml_collections
 
 from configs import base
 
+FROM_SFT_STEPS = 200  # MOPD steps of the from_sft variant
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """`arg`: None for the default toy run, "fast" for the smoke variant, "tiny" for the
   reliability tests (fast with fewer steps and examples)."""
-  if arg not in (None, "", "fast", "tiny"):
-    raise ValueError(f"unknown config variant {arg!r}; known: fast, tiny")
+  if arg not in (None, "", "fast", "tiny", "from_sft"):
+    raise ValueError(f"unknown config variant {arg!r}; known: fast, tiny, from_sft")
   fast = arg in ("fast", "tiny")
   c = base.get_config()
   # A save of the toy's train state costs about half a second of the 2-core machine (orbax
@@ -138,6 +140,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the init to 0.43 within 25 steps before settling back). 30 steps (about 100 s less; with
   # the init at 3e-3, no warmup) kept every other result on seeds 0-4 but seed 3's KL drop fell to 4.2x (its last
   # three steps' exact KL 0.031-0.069, agt/high's 0.14-0.36; docs/toy_results.md).
+  # The loss: K3 eq. 15's per-token update with its expectation over the sampled token taken
+  # exactly (`vocab_kl`, mopd_jax/vocab_kl.py): the exact KL to the routed teacher over the
+  # whole vocabulary at every position of the student's own rollouts. Eq. 15's one-token
+  # estimate of it is mostly noise once the init has matched the teachers (on seed 0's
+  # initialised student the cosine between its gradient and its expectation is about 0.1;
+  # Adam scales that noise to full steps), and its 60 steps raised the held-out KL
+  # (docs/choices.md); `--config.mopd.loss=mopd` runs eq. 15 as written.
+  c.mopd.loss = "vocab_kl"
   c.mopd.init = "teacher_sft"
   c.mopd.init_samples_per_cell = 8 if fast else 128  # teacher rollouts per cell
   c.mopd.init_sft_steps = 3 if fast else 200  # SFT updates on them
@@ -150,15 +160,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.steps = 3 if fast else 60
   c.mopd.lr = 3e-4
   c.mopd.prompts_per_cell = 1 if fast else 6  # b prompts per (domain, effort) cell per step
-  # Length groups (train.py `OptimConfig.length_groups`): the update's 54 rows run from
-  # gen/low's 3 tokens to agt/max's 56 and its observations, three quarters of a 160-wide
-  # batch is padding, and 3 groups train the same loss on about half the padded tokens (the
-  # MOPD stage of seeds 2 and 4: 188 and 178 s with 3, 230 and 211 s with 1). The full run
-  # keeps the whole batch: with 3 groups (and the init at 3e-3) seeds 0, 1 and 3 met every non-wall result but seed 2's KL drop was
-  # 4.2x (17.6x with 1) and seed 4's 2.5x with its agt/max student at 0.860 against the
-  # teacher's 0.957 (3.8x and 0.947 with 1; docs/toy_results.md). The smoke variants use 3,
-  # so the default test tier runs the grouped update through the stage.
-  c.mopd.length_groups = 3 if fast else 1
+  # One batch per update: `vocab_kl` computes the teachers' distributions inside the update
+  # and takes no length groups (`train.py` `OptimConfig.length_groups`, which eq. 15 and the
+  # other losses of the student's token stats can use: tests/test_pipeline.py runs eq. 15
+  # grouped through the stage).
+  c.mopd.length_groups = 1
   # The toy's teachers are short RL runs, not converged: at temperature 1 each still writes
   # its other styles a third of the time (seed 0's gen/high teacher: brief 64%, direct
   # 30%), though its greedy answer, which the eval measures, is one style. Scored at 0.5
@@ -180,16 +186,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # accuracy (the low efforts' guesses) has a binomial standard error of 0.04, twice the
   # room the student's ">= 0.9 x its teacher" result leaves there (0.02); on 300 it is 0.023.
   c.eval.num_examples = 16 if fast else 300
-  # Beside the KL-drop result (the MOPD run's own curve: 54 rollouts a step, its last tenth
-  # 6 steps), pi_SFT's and the student's exact KL to their routed teachers on their own
-  # rollouts of the first 32 test prompts per domain at every effort (288 rollouts each),
-  # with standard errors: the held-out view of the same distance, informational. 128
-  # (`--config.eval.kl_rollouts=128`, the sweep's figures in docs/toy_results.md) halves the
-  # errors and costs the eval stage about 50 s more. On the toy it is dominated in `agt` by
-  # rare rollouts that call a name the prompt does not hold and then write what neither the
-  # student nor its teacher would.
-  c.eval.kl_rollouts = 2 if fast else 32
+  # The held-out KL results (the init's drop >= 5x, the on-policy drop >= 2x, no cell
+  # rising): pi_SFT's, the initialised student's and the final student's exact KL to their
+  # routed teachers on their own rollouts of the first 128 test prompts per domain at every
+  # effort (1152 rollouts each), with standard errors (seed 0's on-policy drop: x2.22 ±
+  # 0.68). 32 prompts (288 rollouts) would double the errors, too wide for a 2x bar. The
+  # `agt` cells are dominated by rare rollouts that call a name the prompt does not hold and
+  # then write what neither the student nor its teacher would.
+  c.eval.kl_rollouts = 2 if fast else 128
   c.smoke.max_new_tokens = 32 if fast else 64
+  if arg == "from_sft":
+    # MOPD from pi_SFT with no teacher-SFT init: no teacher-generated token enters an
+    # update, the student learns every cell from its own rollouts alone.
+    c.mopd.init = "sft"
+    c.mopd.steps = FROM_SFT_STEPS
+    c.mopd.lr = 1e-3
   if arg == "tiny":  # fewest steps that still give every loop a middle to interrupt
     # One layer and no QAT: compilation dominates a run this short and both nearly halve it.
     c.model.num_layers = 1

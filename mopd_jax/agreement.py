@@ -117,7 +117,7 @@ def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *
     cell_ids.append(np.asarray(sampled.cell_ids)[:rows])
   sums, counts, cell_ids = map(np.concatenate, (sums, counts, cell_ids))
   out = {**_token_mean(sums, counts), "rollouts": len(sums), "tokens": int(counts.sum()),
-         "cells": {}}
+         "tail": rollout_tail(sums, counts), "cells": {}}
   for j, (d, e) in enumerate(setup.cells):
     sel = cell_ids == j
     out["cells"][f"{d}/{e}"] = {**_token_mean(sums[sel], counts[sel]),
@@ -125,16 +125,85 @@ def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *
   return out
 
 
-def heldout_drop(held: dict) -> Optional[tuple]:
-  """(ratio, its standard error) of pi_SFT's exact KL over the student's in `held`
-  ({policy: `heldout_kl`}, the eval's `kl_heldout`; the error propagated from theirs), or
-  None without both or with the student's at 0."""
-  if "sft" not in held or "student" not in held or held["student"]["kl_exact"] <= 0:
+def heldout_drop(held: dict, before: str = "sft", after: str = "student") -> Optional[tuple]:
+  """(ratio, its standard error) of policy `before`'s exact KL over policy `after`'s in
+  `held` ({policy: `heldout_kl`}, the eval's `kl_heldout`: "sft" pi_SFT, "init" the
+  initialised student, "student" the final one; the error propagated from theirs), or None
+  without both or with `after`'s at 0."""
+  if before not in held or after not in held or held[after]["kl_exact"] <= 0:
     return None
-  a, b = held["sft"], held["student"]
+  a, b = held[before], held[after]
   ratio = a["kl_exact"] / b["kl_exact"]
   return ratio, ratio * float(np.hypot(a["kl_exact_se"] / max(a["kl_exact"], 1e-12),
                                        b["kl_exact_se"] / b["kl_exact"]))
+
+
+def on_policy_start(held: dict) -> Optional[str]:
+  """The policy the MOPD steps start from in `held`: the initialised student ("init") when
+  the run has a teacher-SFT init, else pi_SFT ("sft"); None without either."""
+  return "init" if "init" in held else "sft" if "sft" in held else None
+
+
+def rising_cells(held: dict, before: str, after: str = "student", *, z: float = 2.0) -> list:
+  """The cells whose held-out KL rises from policy `before` to `after` by more than `z`
+  standard errors of the difference (each cell's errors, independent rollouts, combined in
+  quadrature), in grid order; [] when every cell stays within that."""
+  cb, ca = held[before]["cells"], held[after]["cells"]
+  return [name for name in cb if name in ca and
+          ca[name]["kl_exact"] - cb[name]["kl_exact"] >
+          z * float(np.hypot(ca[name]["kl_exact_se"], cb[name]["kl_exact_se"]))]
+
+
+def heldout_lines(held: dict) -> list:
+  """report.md's paragraph and per-cell table of the held-out exact KL (`eval.kl_rollouts`):
+  pi_SFT, the initialised student and the final student, with standard errors and the two
+  drops the expected results divide."""
+  names = {"sft": "pi_SFT", "init": "the initialised student", "student": "the final student"}
+  have = [p for p in names if p in held]
+  if len(have) < 2:
+    return []
+  first = held[have[0]]
+  lines = ["", f"Exact per-token KL to the routed teachers on held-out prompts, each policy's "
+           f"own rollouts of {first['rollouts']} test prompts (± standard error): " + ", ".join(
+               f"{names[p]} {held[p]['kl_exact']:.4f} ± {held[p]['kl_exact_se']:.4f}"
+               for p in have) + "."]
+  pairs = [("sft", "init", "the init's drop"),
+           (on_policy_start(held), "student", "the on-policy drop")]
+  if "init" in held:
+    pairs.append(("sft", "student", "the whole distillation's drop"))
+  for a, b, what in pairs:
+    r = heldout_drop(held, a, b)
+    if r is not None:
+      lines.append(f"- {what}: {names[a]} / {names[b]} = x{r[0]:.2f} ± {r[1]:.2f}")
+  tails = [p for p in have if held[p].get("tail")]
+  if tails:
+    lines += ["", "Per-rollout exact KL (each rollout's mean over its tokens): quantiles, and "
+              "the share of the summed KL carried by the top 1% / 5% of rollouts:", "",
+              "| policy | p50 | p90 | p99 | max | top 1% | top 5% |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {names[p]} | " + " | ".join(f"{held[p]['tail'][k]:.4f}" for k in (
+        "p50", "p90", "p99", "max")) + f" | {held[p]['tail']['top1pct_share']:.2f} | "
+              f"{held[p]['tail']['top5pct_share']:.2f} |" for p in tails]
+  lines += ["", "| cell | " + " | ".join(names[p] for p in have) + " |",
+            "|---|" + "---|" * len(have)]
+  for cell in first["cells"]:
+    lines.append(f"| {cell} | " + " | ".join(
+        f"{held[p]['cells'][cell]['kl_exact']:.4f} ± {held[p]['cells'][cell]['kl_exact_se']:.4f}"
+        for p in have) + " |")
+  return lines
+
+
+def rollout_tail(sums: np.ndarray, counts: np.ndarray) -> dict:
+  """The per-rollout distribution behind a token-mean KL: quantiles of each rollout's mean
+  KL over its tokens, and the share of the summed KL that its top 1% and 5% of rollouts (by
+  summed KL) carry; a mean made by a few rollouts that left the track shows here."""
+  if not len(sums) or counts.sum() == 0:
+    return {}
+  per = sums / np.maximum(counts, 1)
+  top = np.sort(sums)[::-1]
+  share = lambda f: float(top[:max(1, int(round(f * len(top))))].sum() / max(top.sum(), 1e-30))
+  return {"p50": float(np.quantile(per, 0.5)), "p90": float(np.quantile(per, 0.9)),
+          "p99": float(np.quantile(per, 0.99)), "max": float(per.max()),
+          "top1pct_share": share(0.01), "top5pct_share": share(0.05)}
 
 
 def _token_mean(sums: np.ndarray, counts: np.ndarray) -> dict:

@@ -241,7 +241,7 @@ class MopdConfig:
   length_groups: int = _f(Int())
   r_max: float = _f(Num(strict=True))
   teacher_temperature: float = _f(Num(strict=True))
-  loss: str = _f(OneOf(("mopd", "pg", "topk")))
+  loss: str = _f(OneOf(choices.MOPD_LOSSES))
   top_k: int = _f(Int())
   alpha: float = _f(Num())
   staleness: int = _f(OneOf((0, 1)))

@@ -12,7 +12,7 @@ import ml_collections
 
 from mopd_jax import config as config_mod
 from mopd_jax import grid as grid_mod
-from mopd_jax import lanes, mopd, profiling, rl, sft, storage
+from mopd_jax import lanes, mopd, profiling, rl, sft, storage, vocab_kl
 from mopd_jax.tasks import base as task_base
 
 
@@ -102,7 +102,16 @@ def _algorithm_checks(c: config_mod.RunConfig) -> None:
   if set(refs.values()) != {"sampler"} and c.rl.loss != "pmd":
     raise ValueError(f"rl.reference={c.rl.reference!r} holds PMD's old policy "
                      f"fixed for an effort phase; it needs rl.loss='pmd', got {c.rl.loss!r}")
+  if c.rl.partial_rollout_tokens and c.rl.sample_from == "both" and \
+      set(refs.values()) != {"sampler"}:
+    raise ValueError("rl.partial_rollout_tokens with rl.sample_from='both': a budget phase "
+                     "held to a fixed reference draws half of each group from it, and a "
+                     "group must be drawn whole in one step; partial rollouts pause and "
+                     "resume rows across steps. Use rl.sample_from='policy' or 'reference', "
+                     "or rl.partial_rollout_tokens=0")
   lanes.check_processes(c.rl)
   profiling.spec_from_config(c.profile, "")  # raises on a loop name it cannot trace
   m = c.mopd
   mopd.prompt_mode(m.prompts_across_efforts, m.effort_mix, c.grid.effort_names)
+  if m.loss == "vocab_kl":
+    vocab_kl.check_config(m, teachers=c.placement.teachers, endpoints=c.teacher.endpoints)

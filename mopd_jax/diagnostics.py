@@ -301,13 +301,16 @@ class Probe:
   chunk_size: int = 64
 
   def measure(self, params, sampled, batch: train.TrainBatch) -> tuple:
-    """(metrics, per-cell metrics) of the step: effort sensitivity and loss shares, both on
-    `params` (the student the update starts from)."""
-    return merge(effort_sensitivity(self.model_cfg, params, sampled, tok=self.tok,
-                                    cells=self.cells, efforts=self.efforts,
-                                    chunk_size=self.chunk_size),
-                 loss_shares(self.model_cfg, self.loss_cfg, params, batch=batch,
-                             rows_of_cell=rows_of_cells(sampled, self.cells)))
+    """(metrics, per-cell metrics) of the step: effort sensitivity and loss shares (for the
+    losses of the student's token stats), both on `params` (the student the update starts
+    from)."""
+    sensitivity = effort_sensitivity(self.model_cfg, params, sampled, tok=self.tok,
+                                     cells=self.cells, efforts=self.efforts,
+                                     chunk_size=self.chunk_size)
+    if loss_kinds.LOSS_KINDS[self.loss_cfg.kind].teachers_in_step:
+      return sensitivity  # the shares split a loss of the student's token stats by rows
+    return merge(sensitivity, loss_shares(self.model_cfg, self.loss_cfg, params, batch=batch,
+                                          rows_of_cell=rows_of_cells(sampled, self.cells)))
 
 
 # ----------------------------------------------------------------------------- report

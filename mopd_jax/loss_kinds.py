@@ -26,6 +26,9 @@ class LossKind:
   groups: rows [p*K:(p+1)*K] form one group of `LossConfig.group_size` (kept whole).
   group_mean_metrics: metrics that are means over groups (combined with equal weights).
   topk: needs the teacher's top-k ids in the batch.
+  teachers_in_step: computed with the routed teachers' params inside the update (their
+    whole next-token distributions), not from the student's stats and the batch: `fn` is
+    never called, the MOPD stage runs `vocab_kl.VocabKLStep` instead.
   """
   fn: Callable
   separable: bool
@@ -33,6 +36,7 @@ class LossKind:
   groups: bool = False
   group_mean_metrics: tuple = ()
   topk: bool = False
+  teachers_in_step: bool = False
 
 
 LOSS_KINDS: dict = {}
@@ -130,7 +134,15 @@ def _topk_loss(loss_cfg, st, batch):
   return loss + _outcome_term(lp, batch, loss_cfg), m
 
 
-LOSSES = tuple(LOSS_KINDS)  # the registered names: sft, mopd, pg, pmd, grpo, topk
+@register_loss("vocab_kl", separable=False, teachers_in_step=True)
+def _vocab_kl_loss(loss_cfg, st, batch):
+  del loss_cfg, st, batch
+  raise ValueError("the vocab_kl loss reads the routed teachers' whole next-token "
+                   "distributions inside the update: run it with vocab_kl.VocabKLStep (the "
+                   "MOPD stage does), not from the student's stats")
+
+
+LOSSES = tuple(LOSS_KINDS)  # the registered names: sft, mopd, pg, pmd, grpo, topk, vocab_kl
 
 
 def _outcome_term(lp, batch, loss_cfg):

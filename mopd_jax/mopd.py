@@ -31,15 +31,15 @@ log-probs instead of the sampled token's; `alpha` > 0 adds an outcome-reward REI
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import (choices, distributed, logprobs, models, partial, rollout, teachers,
-                      train, views)
+from mopd_jax import (choices, distributed, partial, rollout, teachers, train, views,
+                      vocab_kl)
+from mopd_jax.loss_kinds import LOSS_KINDS
 from mopd_jax.tasks import base as task_base
 
 
@@ -118,55 +118,14 @@ def cell_diagnostics(names, index_Kxb, lp_s_KxbxT, *, lp_t_KxbxT, mask_KxbxT, r_
   return out
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2), static_argnames=("chunk_size",))
-def _exact_kl_stratified(student_cfg, student_params, teacher_cfg, *, teacher_params_K, arrays,
-                         chunk_size):
-  """[K, b, T'] exact KL(student || teacher k) of each next token on the teachers' layout:
-  the student's hidden states, gathered into the stratified layout and shifted from its
-  positions to the teacher's, meet each teacher's own on its rows. `arrays`: (tokens [B, T],
-  mask [B, T], teacher tokens [K, b, T'], teacher mask [K, b, T'], shift [K, b], rows
-  [K, b])."""
-  tokens_BxT, mask_BxT, t_tokens_KxbxT, t_mask_KxbxT, shift_Kxb, rows_Kxb = arrays
-  s_cfg, s_params = models.materialize(student_cfg, student_params)
-  h = models.hidden_states(s_cfg, s_params, tokens_BxT, input_mask=mask_BxT)  # [B, T, D]
-  hs = h[jnp.maximum(rows_Kxb, 0)]  # [K, b, T, D]
-  pos = jnp.arange(t_tokens_KxbxT.shape[-1])[None, None, :] + shift_Kxb[..., None]
-  hs = jnp.take_along_axis(hs, jnp.clip(pos, 0, h.shape[1] - 1)[..., None], axis=2)
-
-  def one(p, tok, m, h_s):
-    t_cfg, p = models.materialize(teacher_cfg, p)
-    h_t = models.hidden_states(t_cfg, p, tok, input_mask=m)
-    return logprobs.kl_from_hidden(s_cfg, s_params, h_s, cfg_q=t_cfg, params_q=p,
-                                   hidden_q_BxTxD=h_t, chunk_size=chunk_size)
-
-  return jax.vmap(one)(jax.lax.stop_gradient(teacher_params_K), t_tokens_KxbxT, t_mask_KxbxT,
-                       hs)
-
-
 def exact_kl_rows(student_cfg, student_params, bank: teachers.TeacherBank,
                   *, sampled: "SampledBatch", chunk_size: int = 64) -> np.ndarray:
   """[B, T] exact per-token KL(student || routed teacher) over the whole vocabulary, on the
   student's own rollouts and positions (0 off the response), computed in chunks so that
-  [B, T, V] logits never exist. `bank` scores as in the step (its temperature applied)."""
-  index = sampled.index
-  if sampled.spans is None:
-    shift_rows = np.zeros(sampled.arr["tokens"].shape[0], np.int32)
-  else:
-    shift_rows = np.asarray([ps - pt for ps, pt, _ in sampled.spans], np.int32)
-  shift = np.where(index >= 0, shift_rows[np.maximum(index, 0)], 0).astype(np.int32)
-  host = (np.asarray(sampled.arr["tokens"]), np.asarray(sampled.arr["input_mask"]),
-          np.asarray(sampled.tokens), np.asarray(sampled.input_mask), shift,
-          np.asarray(index, np.int32))
-  if jax.process_count() > 1:  # every process holds the batch: global, replicated arrays
-    rep = jax.sharding.NamedSharding(distributed.mesh_of(student_params),
-                                     jax.sharding.PartitionSpec())
-    host = distributed.to_global(host, rep)
-  kl = _exact_kl_stratified(student_cfg, student_params, bank.model_cfg,
-                            teacher_params_K=bank.params, arrays=host,
-                            chunk_size=chunk_size)
-  rows = teachers.scatter_stratified(np.asarray(distributed.gather(kl)), index,
-                                     sampled.arr["tokens"].shape[0])
-  return sampled.student_layout(rows) * np.asarray(sampled.arr["loss_mask"], np.float32)
+  [B, T, V] logits never exist. `bank` scores as in the step (its temperature applied);
+  `vocab_kl.py` holds the stratified program it shares with the `vocab_kl` loss."""
+  return vocab_kl.exact_kl_rows(student_cfg, student_params, bank, sampled=sampled,
+                                chunk_size=chunk_size)
 
 
 def outcome_advantages(rewards_B, cell_ids_B) -> np.ndarray:
@@ -278,7 +237,7 @@ class StepSetup:
   cells: Sequence[tuple]
   taus: dict
   width_multiple: int = 32
-  view: views.PromptView = views.EFFORT_EVERYWHERE
+  view: views.PromptView = views.K3
 
 
 def sample_batch(setup: StepSetup, params, examples_per_cell: Sequence[list], *, rng,
@@ -376,13 +335,14 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
 
 def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
              *, sampled: SampledBatch, scored, r_max: float, alpha: float = 0.0,
-             measure: Optional[Callable] = None):
+             measure: Optional[Callable] = None, scoring: Optional[teachers.TeacherBank] = None):
   """Steps 3-4 once the teachers' scores `scored` are in (blocks on them): the update and
   the step's record. `scored` as `mopd_step`'s `score_fn` returns it. `measure(params,
   sampled, batch)`: (metrics, per-cell metrics) of diagnostics taken on the params the
   update starts from, before it and off its path (`diagnostics.py`: the exact KL's
   `kl_exact`, effort sensitivity, loss shares), merged into the step's record; None = none
-  this step."""
+  this step. `scoring`: the bank at its scoring temperature, which a loss computed with the
+  teachers inside the update (`vocab_kl`) reads; `bank` when None."""
   arr, index = sampled.arr, sampled.index
   n = arr["tokens"].shape[0]  # the real rows (len(sampled.lengths)), then any empty ones
   scored = distributed.gather(scored)  # every host needs every row's scores
@@ -405,7 +365,11 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
     adv[:len(sampled.lengths)] = outcome_advantages(sampled.accuracy, sampled.cell_ids)
   batch = train_batch(arr, teacher_lp, topk=topk, alpha=alpha, advantages_B=adv)
   extra = None if measure is None else measure(state.params, sampled, batch)
-  state, m = trainer.step(state, batch)  # donates the old params: measured above
+  if LOSS_KINDS[trainer.loss_cfg.kind].teachers_in_step:  # donates the old params too
+    state, m = vocab_kl.VocabKLStep.of(trainer).step(state, batch, bank=scoring or bank,
+                                                     sampled=sampled)
+  else:
+    state, m = trainer.step(state, batch)  # donates the old params: measured above
   m = {k: float(v) for k, v in jax.device_get(m).items()}
   cells_diag = cell_diagnostics(
       bank.router.names, index, teachers.gather_stratified(arr["sampler_logprobs"], index),

@@ -2,13 +2,12 @@
 (the run's domains x efforts, recorded in report.json as `grid`)."""
 from __future__ import annotations
 
-import io
 from typing import Optional
 
 import jax
 import numpy as np
 
-from mopd_jax import agreement, checkpoint, diagnostics, profiling, storage
+from mopd_jax import agreement, checkpoint, diagnostics, profiling, report_plots, storage
 from mopd_jax.grid import Grid
 
 POLICIES = ("sft", "teacher", "student")
@@ -115,6 +114,17 @@ def checks(rep: dict) -> list:
         "<= 0.10", ok=gap <= 0.10 + 1e-9)
   drop, _ = kl_drop(rep)
   add(KL_DROP_CHECK, drop, ">= 5", ok=None if drop is None else drop >= 5)
+  held = rep.get("kl_heldout") or {}
+  init = agreement.heldout_drop(held, "sft", "init")
+  add(INIT_DROP_CHECK, None if init is None else list(init), ">= 5",
+      ok=None if init is None else init[0] >= 5)
+  start = agreement.on_policy_start(held)
+  steps = None if start is None else agreement.heldout_drop(held, start, "student")
+  add(ON_POLICY_DROP_CHECK, None if steps is None else list(steps), ">= 2",
+      ok=None if steps is None else steps[0] >= 2)
+  rising = (None if start is None or "student" not in held else
+            agreement.rising_cells(held, start, "student"))
+  add(RISING_CHECK, rising, "none", ok=None if rising is None else not rising)
   w = rep["wall_seconds"]
   factory = w["sft"] + w["rl"] if "sft" in w and "rl" in w else None
   add("teacher factory wall seconds (sft + rl)", factory, "<= 720",
@@ -124,7 +134,17 @@ def checks(rep: dict) -> list:
   return out
 
 
-KL_DROP_CHECK = "per-token KL, start / last tenth of the MOPD steps"
+KL_DROP_CHECK = ("exact per-token KL on the MOPD batches, pi_SFT's before the init / the "
+                 "last tenth of the MOPD steps'")
+# The held-out measures (`eval.kl_rollouts`): each policy's exact KL to its routed teachers
+# on its own rollouts of test prompts (`agreement.heldout_kl`), value [ratio, its SE].
+INIT_DROP_CHECK = ("held-out exact KL, pi_SFT / the initialised student (the init's drop; "
+                   "value: ratio / its standard error)")
+ON_POLICY_DROP_CHECK = ("held-out exact KL, the MOPD steps' start / the final student (the "
+                        "on-policy drop; start: the initialised student, pi_SFT without init; "
+                        "value: ratio / its standard error)")
+RISING_CHECK = ("cells whose held-out exact KL rises from the MOPD steps' start to the final "
+                "student by more than 2 standard errors")
 WALL_TIME_CHECKS = ("teacher factory wall seconds (sft + rl)", "pipeline wall seconds")
 
 
@@ -316,15 +336,7 @@ def markdown(rep: dict) -> str:
         "exact,") else f"the {source} KL, the first tenth's")
     lines += ["", f"KL drop (the expected result's measure: {measure} over the last tenth of "
               f"the MOPD steps): x{ratio:.1f}."]
-  held = rep.get("kl_heldout") or {}
-  hd = agreement.heldout_drop(held)
-  if hd is not None:
-    a, b = held["sft"], held["student"]
-    lines += ["", f"Exact per-token KL to the routed teachers on held-out prompts, each "
-              f"policy's own rollouts of {a['rollouts']} test prompts (± standard error; "
-              f"informational): pi_SFT {a['kl_exact']:.4f} ± {a['kl_exact_se']:.4f}, the "
-              f"student {b['kl_exact']:.4f} ± {b['kl_exact_se']:.4f}: x{hd[0]:.1f} ± "
-              f"{hd[1]:.1f}."]
+  lines += agreement.heldout_lines(rep.get("kl_heldout") or {})
   drops = rep.get("kl_exact_drop_per_cell") or {}
   if drops:
     lines += ["", "Exact per-token KL per cell, mean over the first / last tenth of the "
@@ -396,86 +408,8 @@ def _fmt(v) -> str:
   if v is None:
     return "-"
   if isinstance(v, (list, tuple)):
-    return " / ".join(_fmt(x) for x in v)
+    return " / ".join(_fmt(x) for x in v) if v else "none"
   return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
-def plots(rep: dict, outdir: str) -> list:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  cells = rep["cells"]
-  grid = Grid.from_json(rep["grid"])
-  efforts, n = list(grid.by_budget), len(grid.domains)
-  written = []
-  fig, axes = plt.subplots(2, n, figsize=(1 + 4 * n, 7), squeeze=False)
-  for j, d in enumerate(grid.domains):
-    for i, key in enumerate(("accuracy", "mean_length")):
-      ax = axes[i, j]
-      x = np.arange(len(efforts))
-      for k, p in enumerate(POLICIES):
-        vals = [(find_cell(cells, p, d, effort=e) or {}).get(key, np.nan) for e in efforts]
-        ax.bar(x + (k - 1) * 0.27, vals, 0.27, label=p)
-      ax.set_xticks(x, efforts)
-      ax.set_title(f"{d}: {key}")
-      if i == 0 and j == 0:
-        ax.legend()
-  fig.tight_layout()
-  written.append(_save(fig, outdir, "cells.png"))
-
-  if rep["kl"]["curve"]:
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    # The exact KL where measured (smoothed), else the sampled-token estimate.
-    exact = bool(rep.get("kl_exact_curve"))
-    c = np.asarray(rep["kl_exact_curve"] if exact else rep["kl"]["curve"])
-    a1.plot(c[:, 0], _smooth(c[:, 1]), label="all cells", color="k")
-    per_cell = rep["kl_exact_per_cell"] if exact else rep["kl_per_cell"]
-    for name, cc in per_cell.items():
-      cc = np.asarray(cc)
-      if len(cc):
-        a1.plot(cc[:, 0], _smooth(cc[:, 1]), alpha=0.5, lw=0.8, label=name)
-    a1.set_yscale("symlog", linthresh=1e-3)
-    a1.legend(fontsize=6, ncol=2)
-    a1.set_title("per-token KL student vs routed teacher" +
-                 (" (exact, smoothed)" if exact else " (sampled-token estimate, smoothed)"))
-    a1.set_xlabel("MOPD step")
-    r = np.asarray(rep["reward_curve"])
-    a2.plot(r[:, 0], r[:, 1])
-    a2.set_title("mean per-token reward r_t")
-    a2.set_xlabel("MOPD step")
-    fig.tight_layout()
-    written.append(_save(fig, outdir, "kl.png"))
-
-  fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.5), squeeze=False)
-  for j, d in enumerate(grid.domains):
-    for p in POLICIES:
-      vals = [(find_cell(cells, p, d, effort=e) or {}).get("mean_length", np.nan) for e in efforts]
-      axes[0, j].plot(efforts, vals, marker="o", label=p)
-    axes[0, j].set_title(f"{d}: length vs effort")
-  axes[0, 0].legend()
-  fig.tight_layout()
-  written.append(_save(fig, outdir, "length.png"))
-  return written
-
-
-def _smooth(y, window: int = 5):
-  """A centred moving average (the ends average what they have)."""
-  y = np.asarray(y, np.float64)
-  if len(y) < 3:
-    return y
-  k = np.ones(min(window, len(y)))
-  return np.convolve(y, k, "same") / np.convolve(np.ones_like(y), k, "same")
-
-
-def _save(fig, outdir: str, name: str) -> str:
-  """The figure rendered to PNG bytes and written through mopd_jax.storage."""
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=90)
-  plt.close(fig)
-  path = storage.join(outdir, name)
-  storage.write_bytes(path, buf.getvalue())
-  return path
 
 
 def write(workdir: str, config_json: dict, wall_seconds: dict, *, grid: Grid,
@@ -490,5 +424,5 @@ def write(workdir: str, config_json: dict, wall_seconds: dict, *, grid: Grid,
   checkpoint.write_json(storage.join(workdir, "report.json"), rep)
   if jax.process_index() == 0:  # the workdir is shared: one writer
     storage.write_text(storage.join(workdir, "report.md"), markdown(rep))
-    plots(rep, workdir)
+    report_plots.plots(rep, workdir, policies=POLICIES)
   return rep

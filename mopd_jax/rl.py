@@ -153,7 +153,7 @@ class PhaseSampling:
   (every sample of a prompt complete; at most a step's worth, oldest first), padded with
   empty rows to one shape. `relogprob`: see `rl_batch`."""
   engine: rollout.RolloutEngine
-  view: views.PromptView = views.EFFORT_EVERYWHERE
+  view: views.PromptView = views.K3
   reference: Any = None
   sample_from: str = "policy"
   pool: Optional[partial.RolloutPool] = None

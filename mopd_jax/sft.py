@@ -82,7 +82,7 @@ class SftDraw:
   effort_mode: str
   style_weights: Optional[Mapping[str, Sequence[float]]] = None
   efforts: Sequence[str] = DEFAULT_EFFORTS
-  view: views.PromptView = views.EFFORT_EVERYWHERE
+  view: views.PromptView = views.K3
   styles: Sequence[str] = task_base.STYLES
 
 

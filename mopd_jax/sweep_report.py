@@ -56,7 +56,21 @@ def sweep(reports: dict) -> dict:
           # pi_SFT's over the student's exact KL on held-out prompts (eval.kl_rollouts).
           "kl_heldout_drop": {str(s): dict(zip(("ratio", "se"), held)) for s in seeds
                               if (held := agreement.heldout_drop(
-                                  reports[s].get("kl_heldout") or {})) is not None}}
+                                  reports[s].get("kl_heldout") or {})) is not None},
+          # The held-out KL of each policy, and the init's and the on-policy steps' drops.
+          "kl_heldout": {str(s): _heldout_summary(reports[s].get("kl_heldout") or {})
+                         for s in seeds if reports[s].get("kl_heldout")}}
+
+
+def _heldout_summary(held: dict) -> dict:
+  """{policy: [KL, SE]} and the init's and the on-policy drops ([ratio, SE] or None)."""
+  out = {p: [held[p]["kl_exact"], held[p]["kl_exact_se"]] for p in ("sft", "init", "student")
+         if p in held}
+  init = agreement.heldout_drop(held, "sft", "init")
+  steps = agreement.heldout_drop(held, agreement.on_policy_start(held), "student")
+  out["init_drop"] = None if init is None else list(init)
+  out["on_policy_drop"] = None if steps is None else list(steps)
+  return out
 
 
 def sweep_markdown(sw: dict) -> str:
@@ -96,9 +110,22 @@ def sweep_markdown(sw: dict) -> str:
                    + " | ".join(secs) + " |")
   drops = sw.get("kl_drop", {})
   if any(d["ratio"] is not None for d in drops.values()):
-    lines += ["", "KL drop per seed (first over last tenth of the MOPD steps): " + ", ".join(
+    lines += ["", "KL drop per seed (exact KL on the MOPD batches: pi_SFT's before the init over "
+              "the last tenth of the MOPD steps'): " + ", ".join(
         f"seed {s} " + ("-" if d["ratio"] is None else f"x{d['ratio']:.1f} ({d['source']})")
         for s, d in drops.items()) + "."]
+  summary = sw.get("kl_heldout", {})
+  if summary:
+    fmt = lambda v: "-" if v is None else f"{v[0]:.4f} ± {v[1]:.4f}"
+    ratio = lambda v: "-" if v is None else f"x{v[0]:.2f} ± {v[1]:.2f}"
+    lines += ["", "Held-out exact KL to the routed teachers (each policy's own rollouts of test "
+              "prompts, ± standard error), the init's drop (pi_SFT / initialised student) and "
+              "the on-policy drop (initialised, or pi_SFT without an init, / final student):",
+              "", "| seed | pi_SFT | initialised | final | init's drop | on-policy drop |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {s} | {fmt(h.get('sft'))} | {fmt(h.get('init'))} | {fmt(h.get('student'))} "
+              f"| {ratio(h['init_drop'])} | {ratio(h['on_policy_drop'])} |"
+              for s, h in summary.items()]
   held = sw.get("kl_heldout_drop", {})
   if held:
     lines += ["", "Held-out KL drop per seed (pi_SFT's over the student's exact KL on their own "

@@ -67,7 +67,9 @@ class PromptView:
     return list(efforts) + ([None] if self.sft_extra_none else [])
 
 
+# K3 eq. 15: the student's prompt carries the effort, the teachers' do not. The library's
+# default wherever a dataclass takes a view (`mopd.StepSetup`, `rl.PhaseSampling`,
+# `sft.SftDraw`), so the ablation is only ever asked for by name.
 K3 = PromptView(teacher_sees_effort=False)
-# Every party's prompt carries the effort: the ablation, and the library's default where no
-# teacher's prompt is involved.
+# Every party's prompt carries the effort: the ablation (`teacher.effort_in_prompt=True`).
 EFFORT_EVERYWHERE = PromptView(teacher_sees_effort=True)

@@ -104,6 +104,11 @@ CASES = [
     ("c.mopd.prompts_across_efforts = 'distinct'; c.mopd.effort_mix = (1.0, -1.0, 1.0)",
      "mopd.effort_mix"),
     ("c.mopd.effort_mix = (1.0, 1.0, 2.0)", "needs mopd.prompts_across_efforts='distinct'"),
+    ("c.rl.partial_rollout_tokens = 16; c.rl.sample_from = 'both'; "
+     "c.rl.reference = 'sampler,sft'", "rl.partial_rollout_tokens with rl.sample_from='both'"),
+    ("c.mopd.loss = 'vocab_kl'; c.mopd.length_groups = 3", "it needs mopd.length_groups=1"),
+    ("c.mopd.loss = 'vocab_kl'; c.mopd.alpha = 0.5", "it needs mopd.alpha=0.0"),
+    ("c.mopd.loss = 'kl'", "mopd.loss='kl'"),
 ]
 
 

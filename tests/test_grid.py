@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs import toy
-from mopd_jax import config as config_mod, config_build, grid as grid_mod, report, teachers
+from mopd_jax import config as config_mod, config_build, grid as grid_mod, report, report_plots, teachers
 import suite_cli
 
 ROOT = suite_cli.ROOT
@@ -106,7 +106,7 @@ def test_report_tables_checks_and_plots_for_any_grid(tmp_path, shape):
   md = report.markdown(rep)
   rows = [line for line in md.splitlines() if line.startswith("| d") and "domain" not in line]
   assert len(rows) == nd * ne and rows[0].startswith("| d0 | e0 |")
-  written = report.plots(rep, str(tmp_path))
+  written = report_plots.plots(rep, str(tmp_path), policies=report.POLICIES)
   assert [os.path.basename(p) for p in written] == ["cells.png", "kl.png", "length.png"]
   assert all(os.path.getsize(p) > 1000 for p in written)
   router = teachers.Router(g.names)

@@ -52,6 +52,23 @@ def test_every_stage_leaves_its_outputs(workdir):
   assert {t["sample_from"] for t in manifest["teachers"].values()} == {"both"}
 
 
+def test_eq15_loss_in_length_groups_through_the_stage(workdir, tmp_path):
+  """K3 eq. 15 as written (`mopd.loss=mopd`, the toy's ablation row; its default is
+  `vocab_kl`) with the update in length groups, through the real stage: the default tier's
+  guard of the sampled-token loss and of the grouped update."""
+  wd = str(tmp_path / "eq15")
+  shutil.copytree(workdir, wd)
+  shutil.rmtree(os.path.join(wd, "mopd"))
+  proc = _run_cli(wd, "--config.stages=mopd", "--config.mopd.loss=mopd",
+                  "--config.mopd.length_groups=3")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  hist = json.load(open(os.path.join(wd, "mopd", "history.json")))
+  assert len(hist) == 2 and all(np.isfinite(h["loss"]) and h["num_rows"] == 9 for h in hist)
+  assert "kl_vocab" not in hist[0]  # eq. 15's metrics, not vocab_kl's
+  ref = json.load(open(os.path.join(workdir, "mopd", "history.json")))
+  assert "kl_vocab" in ref[0] and ref[0]["loss"] >= 0  # the default: the exact KL, >= 0
+
+
 @pytest.mark.slow
 def test_mopd_stage_with_an_effort_mix(workdir, tmp_path):
   """mopd.effort_mix through the real stage: cells of varying size, every effort drawn."""

@@ -160,3 +160,20 @@ def test_stages_ask_the_runs_view():
           tree = ast.parse(fh.read())
         assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute)
                     and n.attr == "effort_in_prompt"], os.path.join(dirpath, f)
+
+
+@pytest.mark.parametrize("config, arg", [("toy", None), ("toy", "fast"), ("toy", "tiny"),
+                                         ("toy", "from_sft"), ("files", "examples/spec.json")])
+def test_shipped_configs_run_k3s_form(config, arg):
+  """The shipped configs pin K3 eq. 15's view (the teachers' prompts carry no effort); the
+  ablation is asked for only on the command line. The library's dataclasses that take a
+  view default to it too."""
+  import dataclasses
+  import importlib
+  from mopd_jax import mopd, rl
+  c = importlib.import_module(f"configs.{config}").get_config(arg)
+  assert c.teacher.effort_in_prompt is False
+  assert views.PromptView.from_config(c.teacher) == views.K3
+  for cls in (mopd.StepSetup, rl.PhaseSampling, sft.SftDraw):
+    default = {f.name: f.default for f in dataclasses.fields(cls)}["view"]
+    assert default == views.K3, cls

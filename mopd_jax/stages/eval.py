@@ -94,6 +94,10 @@ def run(inp: Inputs) -> None:
   log.close()
   out = {"cells": cells}
   if inp.kl_setup is not None and ec.kl_rollouts:
+    init = files.path("mopd", loops.INIT_PARAMS)
+    if "student" in policies and storage.exists(init):  # the teacher-SFT init's student
+      policies = {"sft": policies["sft"], "init": inp.load_params(init),
+                  "student": policies["student"]}
     out["kl_heldout"] = heldout_kl(inp, policies)
   checkpoint.write_json(files.path("eval.json"), out)
   files.mark_done("eval", {"num_cells": len(cells)})
@@ -101,7 +105,8 @@ def run(inp: Inputs) -> None:
 
 
 def heldout_kl(inp: Inputs, policies: dict) -> dict:
-  """{policy: `agreement.heldout_kl`} of pi_SFT and the student on the first
+  """{policy: `agreement.heldout_kl`} of pi_SFT, the initialised student (the teacher-SFT
+  init's, `init`, when the run has one) and the final student on the first
   `eval.kl_rollouts` test prompts of each domain at every effort (the same prompts and
   rollout keys for both)."""
   n = inp.cfg.kl_rollouts

@@ -22,6 +22,9 @@ import jax
 
 from mopd_jax import checkpoint, metrics, profiling, storage, train
 
+# mopd/init_params: the student after the teacher-SFT initialisation, before any MOPD step
+# (written by the mopd stage, read by the eval's held-out KL).
+INIT_PARAMS = "init_params"
 
 @dataclasses.dataclass(frozen=True)
 class Workdir:

@@ -205,6 +205,9 @@ class Distillation:
       self.measure_start(student)
       self.seconds["start_kl"] = time.time() - t
       student, pool_size = teacher_sft_init(inp, student)
+      # The initialised student, for the eval's held-out KL of the init alone and of the
+      # on-policy steps alone (`loops.INIT_PARAMS`).
+      checkpoint.save_params(inp.files.path("mopd", loops.INIT_PARAMS), student)
       self.seconds["init"] = time.time() - t - self.seconds["start_kl"]
       print(f"[mopd] student initialised by SFT on "
             f"{pool_size if pool_size is not None else 'restored'} teacher trajectories")
@@ -256,7 +259,8 @@ class Distillation:
     step = int(state.step)
     state, rec = mopd.train_on(self.trainer, state, self.inp.bank, sampled=sampled,
                                scored=self.inp.scorer.fetch(scored), r_max=c.r_max,
-                               alpha=c.alpha, measure=self.measure(step))
+                               alpha=c.alpha, measure=self.measure(step),
+                               scoring=self.inp.scoring)
     if self.pool is not None:  # rows still decoding, and the trained rows' count
       rec.metrics.update(in_flight=float(len(self.pool.rows)),
                          rows=float(len(sampled.lengths)))
