@@ -146,8 +146,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # estimate of it is mostly noise once the init has matched the teachers (on seed 0's
   # initialised student the cosine between its gradient and its expectation is about 0.1;
   # Adam scales that noise to full steps), and its 60 steps raised the held-out KL
-  # (docs/choices.md); `--config.mopd.loss=mopd` runs eq. 15 as written.
-  c.mopd.loss = "vocab_kl"
+  # (docs/choices.md); `--config.mopd.loss=mopd` runs eq. 15 as written. The smoke variants
+  # keep eq. 15, the loss every placement, teacher server, staleness and partial-rollout
+  # option takes (they score sampled tokens only), so their stage tests run as before;
+  # tests/test_pipeline.py runs `vocab_kl` through the tiny run's stage.
+  c.mopd.loss = "mopd" if fast else "vocab_kl"
   c.mopd.init = "teacher_sft"
   c.mopd.init_samples_per_cell = 8 if fast else 128  # teacher rollouts per cell
   c.mopd.init_sft_steps = 3 if fast else 200  # SFT updates on them
@@ -162,9 +165,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.prompts_per_cell = 1 if fast else 6  # b prompts per (domain, effort) cell per step
   # One batch per update: `vocab_kl` computes the teachers' distributions inside the update
   # and takes no length groups (`train.py` `OptimConfig.length_groups`, which eq. 15 and the
-  # other losses of the student's token stats can use: tests/test_pipeline.py runs eq. 15
-  # grouped through the stage).
-  c.mopd.length_groups = 1
+  # other losses of the student's token stats can use). The smoke variants use 3, so the
+  # default test tier runs the grouped update through the stage.
+  c.mopd.length_groups = 3 if fast else 1
   # The toy's teachers are short RL runs, not converged: at temperature 1 each still writes
   # its other styles a third of the time (seed 0's gen/high teacher: brief 64%, direct
   # 30%), though its greedy answer, which the eval measures, is one style. Scored at 0.5

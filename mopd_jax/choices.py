@@ -16,7 +16,8 @@ EFFORT_FORMATS = ("token", "system", "user", "auto")
 # How partial rollouts that span policy versions are trained on (mopd_jax/partial.py).
 PARTIAL_MODES = ("recompute", "importance")
 # mopd.loss: K3 eq. 15's sampled-token log-ratio, its clipped-ratio PG form, the routed
-# teacher's top-k, the exact KL over the whole vocabulary (`vocab_kl.py`).
-MOPD_LOSSES = ("mopd", "pg", "topk", "vocab_kl")
+# teacher's top-k, the exact KL over the whole vocabulary (`vocab_kl.py`), and RL on the
+# verifiers' outcome alone (`outcome`, with mopd.alpha > 0: the ablation's RL row).
+MOPD_LOSSES = ("mopd", "pg", "topk", "vocab_kl", "outcome")
 # Whether a MOPD step's efforts draw distinct prompts or share them (mopd_jax/mopd.py).
 PROMPT_MODES = ("distinct", "shared")

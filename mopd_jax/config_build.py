@@ -113,5 +113,8 @@ def _algorithm_checks(c: config_mod.RunConfig) -> None:
   profiling.spec_from_config(c.profile, "")  # raises on a loop name it cannot trace
   m = c.mopd
   mopd.prompt_mode(m.prompts_across_efforts, m.effort_mix, c.grid.effort_names)
+  if m.loss == "outcome" and not m.alpha > 0:
+    raise ValueError(f"mopd.loss='outcome' trains on mopd.alpha x the rollouts' outcome "
+                     f"advantages; it needs mopd.alpha > 0, got {m.alpha!r}")
   if m.loss == "vocab_kl":
     vocab_kl.check_config(m, teachers=c.placement.teachers, endpoints=c.teacher.endpoints)

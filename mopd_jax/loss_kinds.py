@@ -134,6 +134,19 @@ def _topk_loss(loss_cfg, st, batch):
   return loss + _outcome_term(lp, batch, loss_cfg), m
 
 
+# RL on the student with the tasks' verifiable rewards in MOPD's place (the ablation's RL
+# row): REINFORCE on mopd.alpha x each rollout's outcome advantage, the teachers unused by
+# the update (their sampled-token KL is still reported).
+@register_loss("outcome", separable=True)
+def _outcome_loss(loss_cfg, st, batch):
+  if batch.advantages is None:
+    raise ValueError("the outcome loss needs the rollouts' outcome advantages (mopd.alpha > 0)")
+  _, m = losses.mopd_loss(st.logprobs, batch.teacher_logprobs, batch.loss_mask,
+                          r_max=loss_cfg.r_max)
+  return _outcome_term(st.logprobs, batch, loss_cfg), {
+      k: m[k] for k in ("kl", "reward_mean", "num_tokens", "num_rows")}
+
+
 @register_loss("vocab_kl", separable=False, teachers_in_step=True)
 def _vocab_kl_loss(loss_cfg, st, batch):
   del loss_cfg, st, batch
@@ -142,7 +155,7 @@ def _vocab_kl_loss(loss_cfg, st, batch):
                    "MOPD stage does), not from the student's stats")
 
 
-LOSSES = tuple(LOSS_KINDS)  # the registered names: sft, mopd, pg, pmd, grpo, topk, vocab_kl
+LOSSES = tuple(LOSS_KINDS)  # sft, mopd, pg, pmd, grpo, topk, outcome, vocab_kl
 
 
 def _outcome_term(lp, batch, loss_cfg):

@@ -68,7 +68,8 @@ CASES = [
     ("c.rollout.admission = 'random'", "rollout.admission='random'"),
     ("c.mopd.partial_rollout_tokens = -4", "mopd.partial_rollout_tokens must be an int >= 0"),
     ("c.rl.partial_mode = 'reuse'", "rl.partial_mode='reuse'"),
-    ("c.mopd.partial_rollout_tokens = 8; c.mopd.staleness = 1", "needs mopd.staleness=0"),
+    ("c.mopd.loss = 'mopd'; c.mopd.partial_rollout_tokens = 8; c.mopd.staleness = 1",
+     "needs mopd.staleness=0"),
     ("c.mopd.partial_rollout_tokens = 8; c.mopd.partial_mode = 'importance'; "
      "c.mopd.loss = 'pg'", "mopd.partial_mode='importance' weights"),
     ("c.mopd.steps = -3", "mopd.steps must be an int >= 1, got -3"),
@@ -109,6 +110,7 @@ CASES = [
     ("c.mopd.loss = 'vocab_kl'; c.mopd.length_groups = 3", "it needs mopd.length_groups=1"),
     ("c.mopd.loss = 'vocab_kl'; c.mopd.alpha = 0.5", "it needs mopd.alpha=0.0"),
     ("c.mopd.loss = 'kl'", "mopd.loss='kl'"),
+    ("c.mopd.loss = 'outcome'", "it needs mopd.alpha > 0"),
 ]
 
 
@@ -150,6 +152,7 @@ def test_run_config_is_typed_and_frozen():
   assert rc.model.mapping()["num_layers"] == 4 and rc.teacher.hf_paths == {}
   assert rc.teacher.endpoints == {} and rc.teacher.retry_policy().retries == 4
   c = toy.get_config()
+  c.mopd.loss = "mopd"  # servers return sampled-token log-probs: the toy's vocab_kl refuses them
   c.teacher.endpoints = ",".join(f"{n}=http://127.0.0.1:8000|http://127.0.0.1:8001/"
                                  for n in rc.grid.names)
   urls = config.build(c, 1).teacher.endpoints

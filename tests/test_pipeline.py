@@ -12,6 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import suite_cli
+from mopd_jax import report
 
 
 def _run_cli(workdir, *extra):
@@ -52,21 +53,27 @@ def test_every_stage_leaves_its_outputs(workdir):
   assert {t["sample_from"] for t in manifest["teachers"].values()} == {"both"}
 
 
-def test_eq15_loss_in_length_groups_through_the_stage(workdir, tmp_path):
-  """K3 eq. 15 as written (`mopd.loss=mopd`, the toy's ablation row; its default is
-  `vocab_kl`) with the update in length groups, through the real stage: the default tier's
-  guard of the sampled-token loss and of the grouped update."""
-  wd = str(tmp_path / "eq15")
+def test_vocab_kl_loss_through_the_stage(workdir, tmp_path):
+  """The full toy's loss (`mopd.loss=vocab_kl`; the smoke variants keep eq. 15) through the
+  real stage: the exact KL is the loss (>= 0, recorded as `kl_vocab` beside eq. 15's
+  sampled-token `kl`), and the eval measures the initialised student's held-out KL beside
+  pi_SFT's and the final student's."""
+  wd = str(tmp_path / "vocab_kl")
   shutil.copytree(workdir, wd)
-  shutil.rmtree(os.path.join(wd, "mopd"))
-  proc = _run_cli(wd, "--config.stages=mopd", "--config.mopd.loss=mopd",
-                  "--config.mopd.length_groups=3")
+  for stage in ("mopd", "eval", "report"):
+    shutil.rmtree(os.path.join(wd, stage), ignore_errors=True)
+  proc = _run_cli(wd, "--config.stages=mopd,eval,report", "--config.mopd.loss=vocab_kl",
+                  "--config.mopd.length_groups=1")
   assert proc.returncode == 0, proc.stderr[-3000:]
   hist = json.load(open(os.path.join(wd, "mopd", "history.json")))
-  assert len(hist) == 2 and all(np.isfinite(h["loss"]) and h["num_rows"] == 9 for h in hist)
-  assert "kl_vocab" not in hist[0]  # eq. 15's metrics, not vocab_kl's
-  ref = json.load(open(os.path.join(workdir, "mopd", "history.json")))
-  assert "kl_vocab" in ref[0] and ref[0]["loss"] >= 0  # the default: the exact KL, >= 0
+  assert len(hist) == 2 and all(h["loss"] >= 0 and h["kl_vocab"] >= 0 and h["num_rows"] == 9
+                                for h in hist)
+  held = json.load(open(os.path.join(wd, "eval.json")))["kl_heldout"]
+  assert set(held) == {"sft", "init", "student"}
+  assert all(h["tail"]["max"] >= h["tail"]["p50"] for h in held.values())
+  rep = json.load(open(os.path.join(wd, "report.json")))
+  names = {c["name"] for c in rep["checks"]}
+  assert {report.INIT_DROP_CHECK, report.ON_POLICY_DROP_CHECK, report.RISING_CHECK} <= names
 
 
 @pytest.mark.slow

@@ -40,11 +40,24 @@ def _batch(kind):
   if kind == "topk":
     extra = dict(teacher_topk_logprobs=jnp.asarray(-r.rand(B, T, K), jnp.float32),
                  teacher_topk_ids=jnp.asarray(r.randint(0, 64, (B, T, K)), jnp.int32))
+  if kind == "outcome":
+    extra = dict(advantages=jnp.asarray(r.randn(B, T), jnp.float32))
   return train.TrainBatch(
       tokens=jnp.asarray(r.randint(0, 64, (B, T)), jnp.int32),
       input_mask=jnp.ones((B, T), bool), loss_mask=jnp.asarray(np.repeat(pos >= 4, B, 0)),
       sampler_logprobs=jnp.asarray(lp), teacher_logprobs=jnp.asarray(lp - 0.3),
       rewards=jnp.asarray(r.rand(B), jnp.float32), **extra)
+
+
+def _teachers_in_step_loss(cfg, params, batch):
+  """The vocab_kl loss of `batch` against one teacher of `cfg`, each row scored as it is."""
+  from mopd_jax import vocab_kl
+  arrays = vocab_kl.Stratified(batch.tokens, batch.input_mask, batch.tokens[None],
+                               batch.input_mask[None], jnp.zeros((1, B), jnp.int32),
+                               jnp.arange(B, dtype=jnp.int32)[None])
+  teacher = jax.tree.map(lambda x: x[None], models.init_params(cfg, jax.random.PRNGKey(1)))
+  return vocab_kl.vocab_kl_loss(cfg, params, cfg, teacher_params_K=teacher, arrays=arrays,
+                                batch=batch, r_max=5.0)
 
 
 MIXES = list(itertools.product(DTYPES, DTYPES, (True, False), (True, False)))
@@ -73,8 +86,10 @@ def test_every_dtype_mix_trains(param_dtype, dtype, tie, fused):
     for quant, kind in cells:
       cfg = _cfg(param_dtype, dtype, tie, quant)
       lc = train.LossConfig(kind=kind, fused_head=fused, group_size=2)
-      (loss, _), grads = jax.value_and_grad(
-          lambda p: train.compute_loss(cfg, lc, p, batch=_batch(kind)), has_aux=True)(params)
+      fn = lambda p: train.compute_loss(cfg, lc, p, batch=_batch(kind))
+      if loss_kinds.LOSS_KINDS[kind].teachers_in_step:  # vocab_kl: one teacher in the program
+        fn = lambda p, cfg=cfg, kind=kind: _teachers_in_step_loss(cfg, p, _batch(kind))
+      (loss, _), grads = jax.value_and_grad(fn, has_aux=True)(params)
       out[f"{quant}/{kind}"] = (loss, grads)
     return out
 
