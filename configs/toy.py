@@ -143,10 +143,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The loss: K3 eq. 15's per-token update with its expectation over the sampled token taken
   # exactly (`vocab_kl`, mopd_jax/vocab_kl.py): the exact KL to the routed teacher over the
   # whole vocabulary at every position of the student's own rollouts. Eq. 15's one-token
-  # estimate of it is mostly noise once the init has matched the teachers (on seed 0's
-  # initialised student the cosine between its gradient and its expectation is about 0.1;
-  # Adam scales that noise to full steps), and its 60 steps raised the held-out KL
-  # (docs/choices.md); `--config.mopd.loss=mopd` runs eq. 15 as written. The smoke variants
+  # estimate of it is mostly noise once the init has matched the teachers (seed 0's
+  # initialised student, 8 batches: the cosine between its gradient and its expectation
+  # 0.37 ± 0.08, between two batches' eq. 15 gradients 0.09 ± 0.05, vocab_kl's 0.21 ± 0.10;
+  # Adam scales each step to the rate whatever its signal), and its 60 steps raised the
+  # held-out KL (docs/choices.md); `--config.mopd.loss=mopd` runs eq. 15 as written. The smoke variants
   # keep eq. 15, the loss every placement, teacher server, staleness and partial-rollout
   # option takes (they score sampled tokens only), so their stage tests run as before;
   # tests/test_pipeline.py runs `vocab_kl` through the tiny run's stage.

@@ -25,7 +25,8 @@ The rows (`ROWS`), each testing one claim:
   off-policy at equal compute (GKD's claim);
 - rl_compute: RL on the student with the tasks' verifiable rewards (`mopd.loss=outcome`)
   in the 60 steps from the same init: distillation against RL at equal compute;
-- from_sft: `configs/toy.py:from_sft`, on-policy steps only, from pi_SFT.
+- from_sft: `configs/toy.py:from_sft`, on-policy steps only, from pi_SFT;
+- from_sft_eq15: the same with K3 eq. 15's sampled-token loss: what the loss does from pi_SFT.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ ROWS = {
                          "--config.mopd.init_samples_per_cell=488"], False),
     "rl_compute": ("", ["--config.mopd.loss=outcome", "--config.mopd.alpha=1.0"], True),
     "from_sft": (":from_sft", [], False),
+    "from_sft_eq15": (":from_sft", ["--config.mopd.loss=mopd"], False),
 }
 
 
@@ -126,7 +128,8 @@ def measure(wd: str) -> dict:
   cfg = rep["config"]["mopd"]
   init_updates = cfg["init_sft_steps"] if cfg["init"] == "teacher_sft" else 0
   steps = cfg["steps"] if cfg["lr"] > 1e-9 else 0  # a step at lr 1e-12 trains nothing
-  drop = agreement.heldout_drop(held, agreement.on_policy_start(held), "student")
+  drop = (agreement.heldout_drop(held, agreement.on_policy_start(held), "student") if steps
+          else None)  # no on-policy step: nothing to divide
   return {
       "kl": held.get("student", {}).get("kl_exact"),
       "kl_se": held.get("student", {}).get("kl_exact_se"),

@@ -1,8 +1,8 @@
 """Train state, optimizer and the jitted, sharded train step shared by SFT, RL and MOPD.
 
-The state holds only what is trained: student params, optimizer state and the step.
-Teachers are scored before the step (their log-probs arrive inside the batch), so their
-params never enter the optimizer, the gradient or the student checkpoint.
+The state holds only what is trained: student params, optimizer state and the step. The
+teachers' log-probs arrive in the batch, or their params are an argument of the `vocab_kl`
+update, gradient stopped: never in the optimizer state, the gradient or the checkpoint.
 """
 from __future__ import annotations
 

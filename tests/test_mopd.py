@@ -95,36 +95,11 @@ def test_exact_kl_equals_the_dense_full_vocabulary_kl(effort_free):
   from dense [B, T, V] logits of the student and each row's routed teacher, on every
   generated token, and is 0 elsewhere. The teachers are deeper than the student."""
   import jax
-  import jax.numpy as jnp
-  from mopd_jax import models, mopd, rollout, teachers
-  from mopd_jax.tasks import get_task
-  from mopd_jax.tokenizer import CharTokenizer
-  tok = CharTokenizer()
-  s_cfg = models.get_preset("toy", vocab_size=tok.vocab_size, num_layers=1, d_model=32,
-                            quant="int4", quant_group=16)
-  t_cfg = s_cfg.replace(num_layers=2, quant="none")
-  student = models.init_params(s_cfg, jax.random.PRNGKey(1))
-  names = ("gen/low", "gen/max")
-  bank = teachers.build_bank(t_cfg, {n: models.init_params(t_cfg, jax.random.PRNGKey(5 + i))
-                                     for i, n in enumerate(names)})
-  exs = get_task("gen").generate(0, 5)
-  efforts = ["low", "max", "max", "low", "max"]
-  rng = np.random.RandomState(0)
-  trajs = []
-  for ex, e in zip(exs, efforts):
-    ids = rng.randint(20, 60, size=rng.randint(3, 9)).tolist() + [tok.eos_id]
-    trajs.append(rollout.Trajectory(rollout.encode_prompt(tok, ex, e), ids, [1] * len(ids),
-                                    [0.0] * len(ids), True))
-  arr = rollout.pad_batch(trajs, tok.pad_id, 64)
-  t_arr, spans = mopd.teacher_view(tok, trajs, exs) if effort_free else (arr, None)
-  tid = np.asarray([names.index(f"gen/{e}") for e in efforts])
-  index = teachers.stratify(tid, 2, 3)
-  strat = lambda x, fill=0: jnp.asarray(teachers.gather_stratified(x, index, fill))
-  sampled = mopd.SampledBatch(arr=arr, index=index, tokens=strat(t_arr["tokens"]),
-                              input_mask=strat(t_arr["input_mask"], False), cell_ids=tid,
-                              accuracy=np.zeros(5), lengths=np.asarray([t.num_tokens
-                                                                        for t in trajs]),
-                              over=np.zeros(5, bool), spans=spans)
+  from mopd_jax import models, mopd
+  import mopd_batches
+  b = mopd_batches.random_rollouts(effort_free)
+  s_cfg, t_cfg, student, bank, sampled = b.s_cfg, b.t_cfg, b.student, b.bank, b.sampled
+  trajs, arr, t_arr, spans, tid = b.trajs, b.arr, b.t_arr, b.spans, b.tid
   got = mopd.exact_kl_rows(s_cfg, student, bank, sampled=sampled, chunk_size=16)
 
   fwd = jax.jit(lambda cfg, p, t, m: jax.nn.log_softmax(models.forward(cfg, p, t,

@@ -79,16 +79,39 @@ def test_report_checks_evaluate_the_bars():
   md = " ".join(report.markdown(rep).split())
   assert "mean over the first / last tenth of the steps (2 / 6 measured) 0.2000 / 0.0500, " \
       "the last tenth's standard error 0.0300" in md, md
-  # The eval's held-out measure (eval.kl_rollouts) is shown beside it, with its error.
-  rep["kl_heldout"] = {"sft": {"kl_exact": 0.2, "kl_exact_se": 0.01, "rollouts": 1152},
-                       "student": {"kl_exact": 0.025, "kl_exact_se": 0.002, "rollouts": 1152}}
+  # The eval's held-out measure (eval.kl_rollouts): pi_SFT, the initialised and the final
+  # student, each with its error; the init's and the on-policy drops are expected results,
+  # with "no cell rises by more than 2 standard errors".
+  def held(kl, se, cells):
+    return {"kl_exact": kl, "kl_exact_se": se, "rollouts": 1152,
+            "cells": {c: {"kl_exact": k, "kl_exact_se": e} for c, (k, e) in cells.items()}}
+  rep["kl_heldout"] = {
+      "sft": held(0.2, 0.01, {"gen/low": (0.2, 0.01), "gen/max": (0.2, 0.01)}),
+      "init": held(0.025, 0.002, {"gen/low": (0.02, 0.002), "gen/max": (0.03, 0.002)}),
+      "student": held(0.01, 0.001, {"gen/low": (0.001, 0.0005), "gen/max": (0.0365, 0.002)})}
   assert report.kl_drop(rep)[1] != "exact, held-out"
   from mopd_jax import agreement
-  ratio, se = agreement.heldout_drop(rep["kl_heldout"])
-  assert ratio == pytest.approx(8.0) and se == pytest.approx(8.0 * np.hypot(0.05, 0.08))
+  ratio, se = agreement.heldout_drop(rep["kl_heldout"])  # pi_SFT / the final student
+  assert ratio == pytest.approx(20.0) and se == pytest.approx(20.0 * np.hypot(0.05, 0.1))
+  assert agreement.heldout_drop(rep["kl_heldout"], "sft", "init")[0] == pytest.approx(8.0)
+  assert agreement.on_policy_start(rep["kl_heldout"]) == "init"
+  # gen/max rises by 0.0065 > 2 * hypot(0.002, 0.002) = 0.00566; gen/low falls.
+  assert agreement.rising_cells(rep["kl_heldout"], "init") == ["gen/max"]
+  got = {c["name"]: (c["value"], c["ok"]) for c in report.checks(rep)}
+  assert got[report.INIT_DROP_CHECK][1] is True  # x8.0 >= 5
+  assert got[report.ON_POLICY_DROP_CHECK][0][0] == pytest.approx(2.5)
+  assert got[report.ON_POLICY_DROP_CHECK][1] is True  # x2.5 >= 2
+  assert got[report.RISING_CHECK] == (["gen/max"], False)
   md = " ".join(report.markdown(rep).split())
-  assert "each policy's own rollouts of 1152 test prompts (± standard error; informational): " \
-      "pi_SFT 0.2000 ± 0.0100, the student 0.0250 ± 0.0020: x8.0 ± 0.8." in md, md
+  assert "each policy's own rollouts of 1152 test prompts (± standard error): pi_SFT 0.2000 ± " \
+      "0.0100, the initialised student 0.0250 ± 0.0020, the final student 0.0100 ± 0.0010." in md
+  assert "the init's drop: pi_SFT / the initialised student = x8.00" in md, md
+  assert "the on-policy drop: the initialised student / the final student = x2.50" in md, md
+  # Without an init (mopd.init=sft) the on-policy steps start at pi_SFT.
+  del rep["kl_heldout"]["init"]
+  got = {c["name"]: (c["value"], c["ok"]) for c in report.checks(rep)}
+  assert got[report.INIT_DROP_CHECK] == (None, None)
+  assert got[report.ON_POLICY_DROP_CHECK][0][0] == pytest.approx(20.0)
   rep["kl_heldout"]["student"]["kl_exact"] = 0.0
   assert agreement.heldout_drop(rep["kl_heldout"]) is None
 
@@ -242,7 +265,10 @@ def test_report_per_cell_kl_drop_standard_errors_and_diagnostics(tmp_path):
   assert rep["loss_shares"]["per_cell"]["gen/low"]["token_share"] == [[0, 0.25], [19, 0.25]]
   rep["wall_seconds"] = {}
   rep["checks"] = report.checks(rep)
-  assert not any("cell" in c["name"] and "KL" in c["name"] for c in rep["checks"])
+  # The per-cell KL drops over the MOPD steps are informational; the one per-cell KL result
+  # is the held-out "no cell rises" row, undecided without the eval's held-out KL.
+  cell_kl = [c for c in rep["checks"] if "cell" in c["name"] and "KL" in c["name"]]
+  assert [c["name"] for c in cell_kl] == [report.RISING_CHECK] and cell_kl[0]["ok"] is None
   md = " ".join(report.markdown(rep).split())
   assert "| gen | low | 0.800 ± 0.040 | 9.0 |" in md
   assert "| gen/low | 1.5000 | 0.1026 | x14.6 |" in md

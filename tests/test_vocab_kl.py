@@ -4,41 +4,11 @@ import numpy as np
 import pytest
 
 
-def _setup(effort_free=True, n=5):
-  """A student, two deeper teachers of (gen/low, gen/max) and n rollouts of random tokens,
-  as the MOPD stage lays them out (`mopd.SampledBatch`)."""
-  import jax
-  import jax.numpy as jnp
-  from mopd_jax import models, mopd, rollout, teachers
-  from mopd_jax.tasks import get_task
-  from mopd_jax.tokenizer import CharTokenizer
-  tok = CharTokenizer()
-  s_cfg = models.get_preset("toy", vocab_size=tok.vocab_size, num_layers=1, d_model=32,
-                            quant="none")
-  t_cfg = s_cfg.replace(num_layers=2)
-  student = models.init_params(s_cfg, jax.random.PRNGKey(1))
-  names = ("gen/low", "gen/max")
-  bank = teachers.build_bank(t_cfg, {nm: models.init_params(t_cfg, jax.random.PRNGKey(5 + i))
-                                     for i, nm in enumerate(names)})
-  exs = get_task("gen").generate(0, n)
-  efforts = ["low", "max", "max", "low", "max"][:n]
-  rng = np.random.RandomState(0)
-  trajs = []
-  for ex, e in zip(exs, efforts):
-    ids = rng.randint(20, 60, size=rng.randint(3, 9)).tolist() + [tok.eos_id]
-    trajs.append(rollout.Trajectory(rollout.encode_prompt(tok, ex, e), ids, [1] * len(ids),
-                                    [0.0] * len(ids), True))
-  arr = rollout.pad_batch(trajs, tok.pad_id, 64)
-  t_arr, spans = mopd.teacher_view(tok, trajs, exs) if effort_free else (arr, None)
-  tid = np.asarray([names.index(f"gen/{e}") for e in efforts])
-  index = teachers.stratify(tid, 2, n)
-  strat = lambda x, fill=0: jnp.asarray(teachers.gather_stratified(x, index, fill))
-  sampled = mopd.SampledBatch(arr=arr, index=index, tokens=strat(t_arr["tokens"]),
-                              input_mask=strat(t_arr["input_mask"], False), cell_ids=tid,
-                              accuracy=np.zeros(n), lengths=np.asarray([t.num_tokens
-                                                                        for t in trajs]),
-                              over=np.zeros(n, bool), spans=spans)
-  return s_cfg, student, bank, sampled
+def _setup(effort_free=True):
+  """(student config, student, bank, sampled batch) of `mopd_batches.random_rollouts`."""
+  import mopd_batches
+  b = mopd_batches.random_rollouts(effort_free)
+  return b.s_cfg, b.student, b.bank, b.sampled
 
 
 def _batch(s_cfg, params, bank, sampled):
