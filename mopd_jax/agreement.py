@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import logprobs, models, mopd, rollout
+from mopd_jax import logprobs, models, mopd, rollout, vocab_kl
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg",))
@@ -95,7 +95,7 @@ def logratio_table(cells: Sequence[dict], grid_cells) -> list:
 def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *, scoring,
                examples: Mapping[str, Sequence], rng, batch: int = 32) -> dict:
   """The exact per-token KL(pi || routed teacher) over the whole vocabulary along pi's own
-  rollouts, the MOPD stage's measure (`mopd.exact_kl_rows`) on held-out prompts: pi =
+  rollouts, the MOPD stage's measure (`vocab_kl.exact_kl_rows`) on held-out prompts: pi =
   (model_cfg, params) samples once (`setup.engine`) after each of `examples[d]` at every
   effort of `setup.cells`, `batch` prompts per cell per call; `scoring` is the bank at its
   scoring temperature.
@@ -109,7 +109,7 @@ def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *
   for i, start in enumerate(range(0, n, batch)):
     per_cell = [list(examples[d][start:start + batch]) for d, _ in setup.cells]
     sampled = mopd.sample_batch(setup, params, per_cell, rng=jax.random.fold_in(rng, i))
-    kl = mopd.exact_kl_rows(model_cfg, params, scoring, sampled=sampled)
+    kl = vocab_kl.exact_kl_rows(model_cfg, params, scoring, sampled=sampled)
     rows = len(sampled.lengths)
     mask = np.asarray(sampled.arr["loss_mask"], bool)[:rows]
     sums.append((kl[:rows] * mask).sum(1))

@@ -265,7 +265,7 @@ def loss_shares(model_cfg: models.ModelConfig, loss_cfg: train.LossConfig, param
 
 
 def exact_kl_means(kl_rows_BxT, sampled, names: Sequence[str]) -> tuple:
-  """(overall, per cell) `kl_exact`: the mean of `mopd.exact_kl_rows` over the batch's
+  """(overall, per cell) `kl_exact`: the mean of `vocab_kl.exact_kl_rows` over the batch's
   generated tokens, and over each routed teacher's (`names`, the bank's order) rows'."""
   mask = np.asarray(sampled.arr["loss_mask"], bool)
   index = sampled.index

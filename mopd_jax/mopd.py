@@ -17,7 +17,7 @@ One step:
 
 Diagnostics per cell: per-token KL (student vs routed teacher): the sampled-token estimate
 log pi_s - log pi_t (what r_t is made of; it can go negative) and, every few steps, the
-exact KL over the whole vocabulary (`exact_kl_rows`, chunked); mean reward r_t, clip
+exact KL over the whole vocabulary (`vocab_kl.exact_kl_rows`, chunked); mean reward r_t, clip
 fraction, accuracy, mean length, over-budget rate at the cell's budget. The diagnostics
 taken on a few steps only (the exact KL, effort sensitivity, loss shares) come from
 `diagnostics.py` through `train_on`'s `measure` hook.
@@ -116,16 +116,6 @@ def cell_diagnostics(names, index_Kxb, lp_s_KxbxT, *, lp_t_KxbxT, mask_KxbxT, r_
                  "length": float(np.mean(length_B[flat])),
                  "over_budget": float(np.mean(over_B[flat]))}
   return out
-
-
-def exact_kl_rows(student_cfg, student_params, bank: teachers.TeacherBank,
-                  *, sampled: "SampledBatch", chunk_size: int = 64) -> np.ndarray:
-  """[B, T] exact per-token KL(student || routed teacher) over the whole vocabulary, on the
-  student's own rollouts and positions (0 off the response), computed in chunks so that
-  [B, T, V] logits never exist. `bank` scores as in the step (its temperature applied);
-  `vocab_kl.py` holds the stratified program it shares with the `vocab_kl` loss."""
-  return vocab_kl.exact_kl_rows(student_cfg, student_params, bank, sampled=sampled,
-                                chunk_size=chunk_size)
 
 
 def outcome_advantages(rewards_B, cell_ids_B) -> np.ndarray:

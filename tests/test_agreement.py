@@ -101,9 +101,9 @@ def _kl_setup(bank, view):
 
 def test_heldout_kl_is_the_token_mean_of_the_exact_kl_with_its_error():
   """Every prompt at every effort, sampled in batches: the overall and per-cell values are the
-  token means of `mopd.exact_kl_rows` over the same rollouts, the error is the ratio
+  token means of `vocab_kl.exact_kl_rows` over the same rollouts, the error is the ratio
   estimator's over rollouts; a policy scored by itself after its own prompt gives 0."""
-  from mopd_jax import mopd, views
+  from mopd_jax import mopd, views, vocab_kl
   policy, bank, _, _ = _setup()
   exs = get_task("gen").generate(3, 4)
   setup = _kl_setup(bank, views.PromptView(teacher_sees_effort=False))
@@ -115,7 +115,7 @@ def test_heldout_kl_is_the_token_mean_of_the_exact_kl_with_its_error():
   for i, start in enumerate((0, 2)):  # the batches heldout_kl draws, by hand
     sampled = mopd.sample_batch(setup, policy, [exs[start:start + 2]] * 3,
                                 rng=jax.random.fold_in(rng, i))
-    kl = mopd.exact_kl_rows(CFG, policy, bank, sampled=sampled)
+    kl = vocab_kl.exact_kl_rows(CFG, policy, bank, sampled=sampled)
     mask = np.asarray(sampled.arr["loss_mask"], bool)[:6]
     sums += list((kl[:6] * mask).sum(1))
     counts += list(mask.sum(1))

@@ -26,7 +26,7 @@ POSITIONAL_BY_PROTOCOL = {
                               "arguments, residuals, cotangents)",
     "logprobs.py:token_stats_from_hidden.chunk": "jax.checkpoint body that lax.scan's step "
                                                  "calls with a chunk's arrays unpacked",
-    "mopd.py:_exact_kl_stratified.one": "mapped by jax.vmap, which passes mapped arrays "
+    "vocab_kl.py:stratified_kl.one": "mapped by jax.vmap, which passes mapped arrays "
                                         "positionally",
     "teachers.py:score_stratified.one": "mapped by jax.vmap, which passes mapped arrays "
                                         "positionally",

@@ -200,7 +200,8 @@ def test_train_on_records_the_measured_diagnostics_and_updates_alike():
   """`train_on`'s `measure` hook: the step's update is bitwise the one without it, and the
   record gains the effort sensitivity overall and per cell, the exact KL and the shares."""
   import jax
-  from mopd_jax import diagnostics, models, mopd, placement, rollout, sharding, teachers, train
+  from mopd_jax import (diagnostics, models, mopd, placement, rollout, sharding, teachers, train,
+                        vocab_kl)
   from mopd_jax.tasks import get_task
   from mopd_jax.tokenizer import CharTokenizer
   tok = CharTokenizer()
@@ -224,7 +225,7 @@ def test_train_on_records_the_measured_diagnostics_and_updates_alike():
   probe = diagnostics.Probe(cfg, loss_cfg, tok, cells, EFFORTS)
 
   def measure(p, s, b):
-    kl = mopd.exact_kl_rows(cfg, p, bank, sampled=s)
+    kl = vocab_kl.exact_kl_rows(cfg, p, bank, sampled=s)
     return diagnostics.merge(diagnostics.exact_kl_means(kl, s, names), probe.measure(p, s, b))
 
   plain, rec0 = mopd.train_on(trainer, trainer.init(params), bank, sampled=sampled, scored=scored,

@@ -95,12 +95,12 @@ def test_exact_kl_equals_the_dense_full_vocabulary_kl(effort_free):
   from dense [B, T, V] logits of the student and each row's routed teacher, on every
   generated token, and is 0 elsewhere. The teachers are deeper than the student."""
   import jax
-  from mopd_jax import models, mopd
+  from mopd_jax import models, vocab_kl
   import mopd_batches
   b = mopd_batches.random_rollouts(effort_free)
   s_cfg, t_cfg, student, bank, sampled = b.s_cfg, b.t_cfg, b.student, b.bank, b.sampled
   trajs, arr, t_arr, spans, tid = b.trajs, b.arr, b.t_arr, b.spans, b.tid
-  got = mopd.exact_kl_rows(s_cfg, student, bank, sampled=sampled, chunk_size=16)
+  got = vocab_kl.exact_kl_rows(s_cfg, student, bank, sampled=sampled, chunk_size=16)
 
   fwd = jax.jit(lambda cfg, p, t, m: jax.nn.log_softmax(models.forward(cfg, p, t,
                                                                        input_mask=m), -1),

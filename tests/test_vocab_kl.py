@@ -14,14 +14,13 @@ def _setup(effort_free=True):
 def _batch(s_cfg, params, bank, sampled):
   """The train batch of `sampled` with its sampler log-probs and the routed teachers'."""
   import jax.numpy as jnp
-  from mopd_jax import logprobs, mopd, placement, teachers
+  from mopd_jax import logprobs, mopd, teachers
   arr = dict(sampled.arr)
   arr["sampler_logprobs"] = np.asarray(logprobs.token_logprobs(
       s_cfg, params, jnp.asarray(arr["tokens"]), input_mask=jnp.asarray(arr["input_mask"])))
   lp_t = np.asarray(teachers.score_stratified(bank, sampled.tokens, sampled.input_mask))
   n = arr["tokens"].shape[0]
   teacher_lp = sampled.student_layout(teachers.scatter_stratified(lp_t, sampled.index, n))
-  del placement
   return mopd.train_batch(arr, teacher_lp)
 
 

@@ -30,7 +30,7 @@ from jax.sharding import Mesh
 
 from mopd_jax import (async_scoring, checkpoint, config as config_mod, diagnostics, models,
                       mopd, partial, placement, rollout, teacher_client, teachers, tokenizer,
-                      train, views)
+                      train, views, vocab_kl)
 from mopd_jax import grid as grid_mod
 from mopd_jax.stages import loops
 from mopd_jax.tasks import base as task_base
@@ -247,7 +247,7 @@ class Distillation:
       t = time.time()
       out = [self.probe.measure(params, sampled, batch)] if ends else []
       if exact:
-        kl = mopd.exact_kl_rows(inp.model_cfg, params, inp.scoring, sampled=sampled)
+        kl = vocab_kl.exact_kl_rows(inp.model_cfg, params, inp.scoring, sampled=sampled)
         out.insert(0, diagnostics.exact_kl_means(kl, sampled, inp.bank.router.names))
       merged = diagnostics.merge(*out)  # host floats: the measurement has finished
       self.seconds["diagnostics"] += time.time() - t
@@ -279,7 +279,7 @@ class Distillation:
     self.drawn_at.pop(0, None)
     self.streams.restore(states)
     overall, cells = diagnostics.exact_kl_means(
-        mopd.exact_kl_rows(inp.model_cfg, student, inp.scoring, sampled=sampled), sampled,
+        vocab_kl.exact_kl_rows(inp.model_cfg, student, inp.scoring, sampled=sampled), sampled,
         inp.bank.router.names)
     checkpoint.write_json(inp.files.path("mopd", START), {"policy": "sft", **overall,
                                                           "cells": cells})
