@@ -70,7 +70,7 @@ def measure(inp, params, *, batches: int) -> dict:
     n = sampled.arr["tokens"].shape[0]
     teacher_lp = sampled.student_layout(teachers.scatter_stratified(scored, sampled.index, n))
     batch = mopd.train_batch(sampled.arr, teacher_lp)
-    kl = mopd.exact_kl_rows(inp.model_cfg, params, inp.scoring, sampled=sampled)
+    kl = vocab_kl.exact_kl_rows(inp.model_cfg, params, inp.scoring, sampled=sampled)
     mask = np.asarray(sampled.arr["loss_mask"], bool)
     row_kl = kl.sum(1) / np.maximum(mask.sum(1), 1)
     tail = row_kl >= np.quantile(row_kl, 1 - TAIL)

@@ -325,14 +325,14 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
 
 def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
              *, sampled: SampledBatch, scored, r_max: float, alpha: float = 0.0,
-             measure: Optional[Callable] = None, scoring: Optional[teachers.TeacherBank] = None):
+             measure: Optional[Callable] = None):
   """Steps 3-4 once the teachers' scores `scored` are in (blocks on them): the update and
   the step's record. `scored` as `mopd_step`'s `score_fn` returns it. `measure(params,
   sampled, batch)`: (metrics, per-cell metrics) of diagnostics taken on the params the
   update starts from, before it and off its path (`diagnostics.py`: the exact KL's
   `kl_exact`, effort sensitivity, loss shares), merged into the step's record; None = none
-  this step. `scoring`: the bank at its scoring temperature, which a loss computed with the
-  teachers inside the update (`vocab_kl`) reads; `bank` when None."""
+  this step. `bank`: the teachers at their scoring temperature (its router names the cells;
+  a loss computed with the teachers inside the update, `vocab_kl`, reads its params)."""
   arr, index = sampled.arr, sampled.index
   n = arr["tokens"].shape[0]  # the real rows (len(sampled.lengths)), then any empty ones
   scored = distributed.gather(scored)  # every host needs every row's scores
@@ -356,8 +356,7 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
   batch = train_batch(arr, teacher_lp, topk=topk, alpha=alpha, advantages_B=adv)
   extra = None if measure is None else measure(state.params, sampled, batch)
   if LOSS_KINDS[trainer.loss_cfg.kind].teachers_in_step:  # donates the old params too
-    state, m = vocab_kl.VocabKLStep.of(trainer).step(state, batch, bank=scoring or bank,
-                                                     sampled=sampled)
+    state, m = vocab_kl.VocabKLStep.of(trainer).step(state, batch, bank=bank, sampled=sampled)
   else:
     state, m = trainer.step(state, batch)  # donates the old params: measured above
   m = {k: float(v) for k, v in jax.device_get(m).items()}

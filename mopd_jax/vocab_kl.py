@@ -179,7 +179,8 @@ class VocabKLStep:
     if teacher_cfg not in self._programs:
       tr = self.trainer
 
-      def fn(state, batch, teacher_params_K, arrays):
+      def fn(state, batch, teachers_and_layout):
+        teacher_params_K, arrays = teachers_and_layout
         (loss, metrics), grads = jax.value_and_grad(
             lambda p: vocab_kl_loss(tr.model_cfg, p, teacher_cfg,
                                     teacher_params_K=teacher_params_K, arrays=arrays,
@@ -191,7 +192,7 @@ class VocabKLStep:
       # params keep the placement the bank gave them (None: as committed), the batch's
       # arrays are replicated like the exact-KL diagnostic's.
       self._programs[teacher_cfg] = jax.jit(
-          fn, in_shardings=(tr.state_sharding, None, None, None),
+          fn, in_shardings=(tr.state_sharding, None, None),
           out_shardings=(tr.state_sharding, tr._rep), donate_argnums=(0,))  # pylint: disable=protected-access
     return self._programs[teacher_cfg]
 
@@ -202,5 +203,5 @@ class VocabKLStep:
     if not bank.params:
       raise ValueError("mopd.loss='vocab_kl' needs the teachers' params in this process "
                        "(co-located teachers)")
-    return self._program(bank.model_cfg)(state, batch, bank.params,
-                                         stratified(sampled, like=state.params))
+    return self._program(bank.model_cfg)(state, batch, (bank.params,
+                                                        stratified(sampled, like=state.params)))

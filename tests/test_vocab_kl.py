@@ -28,14 +28,14 @@ def _batch(s_cfg, params, bank, sampled):
 def test_vocab_kl_loss_is_the_row_mean_of_the_exact_kl(effort_free):
   """The loss is the mean over rows of each row's mean exact KL over its generated tokens,
   the diagnostic `exact_kl_rows` (itself checked against dense logits in test_mopd.py)."""
-  from mopd_jax import mopd, vocab_kl
+  from mopd_jax import vocab_kl
   s_cfg, student, bank, sampled = _setup(effort_free)
   batch = _batch(s_cfg, student, bank, sampled)
   loss, m = vocab_kl.vocab_kl_loss(
       s_cfg, student, bank.model_cfg, teacher_params_K=bank.params,
       arrays=vocab_kl.stratified(sampled, like=student), batch=batch, r_max=5.0,
       chunk_size=16)
-  rows = mopd.exact_kl_rows(s_cfg, student, bank, sampled=sampled, chunk_size=16)
+  rows = vocab_kl.exact_kl_rows(s_cfg, student, bank, sampled=sampled, chunk_size=16)
   mask = np.asarray(sampled.arr["loss_mask"], bool)
   want = np.mean(rows.sum(1) / mask.sum(1))
   np.testing.assert_allclose(float(loss), want, rtol=1e-5)

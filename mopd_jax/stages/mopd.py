@@ -257,10 +257,10 @@ class Distillation:
   def train(self, state, sampled, scored):
     c = self.inp.cfg
     step = int(state.step)
-    state, rec = mopd.train_on(self.trainer, state, self.inp.bank, sampled=sampled,
+    # The scoring bank: the teachers at mopd.teacher_temperature, with the bank's router.
+    state, rec = mopd.train_on(self.trainer, state, self.inp.scoring, sampled=sampled,
                                scored=self.inp.scorer.fetch(scored), r_max=c.r_max,
-                               alpha=c.alpha, measure=self.measure(step),
-                               scoring=self.inp.scoring)
+                               alpha=c.alpha, measure=self.measure(step))
     if self.pool is not None:  # rows still decoding, and the trained rows' count
       rec.metrics.update(in_flight=float(len(self.pool.rows)),
                          rows=float(len(sampled.lengths)))
