@@ -1,8 +1,8 @@
 """The embedded toy config: the whole pipeline on a 2-core CPU, in K3's form (the student's
 prompt carries the effort, the teachers' prompts do not).
 
-Run (8-12 minutes on 2 CPU cores, whose speed varies from run to run; seed 0 alone 460 s
-with tcmalloc, 510 s with the system malloc, docs/toy_results.md):
+Run (seed 0 alone: 438 s on 2 CPU cores with tcmalloc, whose speed varies from run to run;
+docs/toy_results.md):
     python -m experiments.run --config configs/toy.py --workdir /tmp/mopd_toy
 The ablation in which the teachers see the effort: add --config.teacher.effort_in_prompt=True.
 Smoke variant of every stage (used by the tests, well under 2 minutes):
