@@ -27,6 +27,8 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from experiments import common
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.")
@@ -117,15 +119,9 @@ def measure(inp, params, *, batches: int) -> dict:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required")
-  from mopd_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from mopd_jax.stages import wiring  # pylint: disable=g-import-not-at-top
-  from mopd_jax.stages.context import Run  # pylint: disable=g-import-not-at-top
-  ctx = Run(_CONFIG.value, _WORKDIR.value)
-  params = checkpoint.load_params(ctx.path(*_PARAMS.value.split("/")), ctx.params_like())
+  ctx, params = common.run_and_params(argv, config=_CONFIG.value, workdir=_WORKDIR.value,
+                                      params=_PARAMS.value)
   out = measure(wiring.mopd_inputs(ctx), params, batches=_BATCHES.value)
   for key, v in out["summary"].items():
     print(f"{key}: {v}")

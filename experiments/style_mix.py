@@ -18,6 +18,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from experiments import common
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.")
@@ -69,14 +71,8 @@ def format_table(mix: dict) -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required")
-  from mopd_jax import checkpoint  # pylint: disable=g-import-not-at-top
-  from mopd_jax.stages.context import Run  # pylint: disable=g-import-not-at-top
-  ctx = Run(_CONFIG.value, _WORKDIR.value)
-  params = checkpoint.load_params(ctx.path(*_PARAMS.value.split("/")), ctx.params_like())
+  ctx, params = common.run_and_params(argv, config=_CONFIG.value, workdir=_WORKDIR.value,
+                                      params=_PARAMS.value)
   effort = None if _EFFORT.value == "none" else _EFFORT.value
   mix = measure(ctx, params, effort=effort, samples=_SAMPLES.value,
                 temperature=_TEMPERATURE.value)

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mopd_jax import logprobs, models, mopd, placement, rollout, sharding, teachers, train
+from mopd_jax import (logprobs, models, mopd, placement, rollout, sharding, teachers, train,
+                      views)
 from mopd_jax.tasks import TOY_DOMAINS as DOMAINS, get_task
 from mopd_jax.tokenizer import DEFAULT_EFFORTS as EFFORTS, CharTokenizer
 import suite_cli
@@ -96,8 +97,11 @@ def test_topk_mopd_step_is_zero_when_the_student_is_every_teacher():
   per_cell = [tasks[d].generate(seed=i, n=1) for i, (d, _) in enumerate(cells)]
   engine = rollout.RolloutEngine(CFG, TOK, max_response_tokens=12, max_turns=1)
   taus = {"max": 1.0, "high": 0.55, "low": 0.25}
+  # Student == teacher gives zero only where the teachers read the student's own prompt
+  # (the effort included): the view in which every party sees the effort.
+  setup = mopd.StepSetup(bank, engine, tasks, cells, taus, view=views.EFFORT_EVERYWHERE)
   step = lambda state, score_fn, **kw: mopd.mopd_step(
-      trainer, state, mopd.StepSetup(bank, engine, tasks, cells, taus),
+      trainer, state, setup,
       examples_per_cell=per_cell, rng=jax.random.PRNGKey(3), r_max=5.0, score_fn=score_fn,
       **kw)
   state, rec = step(trainer.init(params), lambda b, t, m: scorer(t, m), alpha=0.0)

@@ -66,8 +66,8 @@ def test_vocab_kl_loss_through_the_stage(workdir, tmp_path):
                   "--config.mopd.length_groups=1")
   assert proc.returncode == 0, proc.stderr[-3000:]
   hist = json.load(open(os.path.join(wd, "mopd", "history.json")))
-  assert len(hist) == 2 and all(h["loss"] >= 0 and h["kl_vocab"] >= 0 and h["num_rows"] == 9
-                                for h in hist)
+  assert len(hist) == 3 and all(h["loss"] >= 0 and h["kl_vocab"] >= 0 and h["num_rows"] == 9
+                                for h in hist)  # the tiny run's 3 steps
   held = json.load(open(os.path.join(wd, "eval.json")))["kl_heldout"]
   assert set(held) == {"sft", "init", "student"}
   assert all(h["tail"]["max"] >= h["tail"]["p50"] for h in held.values())
@@ -109,7 +109,8 @@ def test_report_schema(workdir):
   assert "total" in rep["wall_seconds"] and rep["config"]["seed"] == 0
   for png in ("cells.png", "kl.png", "length.png"):
     assert os.path.getsize(os.path.join(workdir, png)) > 1000
-  assert len(rep["checks"]) == 39 and all(c["ok"] in (True, False) for c in rep["checks"])
+  # 37 + the held-out init's drop, on-policy drop and rising cells + the two wall rows
+  assert len(rep["checks"]) == 42 and all(c["ok"] in (True, False) for c in rep["checks"])
   assert rep["grid"]["domains"] == ["gen", "agt", "cod"]
   assert "Expected results of the toy run" in open(
       os.path.join(workdir, "report.md")).read()
@@ -371,6 +372,25 @@ def test_style_mix_counts_every_sampled_response(workdir, tmp_path):
     assert set(styles) <= {"full", "brief", "direct"}
     assert all(0.0 <= s["accuracy"] <= 1.0 and s["mean_length"] > 0 for s in styles.values())
   assert "accuracy" in proc.stdout
+
+
+def test_mopd_noise_measures_eq15_against_its_expectation(workdir, tmp_path):
+  """`python -m experiments.mopd_noise` on the tiny run's initialised student: cosines in
+  [-1, 1], tail shares in [0, 1], and the per-rollout KL quantiles in order."""
+  out = tmp_path / "noise.json"
+  python, _, _, *config = suite_cli.TINY_CLI
+  proc = subprocess.run([python, "-m", "experiments.mopd_noise", *config, "--workdir", workdir,
+                         "--batches=2", f"--out={out}"],
+                        cwd=suite_cli.ROOT, env=suite_cli.env(), capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  s = json.load(open(out))["summary"]
+  for key in ("cos_eq15_vocab", "cos_eq15_pairs", "cos_vocab_pairs"):
+    assert -1.0 <= s[key]["mean"] <= 1.0, (key, s[key])
+  for key in ("tail_share_eq15", "tail_share_vocab", "tail_share_kl"):
+    assert 0.0 <= s[key]["mean"] <= 1.0 + 1e-6, (key, s[key])
+  q = s["row_kl_quantiles"]
+  assert q["0.5"] <= q["0.9"] <= q["0.99"] <= q["1.0"]
 
 
 _CACHE_CHILD = r"""

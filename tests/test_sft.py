@@ -77,10 +77,10 @@ def test_no_effort_share_covers_the_teachers_prompt_format():
                               draw=sft.SftDraw(mode, view=views.K3))
     assert 40 < without_effort(with_none) < 110  # ~300 / 4
     assert without_effort(sft.sft_batch(tok, exs, np.random.RandomState(1), width=64,
-                                        draw=sft.SftDraw(mode))) == 0
+                                        draw=sft.SftDraw(mode, view=views.EFFORT_EVERYWHERE))) == 0
   rec = base.Example("r", "gen", "1+1", 5, "2", solutions={"full": "#2"})
   batch = sft.sft_batch(tok, [rec], np.random.RandomState(0), width=16,
-                        draw=sft.SftDraw("random"))
+                        draw=sft.SftDraw("random", view=views.EFFORT_EVERYWHERE))
   text = tok.decode(np.asarray(batch.tokens)[0])  # the toy layout: the effort after <bos>
   assert text.startswith("<bos><") and text[5:].split(">", 1)[1].startswith("1+1\n"), text
   with pytest.raises(ValueError, match="no reference response"):
