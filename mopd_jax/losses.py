@@ -418,9 +418,22 @@ def topk_kl_loss(student_topk_logprobs, teacher_topk_logprobs,
   return loss, _stop(metrics)
 
 
+def token_kl_loss(kl_BxT, loss_mask) -> tuple[Array, Metrics]:
+  """The mean over rows of each row's mean of a per-token KL over its masked tokens (eq. 15's
+  1/|y| and row weights), for a KL computed exactly per position (`vocab_kl.py`: the whole
+  vocabulary against the routed teacher). Metrics: ``kl_vocab`` (its token mean),
+  ``num_tokens``, ``num_rows``."""
+  _same_shapes(2, kl_BxT=kl_BxT, loss_mask=loss_mask)
+  mask = _bool(loss_mask)
+  kl = jnp.where(mask, _f32(kl_BxT), 0.0)
+  loss, n_tokens, n_rows = _row_normalised_mean(kl, mask)
+  return loss, _stop({"kl_vocab": _token_mean(kl, mask), "num_tokens": n_tokens,
+                      "num_rows": n_rows})
+
+
 __all__ = [
     "mopd_reward", "mopd_loss", "mopd_advantages", "pg_loss",
-    "sequence_logprobs", "pmd_loss", "grpo_advantages", "topk_kl_loss",
+    "sequence_logprobs", "pmd_loss", "grpo_advantages", "topk_kl_loss", "token_kl_loss",
 ]
 
 

@@ -127,14 +127,12 @@ def vocab_kl_loss(student_cfg: models.ModelConfig, student_params,
   mask = _to_teacher_layout(batch.loss_mask, arrays, width) & (arrays.rows >= 0)[..., None]
   pos = jnp.arange(width)[None, None, :] + arrays.shift[..., None]
   mask &= (pos >= 0) & (pos < batch.tokens.shape[1])
-  flat = lambda x: x.reshape((-1, width))
-  loss, n_tokens, n_rows = losses._row_normalised_mean(flat(kl_KxbxT), flat(mask))  # pylint: disable=protected-access
+  loss, metrics = losses.token_kl_loss(kl_KxbxT.reshape((-1, width)),
+                                       mask.reshape((-1, width)))
   _, m = losses.mopd_loss(batch.sampler_logprobs, batch.teacher_logprobs, batch.loss_mask,
                           r_max=r_max)
-  metrics = {"kl": m["kl"], "reward_mean": m["reward_mean"], "clip_frac": m["clip_frac"],
-             "kl_vocab": jax.lax.stop_gradient(losses._token_mean(flat(kl_KxbxT), flat(mask))),  # pylint: disable=protected-access
-             "num_tokens": n_tokens, "num_rows": n_rows}
-  return loss, metrics
+  return loss, {**metrics, "kl": m["kl"], "reward_mean": m["reward_mean"],
+                "clip_frac": m["clip_frac"]}
 
 
 def check_config(m, *, teachers: str, endpoints) -> None:
