@@ -352,6 +352,17 @@ def test_unknown_stage_is_an_error(workdir):
   assert "Traceback" not in proc.stderr
 
 
+def _run_experiment(name: str, workdir, *args):
+  """`python -m experiments.<name>` with the tiny run's config and overrides on its
+  workdir; the finished process (asserted to exit 0)."""
+  python, _, _, *config = suite_cli.TINY_CLI  # the tiny run's config and overrides
+  proc = subprocess.run([python, "-m", f"experiments.{name}", *config, "--workdir", workdir,
+                         *args], cwd=suite_cli.ROOT, env=suite_cli.env(), capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
 def test_style_mix_counts_every_sampled_response(workdir, tmp_path):
   """`python -m experiments.style_mix` on the tiny run's pi_SFT: every sampled response
   lands in one style, with its accuracy and length; the first character names the style."""
@@ -359,12 +370,7 @@ def test_style_mix_counts_every_sampled_response(workdir, tmp_path):
   assert [style_mix.style_of(t) for t in ("~1,2\n#0", "#3", "1,0\n#1")] == [
       "brief", "direct", "full"]
   out = tmp_path / "mix.json"
-  python, _, _, *config = suite_cli.TINY_CLI  # the tiny run's config and overrides
-  proc = subprocess.run([python, "-m", "experiments.style_mix", *config, "--workdir", workdir,
-                         "--samples=6", f"--out={out}"],
-                        cwd=suite_cli.ROOT, env=suite_cli.env(), capture_output=True,
-                        text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = _run_experiment("style_mix", workdir, "--samples=6", f"--out={out}")
   mix = json.load(open(out))["mix"]
   assert list(mix) == ["gen", "agt", "cod"]
   for domain, styles in mix.items():
@@ -378,12 +384,7 @@ def test_mopd_noise_measures_eq15_against_its_expectation(workdir, tmp_path):
   """`python -m experiments.mopd_noise` on the tiny run's initialised student: cosines in
   [-1, 1], tail shares in [0, 1], and the per-rollout KL quantiles in order."""
   out = tmp_path / "noise.json"
-  python, _, _, *config = suite_cli.TINY_CLI
-  proc = subprocess.run([python, "-m", "experiments.mopd_noise", *config, "--workdir", workdir,
-                         "--batches=2", f"--out={out}"],
-                        cwd=suite_cli.ROOT, env=suite_cli.env(), capture_output=True,
-                        text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  _run_experiment("mopd_noise", workdir, "--batches=2", f"--out={out}")
   s = json.load(open(out))["summary"]
   for key in ("cos_eq15_vocab", "cos_eq15_pairs", "cos_vocab_pairs"):
     assert -1.0 <= s[key]["mean"] <= 1.0, (key, s[key])
