@@ -231,6 +231,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Weight of the outcome-reward term: alpha * (verifier reward - its (domain, effort)
   # cell's batch mean) on every generated token, REINFORCE; 0 = pure distillation.
   c.mopd.alpha = 0.0
+  # `vocab_kl` only: weight of the future-KL term, which charges each sampled token with the
+  # exact KL of the rest of its rollout (mopd_jax/vocab_kl.py `future_kl_term`); 0 = off.
+  c.mopd.future_kl = 0.0
   # Teacher scoring one step behind sampling: 0 = synchronous; 1 = the teachers score batch
   # k while the student samples batch k+1 (worth it with placement "disaggregated"). The
   # one-update-stale batch is trained with truncated importance weights

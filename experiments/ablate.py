@@ -20,17 +20,22 @@ The rows (`ROWS`), each testing one claim:
 - init_only: the init alone (one step at lr 1e-12): what the on-policy steps add;
 - eq15: K3 eq. 15's sampled-token log-ratio in the steps: the loss form;
 - topk: the routed teacher's top-8 (truncated reverse KL): the loss form;
-- sft_compute: SFT on the teachers' rollouts given the default's whole compute (its 260
-  updates and the teacher rollouts in place of the student's): on-policy against
-  off-policy at equal compute (GKD's claim);
+- sft_compute: SFT on the teachers' rollouts given the default's whole compute (the init's
+  updates plus the MOPD steps', and the init's teacher rollouts plus as many as the steps
+  sample, read from the config: `sft_compute_overrides`): on-policy against off-policy at
+  equal compute (GKD's claim);
 - rl_compute: RL on the student with the tasks' verifiable rewards (`mopd.loss=outcome`)
   in the 60 steps from the same init: distillation against RL at equal compute;
+- future_kl: the `vocab_kl` loss with its future-KL term (`mopd.future_kl=1`), the rest of
+  the sequence-level KL's gradient: whether charging a token with the KL of what follows it
+  removes the rare rollouts that leave the teacher's track;
 - from_sft: `configs/toy.py:from_sft`, on-policy steps only, from pi_SFT;
 - from_sft_eq15: the same with K3 eq. 15's sampled-token loss: what the loss does from pi_SFT.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -45,11 +50,10 @@ ROWS = {
     "init_only": ("", ["--config.mopd.steps=1", "--config.mopd.lr=1e-12"], True),
     "eq15": ("", ["--config.mopd.loss=mopd"], True),
     "topk": ("", ["--config.mopd.loss=topk", "--config.mopd.top_k=8"], True),
-    # 200 + 60 updates; 128 teacher rollouts per cell + the 60 steps' 6 per cell
-    "sft_compute": ("", ["--config.mopd.steps=1", "--config.mopd.lr=1e-12",
-                         "--config.mopd.init_sft_steps=260",
-                         "--config.mopd.init_samples_per_cell=488"], False),
+    # the init's and the steps' updates and samples: sft_compute_overrides
+    "sft_compute": ("", ["--config.mopd.steps=1", "--config.mopd.lr=1e-12"], False),
     "rl_compute": ("", ["--config.mopd.loss=outcome", "--config.mopd.alpha=1.0"], True),
+    "future_kl": ("", ["--config.mopd.future_kl=1.0"], True),
     "from_sft": (":from_sft", [], False),
     "from_sft_eq15": (":from_sft", ["--config.mopd.loss=mopd"], False),
 }
@@ -76,6 +80,20 @@ def parse(argv):
   return args
 
 
+def sft_compute_overrides(config: str) -> list:
+  """The sft_compute row's init: as many SFT updates as the default's init and MOPD steps
+  together, on as many teacher rollouts per cell as the init's plus those the steps sample
+  (`prompts_per_cell` a step)."""
+  path, _, variant = config.partition(":")
+  spec = importlib.util.spec_from_file_location("ablate_config", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  m = mod.get_config(variant or None).mopd
+  return [f"--config.mopd.init_sft_steps={m.init_sft_steps + m.steps}",
+          f"--config.mopd.init_samples_per_cell="
+          f"{m.init_samples_per_cell + m.steps * m.prompts_per_cell}"]
+
+
 def _run(*extra) -> int:
   return subprocess.call([sys.executable, "-m", "experiments.run", *extra])
 
@@ -99,6 +117,8 @@ def run_row(args, seed: int, row: str) -> str:
   if os.path.exists(os.path.join(wd, "report.json")):
     return wd
   variant, overrides, same_init = ROWS[row]
+  if row == "sft_compute":
+    overrides = overrides + sft_compute_overrides(args.config)
   os.makedirs(wd, exist_ok=True)
   for part in ("data", "sft", "rl", "teachers.json"):
     src, dst = os.path.join(base, part), os.path.join(wd, part)

@@ -62,7 +62,7 @@ def measure(inp, params, *, batches: int) -> dict:
   eq15_grad = jax.jit(lambda p, b: train.loss_and_grads(inp.model_cfg, eq15, p, batch=b)[1])
   vocab_grad = jax.jit(lambda p, b, t, a: jax.grad(lambda q: vocab_kl.vocab_kl_loss(
       inp.model_cfg, q, inp.scoring.model_cfg, teacher_params_K=t, arrays=a, batch=b,
-      r_max=c.r_max)[0])(p))
+      loss_cfg=train.LossConfig(kind="vocab_kl", r_max=c.r_max))[0])(p))
   rows, grads = [], []
   for j in range(batches):
     per_cell = mopd.cell_prompts(iters, grid, c.prompts_per_cell, shared=shared)

@@ -66,7 +66,6 @@ def _block(cls, value, name: str):
   return cls(**{k: f.metadata["check"](f"{name}.{k}", given[k]) for k, f in fields.items()})
 
 
-# --- the blocks -------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
   every: int = _f(Int())
@@ -244,6 +243,7 @@ class MopdConfig:
   loss: str = _f(OneOf(choices.MOPD_LOSSES))
   top_k: int = _f(Int())
   alpha: float = _f(Num())
+  future_kl: float = _f(Num())  # vocab_kl's future-KL term (mopd_jax/vocab_kl.py); 0 = off
   staleness: int = _f(OneOf((0, 1)))
   is_bounds: tuple = _f(Seq(Num(), 2))
   init: str = _f(OneOf(("sft", "teacher_sft")))

@@ -118,3 +118,6 @@ def _algorithm_checks(c: config_mod.RunConfig) -> None:
                      f"advantages; it needs mopd.alpha > 0, got {m.alpha!r}")
   if m.loss == "vocab_kl":
     vocab_kl.check_config(m, teachers=c.placement.teachers, endpoints=c.teacher.endpoints)
+  elif m.future_kl:
+    raise ValueError(f"mopd.future_kl weighs a term of the vocab_kl loss (the exact KL of "
+                     f"each rollout's rest); mopd.loss={m.loss!r} has none: set it to 0")

@@ -100,9 +100,8 @@ class LossConfig:
   eps_high: float = 0.28  # PG ratio clip, upper (asymmetric, "clip-higher")
   log_ratio_clip: float = 20.0
   chunk_size: int = 64  # sequence chunk of the log-prob scan
-  # Compute each chunk's logits once and backpropagate through the head right there
-  # (`logprobs.fused_token_loss`) for the token-separable kinds: the same loss and gradient
-  # as the rematerialised scan with one vocabulary projection fewer per chunk.
+  # Token-separable kinds backpropagate through the head inside each chunk (`logprobs.
+  # fused_token_loss`): the scan's loss and gradient with one vocabulary projection fewer.
   fused_head: bool = True
   group_size: int = 1  # RL: K samples per prompt (rows [p*K:(p+1)*K] share a prompt)
   tau_kl: float = 0.5  # PMD: weight of the log-ratio to the sampling policy
@@ -110,6 +109,7 @@ class LossConfig:
   # MOPD on a stale batch (asynchronous teacher scoring): truncated importance weights
   # clip(pi_theta / pi_sampler, low, high) on each token; None = on-policy, no weights.
   is_bounds: Optional[tuple] = None
+  future_kl: float = 0.0  # vocab_kl: weight of `vocab_kl.future_kl_term` (0 = off)
 
   def __post_init__(self):
     if self.kind not in LOSS_KINDS:

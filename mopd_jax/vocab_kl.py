@@ -75,12 +75,15 @@ def _to_teacher_layout(x_BxT, arrays: Stratified, width: int):
 
 def stratified_kl(student_cfg: models.ModelConfig, student_params,
                   teacher_cfg: models.ModelConfig, *, teacher_params_K, arrays: Stratified,
-                  chunk_size: int = 64):
+                  chunk_size: int = 64, with_logprobs: bool = False):
   """[K, b, T'] exact KL(student || teacher k) of each next token on the teachers' layout,
-  differentiable in the student's params (the teachers' gradient is stopped)."""
+  differentiable in the student's params (the teachers' gradient is stopped). With
+  `with_logprobs`, (that KL, the student's log-prob of each sampled token on the same
+  layout)."""
   s_cfg, s_params = models.materialize(student_cfg, student_params)
   h = models.hidden_states(s_cfg, s_params, arrays.tokens, input_mask=arrays.input_mask)
-  hs = _to_teacher_layout(h, arrays, arrays.teacher_tokens.shape[-1])  # [K, b, T', D]
+  width = arrays.teacher_tokens.shape[-1]
+  hs = _to_teacher_layout(h, arrays, width)  # [K, b, T', D]
 
   def one(p, tok, m, h_s):
     t_cfg, p = models.materialize(teacher_cfg, p)
@@ -88,8 +91,13 @@ def stratified_kl(student_cfg: models.ModelConfig, student_params,
     return logprobs.kl_from_hidden(s_cfg, s_params, h_s, cfg_q=t_cfg, params_q=p,
                                    hidden_q_BxTxD=h_t, chunk_size=chunk_size)
 
-  return jax.vmap(one)(jax.lax.stop_gradient(teacher_params_K), arrays.teacher_tokens,
-                       arrays.teacher_mask, hs)
+  kl = jax.vmap(one)(jax.lax.stop_gradient(teacher_params_K), arrays.teacher_tokens,
+                     arrays.teacher_mask, hs)
+  if not with_logprobs:
+    return kl
+  lp = logprobs.token_stats_from_hidden(s_cfg, s_params, h, tokens_BxT=arrays.tokens,
+                                        options=logprobs.StatsOptions(chunk_size=chunk_size))
+  return kl, _to_teacher_layout(lp.logprobs, arrays, width)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2), static_argnames=("chunk_size",))
@@ -113,24 +121,52 @@ def exact_kl_rows(student_cfg: models.ModelConfig, student_params, bank: teacher
   return sampled.student_layout(rows) * np.asarray(sampled.arr["loss_mask"], np.float32)
 
 
+def future_kl_term(kl_NxT, logprobs_NxT, mask_NxT):
+  """(term, its metrics): the score-function part of the gradient of each row's summed KL,
+  as a surrogate whose gradient is the mean over rows of
+  (1/|y|) sum_t grad log pi(y_t | s_t) * sum_{t' > t} KL_t'. The per-position exact KL
+  (`token_kl_loss`) differentiates each visited prefix's KL but not the choice of the token
+  that leads to the next prefixes; this term charges a sampled token with the KL of what
+  follows it, so a token after which the rollout leaves the teacher's track (its later KL
+  large) is pushed down. The future KL is a constant of the gradient (stopped)."""
+  m = mask_NxT.astype(jnp.float32)
+  kl = jax.lax.stop_gradient(kl_NxT.astype(jnp.float32)) * m
+  future = jnp.cumsum(kl[:, ::-1], axis=-1)[:, ::-1] - kl  # sum over t' > t
+  n = m.sum(-1)
+  rows = n > 0
+  per_row = (logprobs_NxT.astype(jnp.float32) * future * m).sum(-1) / jnp.maximum(n, 1.0)
+  term = jnp.where(rows, per_row, 0.0).sum() / jnp.maximum(rows.sum(), 1)
+  mean_future = (future * m).sum() / jnp.maximum(m.sum(), 1.0)
+  return term, {"future_kl_mean": jax.lax.stop_gradient(mean_future)}
+
+
 def vocab_kl_loss(student_cfg: models.ModelConfig, student_params,
                   teacher_cfg: models.ModelConfig, *, teacher_params_K, arrays: Stratified,
-                  batch: train.TrainBatch, r_max: float, chunk_size: int = 64):
+                  batch: train.TrainBatch, loss_cfg: train.LossConfig):
   """(loss, metrics): the mean over rows of each row's mean exact KL(student || its routed
-  teacher) over its generated tokens (eq. 15's 1/|y| and row weights). Metrics: `kl_vocab`
-  (the token mean of the optimised KL), and eq. 15's own `kl`, `reward_mean`, `clip_frac`
-  from the batch's sampled-token log-probs, so that curves compare across losses."""
-  kl_KxbxT = stratified_kl(student_cfg, student_params, teacher_cfg,
-                           teacher_params_K=teacher_params_K, arrays=arrays,
-                           chunk_size=chunk_size)
+  teacher) over its generated tokens (eq. 15's 1/|y| and row weights), plus
+  `loss_cfg.future_kl` x `future_kl_term` when it is not 0 (`loss_cfg.r_max` clips eq. 15's
+  metrics, `loss_cfg.chunk_size` chunks the vocabulary projections). Metrics: `kl_vocab` (the token mean of the optimised
+  KL), and eq. 15's own `kl`, `reward_mean`, `clip_frac` from the batch's sampled-token
+  log-probs, so that curves compare across losses."""
+  future_kl, chunk_size = loss_cfg.future_kl, loss_cfg.chunk_size
+  out = stratified_kl(student_cfg, student_params, teacher_cfg,
+                      teacher_params_K=teacher_params_K, arrays=arrays,
+                      chunk_size=chunk_size, with_logprobs=bool(future_kl))
+  kl_KxbxT, lp_KxbxT = out if future_kl else (out, None)
   width = arrays.teacher_tokens.shape[-1]
   mask = _to_teacher_layout(batch.loss_mask, arrays, width) & (arrays.rows >= 0)[..., None]
   pos = jnp.arange(width)[None, None, :] + arrays.shift[..., None]
   mask &= (pos >= 0) & (pos < batch.tokens.shape[1])
   loss, metrics = losses.token_kl_loss(kl_KxbxT.reshape((-1, width)),
                                        mask.reshape((-1, width)))
+  if future_kl:
+    term, m_future = future_kl_term(kl_KxbxT.reshape((-1, width)),
+                                    lp_KxbxT.reshape((-1, width)), mask.reshape((-1, width)))
+    loss = loss + future_kl * term
+    metrics = {**metrics, **m_future}
   _, m = losses.mopd_loss(batch.sampler_logprobs, batch.teacher_logprobs, batch.loss_mask,
-                          r_max=r_max)
+                          r_max=loss_cfg.r_max)
   return loss, {**metrics, "kl": m["kl"], "reward_mean": m["reward_mean"],
                 "clip_frac": m["clip_frac"]}
 
@@ -161,7 +197,6 @@ class VocabKLStep:
 
   def __init__(self, trainer: train.Trainer):
     self.trainer = trainer
-    self.r_max, self.chunk_size = trainer.loss_cfg.r_max, trainer.loss_cfg.chunk_size
     self._programs = {}
 
   @classmethod
@@ -182,7 +217,7 @@ class VocabKLStep:
         (loss, metrics), grads = jax.value_and_grad(
             lambda p: vocab_kl_loss(tr.model_cfg, p, teacher_cfg,
                                     teacher_params_K=teacher_params_K, arrays=arrays,
-                                    batch=batch, r_max=self.r_max, chunk_size=self.chunk_size),
+                                    batch=batch, loss_cfg=tr.loss_cfg),
             has_aux=True)(state.params)
         return train.apply_gradients(tr.optimizer, state=state, loss=loss, metrics=metrics,
                                      grads=grads)

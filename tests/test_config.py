@@ -111,6 +111,8 @@ CASES = [
     ("c.mopd.loss = 'vocab_kl'; c.mopd.alpha = 0.5", "it needs mopd.alpha=0.0"),
     ("c.mopd.loss = 'kl'", "mopd.loss='kl'"),
     ("c.mopd.loss = 'outcome'", "it needs mopd.alpha > 0"),
+    ("c.mopd.loss = 'mopd'; c.mopd.future_kl = 1.0", "mopd.loss='mopd' has none"),
+    ("c.mopd.future_kl = -1.0", "mopd.future_kl must be"),
 ]
 
 

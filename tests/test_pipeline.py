@@ -394,6 +394,23 @@ def test_mopd_noise_measures_eq15_against_its_expectation(workdir, tmp_path):
   assert q["0.5"] <= q["0.9"] <= q["0.99"] <= q["1.0"]
 
 
+def test_kl_tail_ranks_the_held_out_rollouts(workdir, tmp_path):
+  """`python -m experiments.kl_tail` on the tiny run's final student: the rollouts ranked by
+  their mean exact KL, each the mean of its tokens' KL, the token mean over all of them
+  the one printed, and the top 1%'s cells among the grid's."""
+  out = tmp_path / "tail.json"
+  proc = _run_experiment("kl_tail", workdir, "--prompts=2", "--top=3", f"--out={out}")
+  t = json.load(open(out))
+  means = [r["mean_kl"] for r in t["ranked"]]
+  assert means == sorted(means, reverse=True) and len(means) == t["rollouts"] > 0
+  for r in t["ranked"]:
+    assert np.isclose(r["mean_kl"], np.mean([k for _, k in r["tokens"]]), rtol=1e-5, atol=1e-7)
+  total = sum(k for r in t["ranked"] for _, k in r["tokens"])
+  assert np.isclose(t["kl_exact"], total / sum(len(r["tokens"]) for r in t["ranked"]))
+  assert set(t["top1pct_cells"]) <= {r["cell"] for r in t["ranked"]}
+  assert f"{t['kl_exact']:.4f}" in proc.stdout
+
+
 _CACHE_CHILD = r"""
 import os, sys
 import jax, jax.numpy as jnp

@@ -57,7 +57,7 @@ def _teachers_in_step_loss(cfg, params, batch):
                                jnp.arange(B, dtype=jnp.int32)[None])
   teacher = jax.tree.map(lambda x: x[None], models.init_params(cfg, jax.random.PRNGKey(1)))
   return vocab_kl.vocab_kl_loss(cfg, params, cfg, teacher_params_K=teacher, arrays=arrays,
-                                batch=batch, r_max=5.0)
+                                batch=batch, loss_cfg=train.LossConfig(kind="vocab_kl"))
 
 
 MIXES = list(itertools.product(DTYPES, DTYPES, (True, False), (True, False)))

@@ -28,13 +28,13 @@ def _batch(s_cfg, params, bank, sampled):
 def test_vocab_kl_loss_is_the_row_mean_of_the_exact_kl(effort_free):
   """The loss is the mean over rows of each row's mean exact KL over its generated tokens,
   the diagnostic `exact_kl_rows` (itself checked against dense logits in test_mopd.py)."""
-  from mopd_jax import vocab_kl
+  from mopd_jax import train, vocab_kl
   s_cfg, student, bank, sampled = _setup(effort_free)
   batch = _batch(s_cfg, student, bank, sampled)
   loss, m = vocab_kl.vocab_kl_loss(
       s_cfg, student, bank.model_cfg, teacher_params_K=bank.params,
-      arrays=vocab_kl.stratified(sampled, like=student), batch=batch, r_max=5.0,
-      chunk_size=16)
+      arrays=vocab_kl.stratified(sampled, like=student), batch=batch,
+      loss_cfg=train.LossConfig(kind="vocab_kl", chunk_size=16))
   rows = vocab_kl.exact_kl_rows(s_cfg, student, bank, sampled=sampled, chunk_size=16)
   mask = np.asarray(sampled.arr["loss_mask"], bool)
   want = np.mean(rows.sum(1) / mask.sum(1))
@@ -49,7 +49,7 @@ def test_vocab_kl_gradient_is_the_expected_eq15_gradient():
   eq. 15's update with its expectation over the sampled token taken exactly."""
   import jax
   import jax.numpy as jnp
-  from mopd_jax import losses, models, mopd, rollout, teachers, vocab_kl
+  from mopd_jax import losses, models, mopd, rollout, teachers, train, vocab_kl
   from mopd_jax.tasks import get_task
   from mopd_jax.tokenizer import CharTokenizer
   tok = CharTokenizer()
@@ -74,7 +74,7 @@ def test_vocab_kl_gradient_is_the_expected_eq15_gradient():
   arrays = vocab_kl.stratified(sampled, like=student)
   g_vocab = jax.grad(lambda p: vocab_kl.vocab_kl_loss(
       s_cfg, p, bank.model_cfg, teacher_params_K=bank.params, arrays=arrays, batch=batch,
-      r_max=1e3)[0])(student)
+      loss_cfg=train.LossConfig(kind="vocab_kl", r_max=1e3))[0])(student)
 
   # Every token y at the response position: the student's and the teacher's log-probs.
   ls = jax.nn.log_softmax(models.forward(s_cfg, student, jnp.asarray(arr["tokens"]))[0, -2])
@@ -99,14 +99,14 @@ def test_vocab_kl_gradient_is_the_expected_eq15_gradient():
 
 def test_vocab_kl_student_equal_to_teacher_gives_zero_loss_and_gradient():
   import jax
-  from mopd_jax import teachers, vocab_kl
+  from mopd_jax import teachers, train, vocab_kl
   s_cfg, student, _, sampled = _setup(effort_free=False)
   bank = teachers.build_bank(s_cfg, {"gen/low": student, "gen/max": student})
   batch = _batch(s_cfg, student, bank, sampled)
   arrays = vocab_kl.stratified(sampled, like=student)
   (loss, _), g = jax.value_and_grad(lambda p: vocab_kl.vocab_kl_loss(
       s_cfg, p, bank.model_cfg, teacher_params_K=bank.params, arrays=arrays, batch=batch,
-      r_max=5.0), has_aux=True)(student)
+      loss_cfg=train.LossConfig(kind="vocab_kl")), has_aux=True)(student)
   assert abs(float(loss)) < 1e-6
   assert max(float(np.abs(x).max()) for x in jax.tree.leaves(g)) < 1e-5
 
@@ -132,8 +132,42 @@ def test_vocab_kl_step_lowers_the_kl_and_keeps_teachers_out_of_the_state():
   assert jax.tree.structure(state.params) == jax.tree.structure(student)
 
 
+def test_future_kl_term_on_the_teachers_layout_matches_the_students_layout():
+  """The loss's future-KL term, computed on the teachers' stratified layout, equals the
+  term computed on the student's own layout from the exact-KL rows and the student's
+  teacher-forced log-probs (rows of different lengths and shifts, the effort-free view); the
+  step with the term runs and reports the mean future KL."""
+  import jax
+  import jax.numpy as jnp
+  from mopd_jax import logprobs, sharding, train, vocab_kl
+  s_cfg, student, bank, sampled = _setup(effort_free=True)
+  batch = _batch(s_cfg, student, bank, sampled)
+  arrays = vocab_kl.stratified(sampled, like=student)
+
+  def loss(fk):
+    return vocab_kl.vocab_kl_loss(s_cfg, student, bank.model_cfg, teacher_params_K=bank.params,
+                                  arrays=arrays, batch=batch,
+                                  loss_cfg=train.LossConfig(kind="vocab_kl", future_kl=fk))
+  (l0, _), (l1, m1) = loss(0.0), loss(1.0)
+  kl = jnp.asarray(vocab_kl.exact_kl_rows(s_cfg, student, bank, sampled=sampled))
+  lp = logprobs.token_logprobs(s_cfg, student, jnp.asarray(sampled.arr["tokens"]),
+                               input_mask=jnp.asarray(sampled.arr["input_mask"]))
+  mask = jnp.asarray(sampled.arr["loss_mask"], bool)
+  want, m_want = vocab_kl.future_kl_term(kl, lp, mask)
+  assert float(want) != 0.0
+  np.testing.assert_allclose(float(l1) - float(l0), float(want), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(float(m1["future_kl_mean"]), float(m_want["future_kl_mean"]),
+                             rtol=1e-4)
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  trainer = train.Trainer(s_cfg, train.LossConfig(kind="vocab_kl", future_kl=1.0),
+                          train.OptimConfig(lr=3e-3, warmup_steps=0, total_steps=2), mesh=mesh)
+  state, m = vocab_kl.VocabKLStep.of(trainer).step(trainer.init(student), batch, bank=bank,
+                                                   sampled=sampled)
+  assert np.isfinite(float(m["loss"])) and float(m["future_kl_mean"]) > 0
+
+
 def test_vocab_kl_config_rules():
-  from mopd_jax import vocab_kl
+  from mopd_jax import train, vocab_kl
   from configs import toy
   import dataclasses
   from mopd_jax import config as config_mod
@@ -148,3 +182,48 @@ def test_vocab_kl_config_rules():
   with pytest.raises(ValueError, match="mopd.alpha"):
     vocab_kl.check_config(dataclasses.replace(m, alpha=0.5), teachers="colocated",
                           endpoints="")
+
+
+def test_future_kl_term_completes_the_gradient_of_the_sequence_kl():
+  """Per-position KL plus `future_kl_term`, averaged over every rollout weighted by its
+  probability, has the gradient of the expected row-mean KL of a tabular two-token policy,
+  found by enumerating the rollouts; the per-position KL alone misses the term through the
+  first token's choice (a check that can fail: it does when the term is left out)."""
+  import itertools
+  import jax
+  import jax.numpy as jnp
+  from mopd_jax import train, vocab_kl
+  rng = np.random.RandomState(0)
+  v = 3
+  q1 = jax.nn.log_softmax(jnp.asarray(rng.randn(v)))
+  q2 = jax.nn.log_softmax(jnp.asarray(rng.randn(v, v)), -1)
+  theta = {"a": jnp.asarray(rng.randn(v)), "b": jnp.asarray(rng.randn(v, v))}
+
+  def kl(lp, lq):
+    return jnp.sum(jnp.exp(lp) * (lp - lq))
+
+  def exact(th):  # E_y [ (KL_1 + KL_2(y1)) / 2 ]
+    p1, p2 = jax.nn.log_softmax(th["a"]), jax.nn.log_softmax(th["b"], -1)
+    return 0.5 * (kl(p1, q1) + sum(jnp.exp(p1[y]) * kl(p2[y], q2[y]) for y in range(v)))
+
+  def surrogate(th, with_term):
+    p1, p2 = jax.nn.log_softmax(th["a"]), jax.nn.log_softmax(th["b"], -1)
+    sp1, sp2 = jax.lax.stop_gradient(p1), jax.lax.stop_gradient(p2)
+    total = 0.0
+    for y1, y2 in itertools.product(range(v), range(v)):
+      w = jnp.exp(sp1[y1] + sp2[y1, y2])
+      kl_1x2 = jnp.stack([kl(p1, q1), kl(p2[y1], q2[y1])])[None]
+      lp_1x2 = jnp.stack([p1[y1], p2[y1, y2]])[None]
+      mask = jnp.ones((1, 2), bool)
+      row = kl_1x2.mean()
+      if with_term:
+        row = row + vocab_kl.future_kl_term(kl_1x2, lp_1x2, mask)[0]
+      total = total + w * row
+    return total
+
+  want = jax.grad(exact)(theta)
+  got = jax.grad(lambda th: surrogate(th, True))(theta)
+  without = jax.grad(lambda th: surrogate(th, False))(theta)
+  for k in theta:
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(without["a"], want["a"], rtol=1e-3, atol=1e-4)

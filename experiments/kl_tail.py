@@ -1,0 +1,92 @@
+"""Where a policy's held-out exact KL comes from: its rollouts ranked by their mean exact KL to
+the routed teachers, with each token's KL.
+
+    python -m experiments.kl_tail --config configs/toy.py --workdir DIR \
+        [--params mopd/params] [--prompts 128] [--top 12] [--out tail.json]
+
+Loads the params under `DIR/<params>` (the final student by default; `mopd/init_params` is
+the initialised student, `sft/params` pi_SFT) of a run made with the same `--config` and
+overrides, samples them after the first `--prompts` test prompts of each domain at every
+effort exactly as the eval's held-out KL does (`agreement.heldout_kl`: the same prompts,
+batches and keys, so the mean printed first equals the eval's), and prints the cells of
+the top 1% of rollouts, then the `--top` rollouts: cell, mean KL, prompt, and every
+generated token with its exact KL against the teacher at the scoring temperature. A
+rollout that leaves the teacher's track shows as a token sampled at a small KL followed by
+tokens whose KL is several nats.
+"""
+import collections
+import json
+
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from experiments import common
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.")
+_PARAMS = flags.DEFINE_string("params", "mopd/params", "Params under the workdir.")
+_PROMPTS = flags.DEFINE_integer("prompts", 128, "Test prompts per domain (at every effort).")
+_TOP = flags.DEFINE_integer("top", 12, "Rollouts to print.")
+_OUT = flags.DEFINE_string("out", "", "Write the ranked rollouts as JSON here.")
+
+BATCH = 32  # prompts per cell per sampling call, as `agreement.heldout_kl`
+KEY = 13  # the eval's held-out rollout key (`stages.eval.heldout_kl`)
+
+
+def ranked(inp, ctx, params, *, prompts: int) -> dict:
+  """{"kl_exact": the token mean, "top1pct_cells": {cell: count}, "rollouts": [{"cell",
+  "mean_kl", "prompt", "tokens": [[text, kl], ...]}, ...] largest mean first}."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from mopd_jax import mopd, vocab_kl  # pylint: disable=g-import-not-at-top
+  grid = inp.grid
+  setup = mopd.StepSetup(inp.bank, inp.engine, inp.tasks, grid.cells, grid.taus, view=inp.view)
+  examples = {}
+  for d in grid.domains:
+    test = ctx.split(d, "test")
+    examples[d] = [test[i] for i in range(min(prompts, len(test)))]
+  n = min(len(v) for v in examples.values())
+  rows, kl_sum, tok_sum = [], 0.0, 0
+  for i, start in enumerate(range(0, n, BATCH)):
+    per_cell = [list(examples[d][start:start + BATCH]) for d, _ in setup.cells]
+    sampled = mopd.sample_batch(setup, params, per_cell,
+                                rng=jax.random.fold_in(jax.random.PRNGKey(KEY), i))
+    kl = vocab_kl.exact_kl_rows(inp.model_cfg, params, inp.scoring, sampled=sampled)
+    mask = np.asarray(sampled.arr["loss_mask"], bool)
+    tokens = np.asarray(sampled.arr["tokens"])
+    for r in range(len(sampled.lengths)):
+      pos = np.where(mask[r])[0]
+      if not len(pos):
+        continue
+      d, e = setup.cells[sampled.cell_ids[r]]
+      kl_sum += float(kl[r][pos].sum())
+      tok_sum += len(pos)
+      rows.append({"cell": f"{d}/{e}", "mean_kl": float(kl[r][pos].mean()),
+                   "prompt": inp.tok.decode([int(t) for t in tokens[r, :pos[0]]
+                                             if t != inp.tok.pad_id]),
+                   "tokens": [[inp.tok.decode([int(tokens[r, p])]), float(kl[r, p])]
+                              for p in pos]})
+  rows.sort(key=lambda x: -x["mean_kl"])
+  top = rows[:max(1, len(rows) // 100)]
+  return {"kl_exact": kl_sum / max(tok_sum, 1), "rollouts": len(rows),
+          "top1pct_cells": dict(collections.Counter(r["cell"] for r in top)), "ranked": rows}
+
+
+def main(argv):
+  from mopd_jax.stages import wiring  # pylint: disable=g-import-not-at-top
+  ctx, params = common.run_and_params(argv, config=_CONFIG.value, workdir=_WORKDIR.value,
+                                      params=_PARAMS.value)
+  out = ranked(wiring.mopd_inputs(ctx), ctx, params, prompts=_PROMPTS.value)
+  print(f"exact per-token KL over {out['rollouts']} rollouts: {out['kl_exact']:.4f}")
+  print(f"cells of the top 1% of rollouts: {out['top1pct_cells']}")
+  for r in out["ranked"][:_TOP.value]:
+    print(f"--- {r['cell']} mean KL {r['mean_kl']:.3f} after {r['prompt']!r}")
+    print("    " + " ".join(f"{t!r}:{k:.2f}" for t, k in r["tokens"]))
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
