@@ -136,10 +136,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # on 128 rollouts per cell put each effort's style choice in the student (seed 0: its
   # KL(low || high) along its own rollouts 0.19 after them; 0.0005 after 60 updates on 64);
   # 60 on-policy MOPD steps of 6 prompts per cell (54 rollouts) then distil the rest at a
-  # fine-tuning rate (at 1e-3 the seed-0 student's KL to its teachers rose from 0.05 after
-  # the init to 0.43 within 25 steps before settling back). 30 steps (about 100 s less; with
-  # the init at 3e-3, no warmup) kept every other result on seeds 0-4 but seed 3's KL drop fell to 4.2x (its last
-  # three steps' exact KL 0.031-0.069, agt/high's 0.14-0.36; docs/toy_results.md).
+  # fine-tuning rate (with eq. 15 at 1e-3 the seed-0 student's KL to its teachers rose from
+  # 0.05 after the init to 0.43 within 25 steps before settling back). 400 updates on 512
+  # rollouts per cell fit the teachers better (the init's held-out drop x9-x22 on seeds 0-2
+  # against x3.0 and x3.2 on seeds 1 and 2 here, where 128 rollouts are overfit), but the 60
+  # steps after that init reach only x1.89 on seed 0: the held-out KL then sits at a floor
+  # set by rare off-track rollouts (docs/toy_results.md, "The init's size").
   # The loss: K3 eq. 15's per-token update with its expectation over the sampled token taken
   # exactly (`vocab_kl`, mopd_jax/vocab_kl.py): the exact KL to the routed teacher over the
   # whole vocabulary at every position of the student's own rollouts. Eq. 15's one-token
