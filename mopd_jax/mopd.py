@@ -337,7 +337,7 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
   n = arr["tokens"].shape[0]  # the real rows (len(sampled.lengths)), then any empty ones
   scored = distributed.gather(scored)  # every host needs every row's scores
   topk = None
-  if trainer.loss_cfg.kind == "topk":
+  if LOSS_KINDS[trainer.loss_cfg.kind].topk:
     if not isinstance(scored, tuple):
       raise ValueError("the top-k MOPD loss needs the teachers' top-k log-probs and ids: "
                        "score_fn must return (logprobs, topk_logprobs, topk_ids), e.g. a "
@@ -381,7 +381,7 @@ def mopd_step(trainer: train.Trainer, state: train.TrainState, setup: StepSetup,
   record).
 
   `score_fn(bank, tokens, mask)` returns the teachers' [K, b, T] log-probs, or for the top-k
-  loss (`trainer.loss_cfg.kind == "topk"`) a tuple (log-probs, top-k log-probs [K, b, T, k],
+  loss (a kind registered with `topk=True`) a tuple (log-probs, top-k log-probs [K, b, T, k],
   top-k ids). `alpha` > 0 adds the outcome term alpha * `outcome_advantages` (REINFORCE).
   `setup.view`: which effort the student's and the teachers' prompts carry (`sample_batch`).
   """

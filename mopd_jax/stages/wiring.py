@@ -6,7 +6,7 @@ and never sees the run.
 """
 from __future__ import annotations
 
-from mopd_jax import checkpoint, models, placement, teachers
+from mopd_jax import checkpoint, loss_kinds, models, placement, teachers
 from mopd_jax import mopd as mopd_lib
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
@@ -59,7 +59,7 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
   c, grid = ctx.config.mopd, ctx.grid
   served = bool(ctx.config.teacher.endpoints)
   colocated = ctx.config.placement.teachers == "colocated"
-  top_k = c.top_k if c.loss == "topk" else 0
+  top_k = c.top_k if loss_kinds.LOSS_KINDS[c.loss].topk else 0
   # With teacher servers this process reads the teachers' params only for what runs here:
   # the teacher-SFT init's rollouts and the exact-KL diagnostic.
   if served and c.init != "teacher_sft" and not (c.exact_kl_every and colocated):
