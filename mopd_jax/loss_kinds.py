@@ -155,9 +155,6 @@ def _vocab_kl_loss(loss_cfg, st, batch):
                    "MOPD stage does), not from the student's stats")
 
 
-LOSSES = tuple(LOSS_KINDS)  # sft, mopd, pg, pmd, grpo, topk, outcome, vocab_kl
-
-
 def _outcome_term(lp, batch, loss_cfg):
   """alpha * A_outcome on every generated token, plain REINFORCE (ratio 1 at the current
   params); 0 when the batch carries no advantages (alpha = 0)."""
