@@ -7,8 +7,8 @@ the routed teachers, with each token's KL.
 Loads the params under `DIR/<params>` (the final student by default; `mopd/init_params` is
 the initialised student, `sft/params` pi_SFT) of a run made with the same `--config` and
 overrides, samples them after the first `--prompts` test prompts of each domain at every
-effort exactly as the eval's held-out KL does (`agreement.heldout_kl`: the same prompts,
-batches and keys, so the mean printed first equals the eval's), and prints the cells of
+effort exactly as the eval's held-out KL does (`agreement.heldout_batches`: the same
+prompts, batches and keys, so the mean printed first equals the eval's), and prints the cells of
 the top 1% of rollouts, then the `--top` rollouts: cell, mean KL, prompt, and every
 generated token with its exact KL against the teacher at the scoring temperature. A
 rollout that leaves the teacher's track shows as a token sampled at a small KL followed by
@@ -31,28 +31,23 @@ _PROMPTS = flags.DEFINE_integer("prompts", 128, "Test prompts per domain (at eve
 _TOP = flags.DEFINE_integer("top", 12, "Rollouts to print.")
 _OUT = flags.DEFINE_string("out", "", "Write the ranked rollouts as JSON here.")
 
-BATCH = 32  # prompts per cell per sampling call, as `agreement.heldout_kl`
-KEY = 13  # the eval's held-out rollout key (`stages.eval.heldout_kl`)
 
 
 def ranked(inp, ctx, params, *, prompts: int) -> dict:
   """{"kl_exact": the token mean, "top1pct_cells": {cell: count}, "rollouts": [{"cell",
   "mean_kl", "prompt", "tokens": [[text, kl], ...]}, ...] largest mean first}."""
   import jax  # pylint: disable=g-import-not-at-top
-  from mopd_jax import mopd, vocab_kl  # pylint: disable=g-import-not-at-top
+  from mopd_jax import agreement, mopd  # pylint: disable=g-import-not-at-top
   grid = inp.grid
   setup = mopd.StepSetup(inp.bank, inp.engine, inp.tasks, grid.cells, grid.taus, view=inp.view)
   examples = {}
   for d in grid.domains:
     test = ctx.split(d, "test")
     examples[d] = [test[i] for i in range(min(prompts, len(test)))]
-  n = min(len(v) for v in examples.values())
   rows, kl_sum, tok_sum = [], 0.0, 0
-  for i, start in enumerate(range(0, n, BATCH)):
-    per_cell = [list(examples[d][start:start + BATCH]) for d, _ in setup.cells]
-    sampled = mopd.sample_batch(setup, params, per_cell,
-                                rng=jax.random.fold_in(jax.random.PRNGKey(KEY), i))
-    kl = vocab_kl.exact_kl_rows(inp.model_cfg, params, inp.scoring, sampled=sampled)
+  rng = jax.random.PRNGKey(agreement.HELDOUT_KEY)
+  for sampled, kl in agreement.heldout_batches(inp.model_cfg, params, setup, scoring=inp.scoring,
+                                               examples=examples, rng=rng):
     mask = np.asarray(sampled.arr["loss_mask"], bool)
     tokens = np.asarray(sampled.arr["tokens"])
     for r in range(len(sampled.lengths)):

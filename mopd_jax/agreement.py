@@ -92,6 +92,21 @@ def logratio_table(cells: Sequence[dict], grid_cells) -> list:
   return lines
 
 
+HELDOUT_KEY = 13  # the eval's held-out rollout key (`stages.eval.heldout_kl`)
+
+
+def heldout_batches(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *, scoring,
+                    examples: Mapping[str, Sequence], rng, batch: int = 32):
+  """Yields (sampled, [B, T] exact KL rows) of pi's rollouts after `examples[d]` at every
+  effort of `setup.cells`, `batch` prompts per cell per call, the i-th call keyed by
+  fold_in(rng, i): the batches `heldout_kl` measures (and `experiments/kl_tail.py` ranks)."""
+  n = min(len(examples[d]) for d, _ in setup.cells)
+  for i, start in enumerate(range(0, n, batch)):
+    per_cell = [list(examples[d][start:start + batch]) for d, _ in setup.cells]
+    sampled = mopd.sample_batch(setup, params, per_cell, rng=jax.random.fold_in(rng, i))
+    yield sampled, vocab_kl.exact_kl_rows(model_cfg, params, scoring, sampled=sampled)
+
+
 def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *, scoring,
                examples: Mapping[str, Sequence], rng, batch: int = 32) -> dict:
   """The exact per-token KL(pi || routed teacher) over the whole vocabulary along pi's own
@@ -105,11 +120,8 @@ def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *
   error of that ratio of sums over independent rollouts (a rare rollout that leaves its
   teacher's style carries a large KL over its tokens, so the error is reported with it)."""
   sums, counts, cell_ids = [], [], []
-  n = min(len(examples[d]) for d, _ in setup.cells)
-  for i, start in enumerate(range(0, n, batch)):
-    per_cell = [list(examples[d][start:start + batch]) for d, _ in setup.cells]
-    sampled = mopd.sample_batch(setup, params, per_cell, rng=jax.random.fold_in(rng, i))
-    kl = vocab_kl.exact_kl_rows(model_cfg, params, scoring, sampled=sampled)
+  for sampled, kl in heldout_batches(model_cfg, params, setup, scoring=scoring,
+                                     examples=examples, rng=rng, batch=batch):
     rows = len(sampled.lengths)
     mask = np.asarray(sampled.arr["loss_mask"], bool)[:rows]
     sums.append((kl[:rows] * mask).sum(1))
