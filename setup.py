@@ -20,15 +20,15 @@ setup(
         "absl-py>=2.5.1",
         "numpy>=2.0",
         "tqdm>=4.67",  # progress bars with ETA for every stage
-        "tokenizers>=0.23.3",  # Hugging Face tokenizer.json adapter (mopd_jax.tokenizer)
-        "safetensors>=0.8.0",  # Hugging Face checkpoints (mopd_jax.hf; the pipeline imports it)
+        "tokenizers>=0.23.3",  # Hugging Face tokenizer.json adapter (mopd_jax.io.tokenizer)
+        "safetensors>=0.8.0",  # Hugging Face checkpoints (mopd_jax.io.hf; the pipeline imports it)
         "matplotlib>=3.8",  # report plots
         "tensorboardX>=2.6.5",  # TensorBoard event files without TensorFlow
         "jinja2>=3.1",  # chat templates of Hugging Face tokenizers (sandboxed rendering)
         "math-verify>=0.9.0",  # the math verifier's answer equivalence (LaTeX, fractions, %)
         "pyarrow>=14",  # Parquet data files (mopd_jax.tasks.records); TFDS needs it too
         "grain>=0.2.18",  # record domains' loading: an index sampler sharded by JAX process
-        "tornado>=6.4",  # the teacher server's asyncio HTTP server (mopd_jax.serve)
+        "tornado>=6.4",  # the teacher server's asyncio HTTP server (mopd_jax.teachers.server)
     ],
     extras_require={
         "test": ["pytest>=9.0", "pytest-xdist>=3.8",  # -n 2: the suite on both cores

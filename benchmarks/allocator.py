@@ -6,7 +6,7 @@ two alternated R times, all in one invocation on this machine. Reports each mode
 seconds per update (compilation excluded), its minor page faults and kernel CPU seconds per
 update, the speedup, and whether the two modes' final parameters are bitwise equal (they
 must be: an allocator decides where buffers live, not what is computed). Needs a tcmalloc
-the dynamic loader finds (`mopd_jax/allocator.py`); without one it says so and exits 1.
+the dynamic loader finds (`mopd_jax/runtime/allocator.py`); without one it says so and exits 1.
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ def worker(steps: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from mopd_jax import allocator, models, sharding, train  # pylint: disable=g-import-not-at-top
+  from mopd_jax import models  # pylint: disable=g-import-not-at-top
+  from mopd_jax.runtime import allocator, sharding
+  from mopd_jax.training import step as train
   cfg = models.get_preset("toy", num_layers=4, d_model=128, quant="int4")
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
   trainer = train.Trainer(cfg, train.LossConfig(kind="sft"),
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
   if args.worker:
     print(json.dumps(worker(args.steps)))
     return 0
-  from mopd_jax import allocator  # pylint: disable=g-import-not-at-top
+  from mopd_jax.runtime import allocator  # pylint: disable=g-import-not-at-top
   library = allocator.tcmalloc_library()
   if library is None:
     print(f"no tcmalloc found: {allocator.HINT}", file=sys.stderr)

@@ -3,7 +3,7 @@
 
 A student and a bank of deeper teachers, the teachers either disaggregated on a second
 simulated CPU device of the same process (device 1; the student on device 0) or, with
-`--placement server`, in a teacher server process of their own (`mopd_jax.serve`, on
+`--placement server`, in a teacher server process of their own (`mopd_jax.teachers.server`, on
 loopback) scored through `teacher_client.EndpointScorer` (its batch-invariant scoring, or one
 [K, b, T] block per round with `--server_batched`). Each MOPD step samples K * b
 rollouts, has the bank score them and updates the student; the benchmark prints the per-step
@@ -28,8 +28,10 @@ if __name__ == "__main__":  # two simulated devices, before JAX starts
 import jax
 import numpy as np
 
-from mopd_jax import (async_scoring, models, placement, sampling, teacher_client, teachers,
-                      train)
+from mopd_jax import models
+from mopd_jax.rollout import sampling
+from mopd_jax.teachers import async_scoring, bank as teachers, client as teacher_client, placement
+from mopd_jax.training import step as train
 
 
 def teacher_bank(teacher_cfg, num_teachers: int) -> teachers.TeacherBank:
@@ -122,7 +124,8 @@ def main(argv=None) -> None:
   args = ap.parse_args(argv)
   student, teacher = _configs()
   if args.serve:
-    from mopd_jax import serve, tokenizer  # pylint: disable=g-import-not-at-top
+    from mopd_jax.teachers import server as serve  # pylint: disable=g-import-not-at-top
+    from mopd_jax.io import tokenizer
     serve.TeacherServer(teacher_bank(teacher, 3), tokenizer.CharTokenizer(),
                         batch_invariant=not args.server_batched).serve("127.0.0.1", 0)
     return

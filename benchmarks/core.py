@@ -20,7 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mopd_jax import continuous, logprobs, models, sampling, sharding, teachers, token_draw, train
+from mopd_jax import models
+from mopd_jax.models import logprobs
+from mopd_jax.rollout import continuous, sampling, token_draw
+from mopd_jax.runtime import sharding
+from mopd_jax.teachers import bank as teachers
+from mopd_jax.training import step as train
 
 
 def _time(fn, *args, repeats=5, warmup=1):
@@ -294,7 +299,7 @@ def checkpoint_benchmark(leaf_counts=(48, 150), total_floats=4_000_000, saves=8)
   import resource
   import tempfile
 
-  from mopd_jax import checkpoint
+  from mopd_jax.io import checkpoint
 
   def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)

@@ -103,7 +103,7 @@ def _cache_shardings(mesh, cache):
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from mopd_jax import sharding
+  from mopd_jax.runtime import sharding
   kv = cache.layers[0]["k"].shape[1]
   b = cache.valid.shape[0]
   tensor = "tensor" if kv % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
@@ -118,7 +118,9 @@ def sampler_programs(cfg, mesh, batch: int, prompt_len: int, new_tokens: int) ->
   import jax
   import jax.numpy as jnp
 
-  from mopd_jax import models, sampling, sharding, token_draw
+  from mopd_jax import models
+  from mopd_jax.rollout import sampling, token_draw
+  from mopd_jax.runtime import sharding
   p_sh = sharding.param_shardings(cfg, mesh)
   params = _abstract(jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0))),
                      p_sh)
@@ -171,7 +173,9 @@ def teacher_program(teacher_cfg, mesh, num_teachers: int, rows_per_teacher: int,
   import jax
   import jax.numpy as jnp
 
-  from mopd_jax import models, placement, sharding, teachers
+  from mopd_jax import models
+  from mopd_jax.runtime import sharding
+  from mopd_jax.teachers import bank as teachers, placement
   one = jax.eval_shape(lambda: models.init_params(teacher_cfg, jax.random.PRNGKey(0)))
   stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((num_teachers,) + x.shape, x.dtype), one)
   p_sh = sharding.param_shardings(teacher_cfg, mesh, num_stacked=num_teachers)
@@ -197,7 +201,8 @@ def train_program(cfg, mesh, batch: int, seq_len: int, loss_kind: str = "mopd",
   import jax
   import jax.numpy as jnp
 
-  from mopd_jax import models, train
+  from mopd_jax import models
+  from mopd_jax.training import step as train
   trainer = train.Trainer(cfg, train.LossConfig(kind=loss_kind),
                           train.OptimConfig(microbatches=microbatches), mesh=mesh)
   state = jax.eval_shape(lambda: train.init_state(
@@ -228,7 +233,9 @@ def plan(config, only=PROGRAMS, devices=None) -> dict:
   `devices` (default: the first `plan.devices` JAX devices). Returns the table as a dict."""
   import jax
 
-  from mopd_jax import hf, placement, sharding
+  from mopd_jax.io import hf
+  from mopd_jax.runtime import sharding
+  from mopd_jax.teachers import placement
   p = config.plan
   unknown = sorted(set(only) - set(PROGRAMS))
   if unknown:

@@ -1,12 +1,12 @@
 """The defaults of every run config: each field once, with what it does.
 
 `configs/toy.py` and `configs/qwen3_mopd.py` start from `get_config()` and override only
-what differs; `mopd_jax/config.py` turns the result into one typed, checked `RunConfig`
+what differs; `mopd_jax/config/schema.py` turns the result into one typed, checked `RunConfig`
 (a field it does not know, or one missing here, is an error), and the pipeline reads every
 field from it, with no fallbacks of its own.
 Override any field from the command line, e.g. `--config.rl.lr=1e-4`, and the task grid with
 `--config.domains=gen,cod --config.efforts=low,max` (names of the `tasks` and `effort`
-blocks below; see mopd_jax/grid.py).
+blocks below; see mopd_jax/tasks/grid.py).
 """
 import ml_collections
 
@@ -16,6 +16,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0  # every rng in the run is derived from this
   c.stages = "data,sft,rl,mopd,eval,report"  # comma-separated subset, run in pipeline order
+  # Modules to import before the config is resolved, comma-separated: a loss or a task that
+  # registers itself there is then known to the run (docs/walkthrough.md). "" = none.
+  c.plugins = ""
   c.log_every = 10  # console / TensorBoard interval in steps
   # JAX's persistent compilation cache for the run's processes (the RL lanes inherit it): a
   # directory, `{workdir}` replaced by the workdir; "" = off. A resumed run reuses what the
@@ -83,7 +86,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh.tensor = 1  # splits attention heads, MLP columns and the vocabulary
   c.mesh.teacher = 1  # co-located placement: splits the stacked teacher bank over slices
 
-  # Teacher placement (mopd_jax/placement.py): colocated = the bank shares the student's
+  # Teacher placement (mopd_jax/teachers/placement.py): colocated = the bank shares the student's
   # devices (the mesh's `teacher` axis splits the stacked bank); disaggregated = the bank
   # lives on its own sub-mesh of the last devices, `teacher_mesh`, and trajectories and
   # log-probs move between the two with jax.device_put.
@@ -113,13 +116,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # b0(x) of record domains: "reference" = the toy's rule on the reference response's
   # tokens (1.1 x (tokens + EOS)); "field" = the record's positive-int `budget`; "samples" =
   # 1.1 x the tokens of the shortest correct response among `samples` samples of pi_SFT at
-  # the top effort, measured at the start of the rl stage (mopd_jax/budgets.py). A record
+  # the top effort, measured at the start of the rl stage (mopd_jax/tasks/budgets.py). A record
   # whose b0 cannot be set is dropped and counted.
   c.budget = ml_collections.ConfigDict()
   c.budget.source = "reference"
   c.budget.samples = 4
 
-  # How a prompt becomes tokens (mopd_jax/tokenizer.py). With a Hugging Face tokenizer that
+  # How a prompt becomes tokens (mopd_jax/io/tokenizer.py). With a Hugging Face tokenizer that
   # has a chat template (and chat_template=True) the prompt is a user message; the student's
   # effort is its special token after the generation prompt (effort_format="token"), a
   # system message (`system_line`, "system"), that line at the start of the user's turn
@@ -175,7 +178,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.reference = "sampler"
   # Which policy draws the samples of a phase whose old policy is held fixed ("sft",
   # "parent"): "policy" (the one being trained) | "reference" (that old policy, as Kimi
-  # K1.5's policy mirror descent has it; mopd_jax/rl.py SAMPLE_FROM). Phases with the
+  # K1.5's policy mirror descent has it; mopd_jax/training/rl.py SAMPLE_FROM). Phases with the
   # "sampler" old policy draw from the policy either way.
   c.rl.sample_from = "policy"
   c.rl.lr = 3e-4  # AdamW learning rate of the first phase (cosine over each phase's steps)
@@ -195,10 +198,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the split's size): the rl stage's teacher table and `teachers.json`; nothing downstream
   # reads it (the eval stage measures every teacher on the test split).
   c.rl.validation_examples = 96
-  # Lanes side by side, each in a process of its own (mopd_jax/lanes.py), or 1: one after
+  # Lanes side by side, each in a process of its own (mopd_jax/stages/lanes.py), or 1: one after
   # another in this process. Same teachers either way; on one accelerator use 1.
   c.rl.lane_processes = 1
-  # Partial rollouts in the RL lanes (mopd_jax/partial.py; as mopd.partial_rollout_tokens):
+  # Partial rollouts in the RL lanes (mopd_jax/rollout/partial.py; as mopd.partial_rollout_tokens):
   # a step decodes at most this many more tokens of every in-flight sample and trains on the
   # prompts whose samples are all complete; 0 = off. `partial_mode`: "recompute" (earlier
   # segments' sampler log-probs recomputed under the policy being updated, PMD's "sampler"
@@ -224,15 +227,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Temperature of the teachers' log-probs in r_t: 1 = K3 eq. 15 as written; < 1 sharpens
   # each teacher towards its greedy behaviour (what the eval measures).
   c.mopd.teacher_temperature = 1.0
-  # mopd (eq. 15) | pg (clipped ratio, reward as advantage) | topk (ablation: reverse KL on
-  # the routed teacher's top_k tokens at each position, corrected for the truncation)
+  # A loss registered for the mopd stage (mopd_jax/training/registry.py): mopd (eq. 15) | pg
+  # (clipped ratio, reward as advantage) | topk (ablation: reverse KL on the routed teacher's
+  # top_k tokens at each position, corrected for the truncation) | vocab_kl | outcome, or a
+  # plugin's (`plugins`)
   c.mopd.loss = "mopd"
+  # The loss's own hyperparameters, when it declares them (`LossKind.args`; a plugin's config
+  # file sets this block, whose fields the command line can then override)
+  c.mopd.loss_args = ml_collections.ConfigDict()
   c.mopd.top_k = 8  # teacher tokens per position of the topk loss
   # Weight of the outcome-reward term: alpha * (verifier reward - its (domain, effort)
   # cell's batch mean) on every generated token, REINFORCE; 0 = pure distillation.
   c.mopd.alpha = 0.0
   # `vocab_kl` only: weight of the future-KL term, which charges each sampled token with the
-  # exact KL of the rest of its rollout (mopd_jax/vocab_kl.py `future_kl_term`); 0 = off.
+  # exact KL of the rest of its rollout (mopd_jax/training/vocab_kl.py `future_kl_term`); 0 = off.
   c.mopd.future_kl = 0.0
   # Teacher scoring one step behind sampling: 0 = synchronous; 1 = the teachers score batch
   # k while the student samples batch k+1 (worth it with placement "disaggregated"). The
@@ -240,7 +248,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # clip(pi_theta / pi_sampler, *is_bounds) on every token.
   c.mopd.staleness = 0
   c.mopd.is_bounds = (0.5, 2.0)
-  # Partial rollouts (mopd_jax/partial.py): a step decodes at most this many more tokens of
+  # Partial rollouts (mopd_jax/rollout/partial.py): a step decodes at most this many more tokens of
   # every in-flight trajectory; unfinished ones carry over to the next step, and only
   # complete trajectories enter the loss. 0 = off (each step decodes its rollouts to the
   # end). `partial_mode`: how the earlier segments, drawn by older students, are treated:
@@ -274,7 +282,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # weights use, carry bf16 rounding: ~2e-2 at most on the benchmark shape; the losses
   # recompute the policy's own log-probs in fp32). docs/performance.md.
   c.rollout.sampling_dtype = "float32"
-  # Continuous batching (mopd_jax/continuous.py): this many decode slots, refilled from the
+  # Continuous batching (mopd_jax/rollout/continuous.py): this many decode slots, refilled from the
   # call's queue of rows as rows finish, so rows of very different lengths keep the batch
   # full; every row's tokens are those of the static sampler. 0 = the static sampler (each
   # call's rows decode as one batch until its longest row stops). `admission`: the order
@@ -300,7 +308,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval.samples = 0
   c.eval.sample_temperature = 1.0
   # pi_SFT's and the student's held-out log-ratio to each cell's teacher
-  # (mopd_jax/agreement.py): the mean per-token log pi - log pi_T along their greedy test
+  # (mopd_jax/evaluation/agreement.py): the mean per-token log pi - log pi_T along their greedy test
   # answers, scored like the MOPD stage's (in process, or by the `teacher.endpoints`
   # servers). One teacher-forced forward of the policy and one teacher prefill per batch.
   c.eval.teacher_logratio = False
@@ -308,7 +316,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # stage measures it, for pi_SFT and the student on their own rollouts (temperature 1) of
   # the first `kl_rollouts` test prompts of each domain at every effort (0 = off): the
   # report's KL drop is pi_SFT's over the student's, each with its standard error
-  # (mopd_jax/agreement.py). Needs the teachers' params in this process.
+  # (mopd_jax/evaluation/agreement.py). Needs the teachers' params in this process.
   c.eval.kl_rollouts = 0
 
   # Profiling switch (off by default): trace steps [start_step, start_step + num_steps) of

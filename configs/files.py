@@ -38,7 +38,7 @@ import os
 import ml_collections
 
 from configs import base
-from mopd_jax import storage
+from mopd_jax.io import storage
 
 _SPEC_KEYS = ("domains", "efforts", "budget")
 _DOMAIN_KEYS = ("verifier", "train", "test", "validation")

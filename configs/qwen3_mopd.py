@@ -10,11 +10,11 @@ Tiny variant (random Qwen3-shaped model of toy size, char tokenizer; its smoke s
         --config.stages=smoke
 
 The student comes from a Hugging Face checkpoint (`model.hf_path`, read by
-`mopd_jax.hf.load_checkpoint`; empty = the `qwen3-0.6b` preset, randomly initialised). The
+`mopd_jax.io.hf.load_checkpoint`; empty = the `qwen3-0.6b` preset, randomly initialised). The
 teachers are either nine Hugging Face checkpoints (`teacher.hf_paths`, one per cell:
 `--config.teacher.hf_paths=gen/low=DIR,gen/high=DIR,...,cod/max=DIR`) or, when empty,
 trained by the rl stage as in the toy run (then they share the student's shape).
-`mopd_jax.hf.resolve_model_config(config.model, vocab_size)` (or `config.teacher`) turns a
+`mopd_jax.io.hf.resolve_model_config(config.model, vocab_size)` (or `config.teacher`) turns a
 block into a ModelConfig.
 
 Stages, in order: data (TFDS builders) -> sft (pi_SFT, QAT) -> rl (3 domains x 3 efforts =

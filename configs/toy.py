@@ -143,7 +143,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # steps after that init reach only x1.89 on seed 0: the held-out KL then sits at a floor
   # set by rare off-track rollouts (docs/toy_results.md, "The init's size").
   # The loss: K3 eq. 15's per-token update with its expectation over the sampled token taken
-  # exactly (`vocab_kl`, mopd_jax/vocab_kl.py): the exact KL to the routed teacher over the
+  # exactly (`vocab_kl`, mopd_jax/training/vocab_kl.py): the exact KL to the routed teacher over the
   # whole vocabulary at every position of the student's own rollouts. Eq. 15's one-token
   # estimate of it is mostly noise once the init has matched the teachers (seed 0's
   # initialised student, 8 batches: the cosine between its gradient and its expectation
@@ -167,7 +167,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.lr = 3e-4
   c.mopd.prompts_per_cell = 1 if fast else 6  # b prompts per (domain, effort) cell per step
   # One batch per update: `vocab_kl` computes the teachers' distributions inside the update
-  # and takes no length groups (`train.py` `OptimConfig.length_groups`, which eq. 15 and the
+  # and takes no length groups (`training/optim.py` `OptimConfig.length_groups`, which eq. 15 and the
   # other losses of the student's token stats can use). The smoke variants use 3, so the
   # default test tier runs the grouped update through the stage.
   c.mopd.length_groups = 3 if fast else 1

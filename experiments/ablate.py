@@ -138,8 +138,8 @@ def run_row(args, seed: int, row: str) -> str:
 
 def measure(wd: str) -> dict:
   """A row's figures from its report.json and mopd history."""
-  from mopd_jax import agreement  # pylint: disable=g-import-not-at-top
-  from mopd_jax.grid import Grid  # pylint: disable=g-import-not-at-top
+  from mopd_jax.evaluation import agreement  # pylint: disable=g-import-not-at-top
+  from mopd_jax.tasks.grid import Grid  # pylint: disable=g-import-not-at-top
   rep = json.load(open(os.path.join(wd, "report.json")))
   held = rep.get("kl_heldout") or {}
   student = [c for c in rep["checks"] if c["name"].startswith("student ")]

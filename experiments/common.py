@@ -10,7 +10,9 @@ def run_and_params(argv, *, config, workdir: str, params: str):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not workdir:
     raise app.UsageError("--workdir is required")
-  from mopd_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top  (after absl's flags are parsed)
+  from mopd_jax import configure  # pylint: disable=g-import-not-at-top
+  from mopd_jax.io import checkpoint  # pylint: disable=g-import-not-at-top
   from mopd_jax.stages.context import Run  # pylint: disable=g-import-not-at-top
-  ctx = Run(config, workdir)
+  ctx = Run(configure.build(config, jax.device_count()), workdir)
   return ctx, checkpoint.load_params(ctx.path(*params.split("/")), ctx.params_like())

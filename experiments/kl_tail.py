@@ -37,7 +37,8 @@ def ranked(inp, ctx, params, *, prompts: int) -> dict:
   """{"kl_exact": the token mean, "top1pct_cells": {cell: count}, "rollouts": [{"cell",
   "mean_kl", "prompt", "tokens": [[text, kl], ...]}, ...] largest mean first}."""
   import jax  # pylint: disable=g-import-not-at-top
-  from mopd_jax import agreement, mopd  # pylint: disable=g-import-not-at-top
+  from mopd_jax.evaluation import agreement  # pylint: disable=g-import-not-at-top
+  from mopd_jax.training import mopd
   grid = inp.grid
   setup = mopd.StepSetup(inp.bank, inp.engine, inp.tasks, grid.cells, grid.taus, view=inp.view)
   examples = {}

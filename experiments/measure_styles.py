@@ -138,7 +138,7 @@ class RoundRobin:
 
 def make_batch(tok, examples, rng, multiple: int = 16):
   """`sft.sft_batch` in style mode, padded to this batch's longest sequence (multiple of 16)."""
-  from mopd_jax import sft  # pylint: disable=g-import-not-at-top
+  from mopd_jax.training import sft  # pylint: disable=g-import-not-at-top
   bound = max(sequence_tokens(tok, e, "full") for e in examples)  # full is the longest style
   bound = -(-bound // multiple) * multiple
   batch = sft.sft_batch(tok, examples, rng, width=bound, draw=sft.SftDraw("style"))
@@ -176,9 +176,12 @@ def main(argv=None) -> dict:
   t_start = time.time()
   import jax  # pylint: disable=g-import-not-at-top
 
-  from mopd_jax import models, rollout, sft, sharding, train  # pylint: disable=g-import-not-at-top
+  from mopd_jax import models  # pylint: disable=g-import-not-at-top
+  from mopd_jax.rollout import turns as rollout
+  from mopd_jax.runtime import sharding
+  from mopd_jax.training import sft, step as train
   from mopd_jax.tasks import get_task  # pylint: disable=g-import-not-at-top
-  from mopd_jax.tokenizer import CharTokenizer  # pylint: disable=g-import-not-at-top
+  from mopd_jax.io.tokenizer import CharTokenizer  # pylint: disable=g-import-not-at-top
 
   tok = CharTokenizer()
   overrides = {k: getattr(args, k) for k in ("d_model", "num_layers") if getattr(args, k)}

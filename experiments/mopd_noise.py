@@ -11,7 +11,7 @@ overrides, draws `--batches` MOPD batches as the stage draws them (the training 
 prints, per batch and as a mean ± standard error over the batches:
 
 - `cos_eq15_vocab`: the cosine between eq. 15's gradient (`mopd.r_max`'s clip) and the exact
-  per-position expectation of it (`vocab_kl`, `mopd_jax/vocab_kl.py`) on the same batch;
+  per-position expectation of it (`vocab_kl`, `mopd_jax/training/vocab_kl.py`) on the same batch;
 - `cos_eq15_pairs`, `cos_vocab_pairs`: the cosine between the gradients of two independent
   batches under each loss (how much of a step's direction the next step repeats: what
   Adam's momentum keeps and its normalisation then scales to a full step of `mopd.lr`);
@@ -52,7 +52,9 @@ def measure(inp, params, *, batches: int) -> dict:
   """The measurements listed in the module's docstring; `inp`: the run's `stages.mopd.Inputs`."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from mopd_jax import mopd, teachers, train, vocab_kl  # pylint: disable=g-import-not-at-top
+  from mopd_jax.training import mopd  # pylint: disable=g-import-not-at-top
+  from mopd_jax.teachers import bank as teachers
+  from mopd_jax.training import step as train, vocab_kl
   c, grid = inp.cfg, inp.grid
   setup = mopd.StepSetup(inp.bank, inp.engine, inp.tasks, grid.cells, grid.taus, view=inp.view)
   shared = c.prompts_across_efforts == "shared"

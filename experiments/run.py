@@ -4,7 +4,7 @@ Thin on purpose: parse the locked config, log the devices, hand over to the libr
 Notebooks and tests call `mopd_jax.pipeline.run` directly.
 
 Errors: a bad flag (an unknown field, a value of the wrong type, a config file that does not
-load), a bad config value (mopd_jax/config.py checks every field before any stage starts)
+load), a bad config value (mopd_jax/config/schema.py checks every field before any stage starts)
 or a missing `--workdir` prints one `config error:` line naming the field, the value and
 what is allowed, and exits with status 2; `--verbosity=1` adds the traceback. A preempted run exits with
 `checkpoint.PREEMPTED_EXIT_CODE`; the same command resumes it. A teacher server
@@ -17,7 +17,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from mopd_jax import allocator
+from mopd_jax import configure
+from mopd_jax.runtime import allocator
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.",
                                           lock_config=True)
@@ -47,12 +48,16 @@ def main(argv):
     sys.exit(2)
   import jax
 
-  from mopd_jax import checkpoint, config as config_mod, distributed, pipeline, teacher_client
+  from mopd_jax import pipeline
+  from mopd_jax.config import schema as config_mod
+  from mopd_jax.io import checkpoint
+  from mopd_jax.runtime import distributed
+  from mopd_jax.teachers import client as teacher_client
   try:
     # The RunConfig, built once here and handed down: every check but the device count.
     # Multi-host: start jax.distributed (its typed `distributed` block or JAX_* environment
     # variables) before the first device query initialises a backend, then check the mesh.
-    run_config = config_mod.build(config, None)
+    run_config = configure.build(config, None)
     try:
       distributed.initialize(run_config.distributed)
     except ValueError as e:

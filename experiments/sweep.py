@@ -3,7 +3,7 @@
 
 Runs `experiments.run` once per seed, each in its own workdir `DIR/seed_<s>` (so a sweep
 resumes: a seed's finished stages are skipped, an interrupted one continues), one after
-another, then writes `DIR/sweep.json` and `DIR/sweep.md` (mopd_jax.sweep_report.sweep: every
+another, then writes `DIR/sweep.json` and `DIR/sweep.md` (mopd_jax.evaluation.sweep_report.sweep: every
 cell's accuracy and length as mean and standard deviation over the seeds, each seed's KL
 curve, and which seeds meet each expected result of report.md). `--summarize-only` writes the
 summary of the seeds that have a report without running anything. Config overrides are
@@ -19,7 +19,8 @@ import argparse
 import subprocess
 import sys
 
-from mopd_jax import checkpoint, storage, sweep_report
+from mopd_jax.evaluation import sweep_report
+from mopd_jax.io import checkpoint, storage
 
 
 def parse(argv) -> tuple:

@@ -2,7 +2,7 @@
 
     data -> sft -> rl (a teacher per domain x effort) -> mopd (student) -> eval -> report
 
-The run's domains and efforts are its config's (`mopd_jax.grid`); the toy's grid is 3 x 3.
+The run's domains and efforts are its config's (`mopd_jax.tasks.grid`); the toy's grid is 3 x 3.
 Every stage writes its outputs under the workdir and a `DONE.json` marker last; re-running
 with the same workdir skips finished stages, and `--config.stages=rl,eval` runs a subset
 reusing earlier outputs. On several processes (jax.distributed) every process runs every
@@ -29,8 +29,10 @@ import jax
 from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 
-from mopd_jax import checkpoint, distributed, profiling, storage
-from mopd_jax.config import ConfigError, RunConfig, build
+from mopd_jax import configure
+from mopd_jax.config.schema import ConfigError, RunConfig
+from mopd_jax.io import checkpoint, profiling, storage
+from mopd_jax.runtime import distributed
 from mopd_jax.stages.context import Run
 from mopd_jax.stages.wiring import STAGES  # the registry, in pipeline order
 
@@ -42,9 +44,9 @@ def run(config: Union[RunConfig, ml_collections.ConfigDict],
   over, built here for this process's devices.
 
   Errors: `ConfigError` (a ValueError) for an unknown stage, a missing workdir or any config
-  value `mopd_jax.config.build` refuses, before any stage starts."""
+  value `mopd_jax.configure.build` refuses, before any stage starts."""
   if not isinstance(config, RunConfig):
-    config = build(config, jax.device_count())
+    config = configure.build(config, jax.device_count())
   unknown = [s for s in config.stages if s not in STAGES]
   if unknown:
     raise ConfigError(f"unknown stage(s) {unknown}; known stages in order: {tuple(STAGES)}")

@@ -12,9 +12,12 @@ EFFORTS = ("low", "max", "max", "low", "max")
 def random_rollouts(effort_free: bool, *, quant: str = "int4") -> types.SimpleNamespace:
   import jax
   import jax.numpy as jnp
-  from mopd_jax import models, mopd, rollout, teachers
+  from mopd_jax import models
+  from mopd_jax.io.tokenizer import CharTokenizer
+  from mopd_jax.rollout import turns as rollout
   from mopd_jax.tasks import get_task
-  from mopd_jax.tokenizer import CharTokenizer
+  from mopd_jax.teachers import bank as teachers
+  from mopd_jax.training import mopd
   tok = CharTokenizer()
   s_cfg = models.get_preset("toy", vocab_size=tok.vocab_size, num_layers=1, d_model=32,
                             quant=quant, quant_group=16)

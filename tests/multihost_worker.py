@@ -42,8 +42,11 @@ def run_steps(mesh, workdir: str) -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from mopd_jax import (checkpoint, distributed, metrics, models, placement, sharding,
-                        teachers, train)
+  from mopd_jax import models
+  from mopd_jax.io import checkpoint, metrics
+  from mopd_jax.runtime import distributed, sharding
+  from mopd_jax.teachers import bank as teachers, placement
+  from mopd_jax.training import step as train
   cfg = models.ModelConfig(**CFG_KW)
   params = sharding.init_sharded_params(cfg, jax.random.PRNGKey(0), mesh)
   log = metrics.MetricsLogger(os.path.join(workdir, "logs"))
@@ -158,7 +161,7 @@ def main() -> None:
   import jax
   import numpy as np
 
-  from mopd_jax import distributed, sharding
+  from mopd_jax.runtime import distributed, sharding
   jax.config.update("jax_default_matmul_precision", "highest")
   started = distributed.initialize(dict(coordinator_address=args.coordinator,
                                         num_processes=args.num_processes,

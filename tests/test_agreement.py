@@ -1,4 +1,4 @@
-"""The held-out log-ratio of a policy to its cell's teacher (mopd_jax/agreement.py): equal to
+"""The held-out log-ratio of a policy to its cell's teacher (mopd_jax/evaluation/agreement.py): equal to
 a dense reference (the policy's teacher-forced log-probs after its own prompt, the teacher's
 after the effort-free prompt, averaged over each row's generated tokens), through the
 in-process scorer and through a teacher server's client."""
@@ -6,10 +6,14 @@ import jax
 import numpy as np
 import pytest
 
-from mopd_jax import agreement, logprobs, models, placement, rollout, serve, sharding
-from mopd_jax import teacher_client, teachers
+from mopd_jax import models
+from mopd_jax.evaluation import agreement
+from mopd_jax.io.tokenizer import CharTokenizer
+from mopd_jax.models import logprobs
+from mopd_jax.rollout import turns as rollout
+from mopd_jax.runtime import sharding
 from mopd_jax.tasks import get_task
-from mopd_jax.tokenizer import CharTokenizer
+from mopd_jax.teachers import bank as teachers, client as teacher_client, placement, server as serve
 
 TOK = CharTokenizer()
 CFG = models.get_preset("toy", vocab_size=TOK.vocab_size, num_layers=1, d_model=32,
@@ -91,7 +95,8 @@ def test_a_response_without_generated_tokens_scores_zero():
 
 
 def _kl_setup(bank, view):
-  from mopd_jax import mopd, views  # noqa: F401
+  from mopd_jax.training import mopd  # noqa: F401
+  from mopd_jax.tasks import views
   engine = rollout.RolloutEngine(CFG, TOK, max_response_tokens=12,
                                  decode=rollout.DecodeOptions(decode_slots=4))
   cells = [("gen", n.split("/")[1]) for n in NAMES]
@@ -103,7 +108,8 @@ def test_heldout_kl_is_the_token_mean_of_the_exact_kl_with_its_error():
   """Every prompt at every effort, sampled in batches: the overall and per-cell values are the
   token means of `vocab_kl.exact_kl_rows` over the same rollouts, the error is the ratio
   estimator's over rollouts; a policy scored by itself after its own prompt gives 0."""
-  from mopd_jax import mopd, views, vocab_kl
+  from mopd_jax.tasks import views
+  from mopd_jax.training import mopd, vocab_kl
   policy, bank, _, _ = _setup()
   exs = get_task("gen").generate(3, 4)
   setup = _kl_setup(bank, views.PromptView(teacher_sees_effort=False))

@@ -1,4 +1,4 @@
-"""The host allocator choice (mopd_jax/allocator.py): when an entry point restarts itself with
+"""The host allocator choice (mopd_jax/runtime/allocator.py): when an entry point restarts itself with
 tcmalloc preloaded, and what it says of the allocator it runs with."""
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mopd_jax import allocator
+from mopd_jax.runtime import allocator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,11 +67,11 @@ def test_describe_names_the_allocator_and_the_hint(monkeypatch, tmp_path):
 
 
 def test_the_entry_point_restarts_with_tcmalloc_where_the_machine_has_it():
-  """The real restart (`python -m mopd_jax.allocator` restarts itself as an entry point
+  """The real restart (`python -m mopd_jax.runtime.allocator` restarts itself as an entry point
   does): with tcmalloc on the machine the restarted process has it mapped; a bad setting
   stops `experiments.run` with one config-error line before any work."""
   env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MOPD_ALLOCATOR")}
-  out = subprocess.run([sys.executable, "-m", "mopd_jax.allocator"], env=env, cwd=ROOT,
+  out = subprocess.run([sys.executable, "-m", "mopd_jax.runtime.allocator"], env=env, cwd=ROOT,
                        check=True, capture_output=True, text=True).stdout.strip()
   if allocator.tcmalloc_library() is None:
     assert "apt-get install libtcmalloc-minimal4" in out

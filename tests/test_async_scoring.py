@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from benchmarks import async_scoring as bench
-from mopd_jax import async_scoring, losses, models
+from mopd_jax import models
+from mopd_jax.teachers import async_scoring
+from mopd_jax.training import losses
 
 STUDENT = models.ModelConfig(vocab_size=48, d_model=32, num_layers=1, num_heads=4,
                              num_kv_heads=2, head_dim=8, mlp_dim=64, max_seq_len=64)

@@ -1,10 +1,10 @@
-"""b0 from samples of the parent policy (mopd_jax/budgets.py): the shortest correct of k
+"""b0 from samples of the parent policy (mopd_jax/tasks/budgets.py): the shortest correct of k
 samples, with the toy's margin; no correct sample, no b0, and the example leaves the split."""
 import jax
 import numpy as np
 
-from mopd_jax import budgets, rollout
-from mopd_jax.tasks import base
+from mopd_jax.rollout import turns as rollout
+from mopd_jax.tasks import base, budgets
 
 
 class _Engine:

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import suite_cli
+from mopd_jax import configure
 
 ROOT = suite_cli.ROOT
 
@@ -119,10 +120,10 @@ CASES = [
 def test_bad_config_raises_under_python_O():
   """Every case in one `python -O` process (asserts stripped): each raises a ValueError
   whose message names the field."""
-  code = ("import json, sys\nfrom configs import toy\nfrom mopd_jax import config\n"
+  code = ("import json, sys\nfrom configs import toy\nfrom mopd_jax import configure\n"
           "out = []\nfor change in json.load(sys.stdin):\n"
           "  c = toy.get_config('fast')\n  exec(change)\n"
-          "  try:\n    config.build(c, 1)\n  except ValueError as e:\n"
+          "  try:\n    configure.build(c, 1)\n  except ValueError as e:\n"
           "    out.append('ValueError: ' + str(e))\n  else:\n    out.append('no error')\n"
           "print(json.dumps(out))\n")
   res = subprocess.run([sys.executable, "-O", "-c", code], cwd=ROOT, capture_output=True,
@@ -140,16 +141,16 @@ def test_run_config_is_typed_and_frozen():
   import dataclasses
 
   from configs import base, qwen3_mopd, toy
-  from mopd_jax import config
+  from mopd_jax.config import schema as config
   for c in (base.get_config(), toy.get_config(), toy.get_config("tiny"),
             qwen3_mopd.get_config("tiny")):
-    rc = config.build(c, 1)
+    rc = configure.build(c, 1)
     assert isinstance(rc.sft, config.SftConfig) and isinstance(rc.mopd, config.MopdConfig)
     assert rc.sft.schedule and set(rc.sft.schedule) == set(rc.grid.domains)
     assert isinstance(rc.rl.lr, float) and isinstance(rc.sft.steps, int)
     with pytest.raises(dataclasses.FrozenInstanceError):
       rc.sft.steps = 3
-  rc = config.build(toy.get_config(), 1)
+  rc = configure.build(toy.get_config(), 1)
   assert rc.sft.steps == 1040 and rc.mopd.prompts_across_efforts == "shared"
   assert rc.model.mapping()["num_layers"] == 4 and rc.teacher.hf_paths == {}
   assert rc.teacher.endpoints == {} and rc.teacher.retry_policy().retries == 4
@@ -157,7 +158,7 @@ def test_run_config_is_typed_and_frozen():
   c.mopd.loss = "mopd"  # servers return sampled-token log-probs: the toy's vocab_kl refuses them
   c.teacher.endpoints = ",".join(f"{n}=http://127.0.0.1:8000|http://127.0.0.1:8001/"
                                  for n in rc.grid.names)
-  urls = config.build(c, 1).teacher.endpoints
+  urls = configure.build(c, 1).teacher.endpoints
   assert urls == {n: ("http://127.0.0.1:8000", "http://127.0.0.1:8001") for n in rc.grid.names}
 
 
@@ -173,11 +174,11 @@ def test_unknown_key_and_wrong_type_are_rejected():
 
 def test_batch_not_divisible_by_data_axis():
   from configs import toy
-  from mopd_jax import config
+  from mopd_jax.config import schema as config
   c = toy.get_config("fast")
   c.mesh.data = 2
   with pytest.raises(ValueError, match="multiple of the data x fsdp"):
-    config.build(c, 2)
+    configure.build(c, 2)
 
 
 @pytest.mark.parametrize("args, match", [
@@ -219,25 +220,25 @@ def test_tool_markers_follow_the_run_domains():
   import ml_collections
 
   from configs import toy
-  from mopd_jax import config
+  from mopd_jax.config import schema as config
   from mopd_jax.tasks import tools
   c = toy.get_config("fast")
-  rc = config.build(c, 1)
+  rc = configure.build(c, 1)
   assert rc.tool_markers == ("<call>", "</call>", "<obs>", "</obs>")
   assert rc.tokenizer_options().tools == rc.tool_markers
   c = toy.get_config("fast")
   c.domains = "gen,cod"
-  assert config.build(c, 1).tool_markers == ()
+  assert configure.build(c, 1).tool_markers == ()
   c = toy.get_config("fast")
   c.tasks.tl = ml_collections.ConfigDict(dict(task="records", train="a.jsonl", test="b.jsonl",
                                               verifier="tool", validation=4))
   c.sft.schedule = ""  # round-robin over the run's domains
   c.domains = "gen,tl"
-  assert config.build(c, 1).tool_markers == tools.MARKERS
+  assert configure.build(c, 1).tool_markers == tools.MARKERS
   c.domains = "gen,agt,tl"
   with pytest.raises(ValueError, match="domains 'agt' .* and 'tl' .* write different tool "
                      "markers; a run's tokenizer has one set"):
-    config.build(c, 1)
+    configure.build(c, 1)
 
 
 def test_the_entry_point_builds_the_run_config_once(tmp_path):
@@ -246,11 +247,11 @@ def test_the_entry_point_builds_the_run_config_once(tmp_path):
   code = f"""
 from absl import flags
 from experiments import run as cli
-from mopd_jax import config_build, pipeline
+from mopd_jax import configure, pipeline
 from mopd_jax.stages import context
 built, seen = [], {{}}
-build = config_build.build
-config_build.build = lambda config, n: (built.append(n), build(config, n))[1]
+build = configure.build
+configure.build = lambda config, n: (built.append(n), build(config, n))[1]
 pipeline.run = lambda config, workdir: seen.update(run=context.Run(config, workdir))
 flags.FLAGS(["run", "--config", "configs/toy.py:tiny", "--workdir", {str(tmp_path)!r}])
 cli.main(["run"])
@@ -264,8 +265,8 @@ print(type(seen["run"].config).__name__, built)
 def test_a_mesh_for_other_devices_is_refused_after_the_build():
   """`build(config, None)` leaves the device count to `check_devices`, which names both."""
   from configs import toy
-  from mopd_jax import config
-  rc = config.build(toy.get_config("tiny"), None)
+  from mopd_jax.config import schema as config
+  rc = configure.build(toy.get_config("tiny"), None)
   config.check_devices(rc, 1)
   with pytest.raises(config.ConfigError, match="has 1 devices but 4 are available"):
     config.check_devices(rc, 4)

@@ -3,9 +3,11 @@ import jax
 import numpy as np
 import pytest
 
-from mopd_jax import continuous, models, rollout, sampling, sharding
+from mopd_jax import models
+from mopd_jax.io.tokenizer import CharTokenizer
+from mopd_jax.rollout import continuous, sampling, turns as rollout
+from mopd_jax.runtime import sharding
 from mopd_jax.tasks import get_task
-from mopd_jax.tokenizer import CharTokenizer
 
 CFG = models.ModelConfig(vocab_size=61, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
                          head_dim=8, mlp_dim=64, max_seq_len=96, qk_norm=True)

@@ -1,4 +1,4 @@
-"""MOPD diagnostics (mopd_jax/diagnostics.py) against dense references on tiny random models:
+"""MOPD diagnostics (mopd_jax/training/diagnostics.py) against dense references on tiny random models:
 the student's effort sensitivity, each cell's loss shares, and the `train_on` hook that
 records them without touching the update."""
 import numpy as np
@@ -10,7 +10,7 @@ EFFORTS = ("low", "high", "max")
 def _varying_tokenizer():
   """A CharTokenizer whose effort is a run of its token before the text, one more per
   effort of `EFFORTS`: each effort's prompt has its own length."""
-  from mopd_jax.tokenizer import CharTokenizer
+  from mopd_jax.io.tokenizer import CharTokenizer
 
   class Tok(CharTokenizer):
     def encode_prompt(self, text, effort):
@@ -24,8 +24,9 @@ def _varying_tokenizer():
 def _sampled(tok, efforts_of_rows, seed=0):
   """A SampledBatch of random responses (some observation tokens) after each example's
   prompt at its row's effort: one domain's cells, one per effort."""
-  from mopd_jax import mopd, rollout
+  from mopd_jax.rollout import turns as rollout
   from mopd_jax.tasks import get_task
+  from mopd_jax.training import mopd
   rng = np.random.RandomState(seed)
   exs = get_task("gen").generate(0, len(efforts_of_rows))
   trajs = []
@@ -51,8 +52,10 @@ def test_effort_kl_equals_the_dense_kl_between_neighbouring_efforts(varying):
   with e_a and e_b, on the generated tokens (0 on observations); with efforts of differing
   prompt lengths too. The per-cell and overall means are token means of those values."""
   import jax
-  from mopd_jax import diagnostics, models, rollout
-  from mopd_jax.tokenizer import CharTokenizer
+  from mopd_jax import models
+  from mopd_jax.io.tokenizer import CharTokenizer
+  from mopd_jax.rollout import turns as rollout
+  from mopd_jax.training import diagnostics
   tok = _varying_tokenizer() if varying else CharTokenizer()
   cfg = models.get_preset("toy", vocab_size=tok.vocab_size, num_layers=1, d_model=32)
   params = models.init_params(cfg, jax.random.PRNGKey(0))
@@ -94,7 +97,7 @@ def test_effort_kl_equals_the_dense_kl_between_neighbouring_efforts(varying):
 
 def _batch(cfg, seed=0):
   import jax.numpy as jnp
-  from mopd_jax import train
+  from mopd_jax.training import step as train
   r = np.random.RandomState(seed)
   b, t = 6, 16
   pos = np.arange(t)[None]
@@ -122,7 +125,9 @@ def test_loss_shares_equal_dense_per_cell_gradients():
   import jax
   import jax.numpy as jnp
   import optax
-  from mopd_jax import diagnostics, logprobs, models, train
+  from mopd_jax import models
+  from mopd_jax.models import logprobs
+  from mopd_jax.training import diagnostics, step as train
   cfg = models.ModelConfig(vocab_size=48, d_model=32, num_layers=1, num_heads=4,
                            num_kv_heads=2, head_dim=8, mlp_dim=64, max_seq_len=64)
   params = models.init_params(cfg, jax.random.PRNGKey(0))
@@ -172,7 +177,8 @@ def test_loss_shares_follow_the_trainers_loss_with_its_options():
   that are not row-normalised are refused."""
   import jax
   import optax
-  from mopd_jax import diagnostics, models, train
+  from mopd_jax import models
+  from mopd_jax.training import diagnostics, step as train
   cfg = models.ModelConfig(vocab_size=48, d_model=32, num_layers=1, num_heads=4,
                            num_kv_heads=2, head_dim=8, mlp_dim=64, max_seq_len=64)
   params = models.init_params(cfg, jax.random.PRNGKey(1))
@@ -200,10 +206,13 @@ def test_train_on_records_the_measured_diagnostics_and_updates_alike():
   """`train_on`'s `measure` hook: the step's update is bitwise the one without it, and the
   record gains the effort sensitivity overall and per cell, the exact KL and the shares."""
   import jax
-  from mopd_jax import (diagnostics, models, mopd, placement, rollout, sharding, teachers, train,
-                        vocab_kl)
+  from mopd_jax import models
+  from mopd_jax.io.tokenizer import CharTokenizer
+  from mopd_jax.rollout import turns as rollout
+  from mopd_jax.runtime import sharding
   from mopd_jax.tasks import get_task
-  from mopd_jax.tokenizer import CharTokenizer
+  from mopd_jax.teachers import bank as teachers, placement
+  from mopd_jax.training import diagnostics, mopd, step as train, vocab_kl
   tok = CharTokenizer()
   cfg = models.get_preset("toy", vocab_size=tok.vocab_size, num_layers=1, d_model=32)
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])

@@ -14,6 +14,8 @@ import sys
 
 import chat_families
 import jax
+
+from mopd_jax import configure
 import pytest
 import suite_cli
 
@@ -26,7 +28,8 @@ def make_chat_checkpoint(folder, family: str = "gemma", vocab_extra: int = 0) ->
   tiny Qwen3-family checkpoint whose embedding has a row per token of tokenizer.json (no
   spare rows: tokens the run adds grow it), all in `folder`; returns `folder`."""
   tokenizers = pytest.importorskip("tokenizers")
-  from mopd_jax import hf, models
+  from mopd_jax import models
+  from mopd_jax.io import hf
   import configs.qwen3_mopd as q
   texts = []
   for name in os.listdir(EXAMPLES):
@@ -109,13 +112,13 @@ def test_measured_budgets_replace_the_placeholders(tmp_path, chat_ckpt):
   stored measured ones, every split read through the run has them, examples without one
   (no correct sample) are left out, and grain batches come from the rest."""
   import configs.files as files
-  from mopd_jax import checkpoint
+  from mopd_jax.io import checkpoint
   from mopd_jax.stages import context, wiring
   c = files.get_config(os.path.join(EXAMPLES, "spec.json"))
   c.model.hf_path, c.model.tokenizer_path = chat_ckpt, chat_ckpt + "/tokenizer.json"
   c.budget.source = "samples"
   c.mesh.data = 8  # the suite's 8 simulated devices
-  ctx = context.Run(c, str(tmp_path / "wd"))
+  ctx = context.Run(configure.build(c, jax.device_count()), str(tmp_path / "wd"))
   wiring.STAGES["data"](ctx)
   train = ctx.split("math", "train")
   assert {train[i].b0 for i in range(len(train))} == {1}  # placeholders
@@ -145,7 +148,7 @@ def test_data_stage_reads_a_spec_on_object_storage(tmp_path, chat_ckpt, gcs):
     c = files.get_config(spec)
     c.model.hf_path, c.model.tokenizer_path = chat_ckpt, chat_ckpt + "/tokenizer.json"
     c.mesh.data = 8  # the suite's 8 simulated devices
-    ctx = context.Run(c, str(tmp_path / where))
+    ctx = context.Run(configure.build(c, jax.device_count()), str(tmp_path / where))
     assert ctx.config.records["code"].train == os.path.join(os.path.dirname(spec),
                                                             "code.parquet")
     wiring.STAGES["data"](ctx)
@@ -171,7 +174,7 @@ def test_a_spec_without_a_tool_domain_asks_for_no_tool_token(tmp_path, chat_ckpt
   c = files.get_config(str(tmp_path / "spec.json"))
   c.model.hf_path, c.model.tokenizer_path = chat_ckpt, chat_ckpt + "/tokenizer.json"
   c.mesh.data = 8  # the suite's 8 simulated devices
-  ctx = context.Run(c, str(tmp_path / "wd"))
+  ctx = context.Run(configure.build(c, jax.device_count()), str(tmp_path / "wd"))
   tok = ctx.tok
   assert (tok.call_id, tok.call_end_id, tok.obs_id, tok.obs_end_id) == (None,) * 4
   raw = pytest.importorskip("tokenizers").Tokenizer.from_file(c.model.tokenizer_path)

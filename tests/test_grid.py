@@ -1,4 +1,4 @@
-"""Any task grid: domains and efforts from the config (mopd_jax/grid.py), and every consumer
+"""Any task grid: domains and efforts from the config (mopd_jax/tasks/grid.py), and every consumer
 of the grid (router, report tables, checks and plots, the pipeline) for grids from 1 x 1 to
 8 x 4."""
 import json
@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 from configs import toy
-from mopd_jax import config as config_mod, config_build, grid as grid_mod, report, report_plots, teachers
+from mopd_jax import configure
+from mopd_jax.config import schema as config_mod
+from mopd_jax.evaluation import report, report_plots
+from mopd_jax.tasks import grid as grid_mod
+from mopd_jax.teachers import bank as teachers
 import suite_cli
 
 ROOT = suite_cli.ROOT
@@ -23,13 +27,13 @@ def _grid(domains, taus):
 
 def test_grid_from_config():
   c = toy.get_config("fast")
-  g = config_build.run_grid(c)
+  g = configure.run_grid(c)
   assert g.domains == ("gen", "agt", "cod") and g.effort_names == ("low", "high", "max")
   assert g.anneal_order == ("max", "high", "low") and g.by_budget == ("low", "high", "max")
   assert g.names == teachers.DEFAULT_NAMES and len(g.cells) == 9
   assert g.taus == {"low": 0.3, "high": 0.72, "max": 1.5}
   c.domains, c.efforts = "cod, gen", "max,low"  # order and spaces as written
-  g = config_build.run_grid(c)
+  g = configure.run_grid(c)
   assert g.names == ("cod/max", "cod/low", "gen/max", "gen/low")
   assert g.anneal_order == ("max", "low") and g.top_effort == "max"
   assert grid_mod.Grid.from_json(json.loads(json.dumps(g.to_json()))) == g
@@ -37,7 +41,7 @@ def test_grid_from_config():
   c.tasks.arith = {"task": "gen"}
   c.effort.turbo = {"tau": 3.0}
   c.domains, c.efforts = "arith", "turbo"
-  g = config_build.run_grid(c)
+  g = configure.run_grid(c)
   assert g.task_of("arith") == "gen" and g.names == ("arith/turbo",)
 
 
@@ -53,7 +57,7 @@ def test_unknown_or_bad_names_raise_before_anything_compiles(field, value, match
   c = toy.get_config("fast")
   setattr(c, field, value)
   with pytest.raises(ValueError, match=match):
-    config_mod.build(c, 1)
+    configure.build(c, 1)
 
 
 def test_cli_names_the_grid_and_rejects_unknown_names():

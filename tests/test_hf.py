@@ -1,4 +1,4 @@
-"""Hugging Face import/export (mopd_jax.hf) against the reference implementation.
+"""Hugging Face import/export (mopd_jax.io.hf) against the reference implementation.
 
 Parity with `transformers` (logits, greedy generations, export -> reload) needs torch and
 transformers (the `test` extra); those tests skip cleanly without them. Loading, sharded
@@ -20,10 +20,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
-from mopd_jax import hf, models, sampling, sharding
-from mopd_jax.hf import layout as hf_layout
-from mopd_jax.hf import load as hf_load
+from mopd_jax import models
+from mopd_jax.io import hf
+from mopd_jax.io.hf import layout as hf_layout, load as hf_load
+from mopd_jax.rollout import sampling
+from mopd_jax.runtime import sharding
 import suite_cli
+from mopd_jax import configure
 
 ATOL = 1e-4
 NEW_TOKENS = 32
@@ -406,8 +409,8 @@ def test_missing_and_misshapen_tensors(tiny_ckpt, tmp_path):
 
 def test_qwen3_mopd_config(tiny_ckpt):
   import configs.qwen3_mopd as q
-  from mopd_jax import config as config_mod, config_build
-  from mopd_jax.tokenizer import CharTokenizer
+  from mopd_jax.config import schema as config_mod
+  from mopd_jax.io.tokenizer import CharTokenizer
 
   full = q.get_config()
   assert full.model.preset == "qwen3-0.6b" and full.teacher.preset == "qwen3-1.7b"
@@ -421,14 +424,14 @@ def test_qwen3_mopd_config(tiny_ckpt):
 
   tiny = q.get_config("tiny")
   vocab = CharTokenizer().vocab_size
-  config_mod.build(tiny, 1)
+  configure.build(tiny, 1)
   # The model block minus its checkpoint/tokenizer paths is what config.model_config builds.
   view = tiny.copy_and_resolve_references()
   with view.unlocked():
     for key in hf.BLOCK_KEYS[1:]:
       if key in view.model:
         del view.model[key]
-  cfg = config_build.model_config(view, vocab)
+  cfg = configure.model_config(view, vocab)
   assert cfg == hf.resolve_model_config(tiny.model, vocab)
   assert (cfg.d_model, cfg.num_layers, cfg.vocab_size) == (64, 2, vocab)
   assert cfg.family == "qwen3" and cfg.qk_norm and cfg.param_dtype == "float32"
@@ -496,9 +499,9 @@ def test_student_from_hugging_face_checkpoint(tmp_path):
   one whose embedding lacks rows for the tokenizer's last 3 tokens (the effort tokens): the
   run grows it."""
   import configs.qwen3_mopd as q
-  from mopd_jax import config_build, hf
-  from mopd_jax.tokenizer import CharTokenizer
-  cfg = config_build.model_config(q.get_config("tiny"), CharTokenizer().vocab_size - 3)
+  from mopd_jax.io import hf
+  from mopd_jax.io.tokenizer import CharTokenizer
+  cfg = configure.model_config(q.get_config("tiny"), CharTokenizer().vocab_size - 3)
   ckpt = tmp_path / "student"
   hf.save_checkpoint(cfg, jax.device_get(__import__("mopd_jax").models.init_params(
       cfg, jax.random.PRNGKey(3))), str(ckpt))
@@ -516,12 +519,13 @@ def test_teachers_from_hugging_face_checkpoints(tmp_path):
   """`teacher.hf_paths`: nine exported checkpoints of a deeper shape than the student are
   registered instead of trained, and MOPD distils from them."""
   import configs.qwen3_mopd as q
-  from mopd_jax import config_build, hf, models
-  from mopd_jax.tokenizer import CharTokenizer
+  from mopd_jax import configure, models
+  from mopd_jax.io import hf
+  from mopd_jax.io.tokenizer import CharTokenizer
   cfg = q.get_config("tiny")
   vocab = CharTokenizer().vocab_size
   tcfg = hf.resolve_model_config(cfg.teacher, vocab)
-  assert tcfg.num_layers != config_build.model_config(cfg, vocab).num_layers
+  assert tcfg.num_layers != configure.model_config(cfg, vocab).num_layers
   paths = {}
   for i, cell in enumerate(f"{d}/{e}" for d in ("gen", "agt", "cod")
                            for e in ("low", "high", "max")):

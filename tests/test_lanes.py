@@ -1,4 +1,4 @@
-"""RL lanes side by side (mopd_jax/lanes.py): a failed lane process is named with its log."""
+"""RL lanes side by side (mopd_jax/stages/lanes.py): a failed lane process is named with its log."""
 import os
 import subprocess
 import sys
@@ -11,9 +11,10 @@ def test_failed_rl_lane_processes_are_named_with_their_logs(tmp_path):
   """Lanes side by side with no pi_SFT to start from: every lane process fails, and the
   stage names each lane, its exit status and the end of its log (in a fresh process with
   one CPU device, the config's mesh)."""
-  code = ("from configs import toy\nfrom mopd_jax import lanes\n"
-          "from mopd_jax.stages import context, rl, wiring\n"
-          f"run = wiring.rl_inputs(context.Run(toy.get_config('fast'), {str(tmp_path)!r}))\n"
+  code = ("import jax\nfrom configs import toy\nfrom mopd_jax import configure\n"
+          "from mopd_jax.stages import context, lanes, rl, wiring\n"
+          "config = configure.build(toy.get_config('fast'), jax.device_count())\n"
+          f"run = wiring.rl_inputs(context.Run(config, {str(tmp_path)!r}))\n"
           "lanes_ = rl.lanes_of(run)\n"
           "try:\n  lanes.run_side_by_side(run.files.root, run.config_json, lanes_, "
           "processes=3, total_steps=[sum(rl.lane_steps(run, lane)) for lane in lanes_])\n"

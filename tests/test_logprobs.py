@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mopd_jax import logprobs, models
+from mopd_jax import models
+from mopd_jax.models import logprobs
 
 CFG = models.ModelConfig(vocab_size=97, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
                          head_dim=8, mlp_dim=64, max_seq_len=128)

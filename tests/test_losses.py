@@ -1,10 +1,10 @@
-"""Tests for mopd_jax.losses: values, gradients, masking and validation."""
+"""Tests for mopd_jax.training.losses: values, gradients, masking and validation."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mopd_jax import losses
+from mopd_jax.training import losses, rl_losses
 
 B, T, V = 4, 7, 11
 
@@ -98,7 +98,7 @@ def test_padding_side_and_amount_invariance():
   @jax.jit
   def all_losses(lp_s, lp_t, mask):
     loss, m = losses.mopd_loss(lp_s, lp_t, mask, r_max=1.0)
-    pg, _ = losses.pg_loss(lp_s, lp_s, losses.mopd_reward(lp_s, lp_t, mask, r_max=1.0),
+    pg, _ = rl_losses.pg_loss(lp_s, lp_s, losses.mopd_reward(lp_s, lp_t, mask, r_max=1.0),
                            loss_mask=mask)
     topk, _ = losses.topk_kl_loss(lp_s[..., None], lp_t[..., None], mask)
     return jnp.stack([loss, pg, topk, m["kl"], m["num_rows"]])
@@ -120,7 +120,7 @@ def test_all_masked_batch_is_zero_with_finite_grads():
   np.testing.assert_array_equal(g, 0.0)
   assert float(m["num_tokens"]) == 0.0 and float(m["num_rows"]) == 0.0
   (pl, pm), pg = jax.jit(jax.value_and_grad(
-      lambda x: losses.pg_loss(x, lp_s, lp_t, loss_mask=mask), has_aux=True))(lp_s)
+      lambda x: rl_losses.pg_loss(x, lp_s, lp_t, loss_mask=mask), has_aux=True))(lp_s)
   assert float(pl) == 0.0 and _finite((pm, pg))
   tl, tg = jax.jit(jax.value_and_grad(lambda x: losses.topk_kl_loss(x, x - 1, mask)[0]))(
       lp_s[..., None])
@@ -146,7 +146,7 @@ def test_nonfinite_values_in_masked_positions_do_not_leak():
     lp = spoil(_gather_lp(z, tokens), bad)
     adv = losses.mopd_advantages(lp, lp_t, mask, r_max=1.0, outcome_advantage=jnp.ones(B),
                                  alpha=0.5)
-    return losses.pg_loss(lp, spoil(jax.lax.stop_gradient(lp) - 0.1, bad), adv, loss_mask=mask)[0]
+    return rl_losses.pg_loss(lp, spoil(jax.lax.stop_gradient(lp) - 0.1, bad), adv, loss_mask=mask)[0]
 
   def topk(z, lp_t, bad):
     lp = spoil(jax.nn.log_softmax(z, -1)[..., :3], bad)
@@ -182,7 +182,7 @@ def test_pg_grad_equals_mopd_grad_on_policy(seed, eps_low, eps_high):
   def pg(z):
     lp = _gather_lp(z, tokens)
     adv = losses.mopd_advantages(lp, lp_t, mask, r_max=0.5)
-    return losses.pg_loss(lp, jax.lax.stop_gradient(lp), adv, loss_mask=mask, eps_low=eps_low,
+    return rl_losses.pg_loss(lp, jax.lax.stop_gradient(lp), adv, loss_mask=mask, eps_low=eps_low,
                           eps_high=eps_high)
 
   (_, m), g_pg = jax.value_and_grad(pg, has_aux=True)(z_s)
@@ -204,7 +204,7 @@ def test_pg_asymmetric_clipping_hand_example():
 
   # eps_high=0.28 > eps_low=0.2: 1.25 is inside the band, 0.5 with A<0 is clipped at 0.8.
   (loss, m), g = jax.value_and_grad(
-      lambda x: losses.pg_loss(x, lp_old, adv[None], loss_mask=mask, eps_low=0.2, eps_high=0.28),
+      lambda x: rl_losses.pg_loss(x, lp_old, adv[None], loss_mask=mask, eps_low=0.2, eps_high=0.28),
       has_aux=True)(lp)
   r = np.exp(np.asarray(lp) - lp_old)[0]
   obj = np.array([1.28, -r[1], r[2], -0.8, r[4], -r[5], r[6], -r[7]])
@@ -214,10 +214,10 @@ def test_pg_asymmetric_clipping_hand_example():
   assert float(m["clip_frac"]) == 2 / 8
 
   # Symmetric 0.2 band: 1.25 with A>0 is clipped too.
-  _, m_sym = losses.pg_loss(lp, lp_old, adv[None], loss_mask=mask, eps_low=0.2, eps_high=0.2)
+  _, m_sym = rl_losses.pg_loss(lp, lp_old, adv[None], loss_mask=mask, eps_low=0.2, eps_high=0.2)
   assert float(m_sym["clip_frac"]) == 3 / 8
   # A huge log-ratio is clipped before exp.
-  _, m_big = losses.pg_loss(lp + 1e3, lp_old, adv[None], loss_mask=mask)
+  _, m_big = rl_losses.pg_loss(lp + 1e3, lp_old, adv[None], loss_mask=mask)
   assert _finite(m_big)
 
 
@@ -239,7 +239,7 @@ def test_pmd_loss_matches_numpy():
   new, old, r = (rng.normal(size=(P, K)).astype(np.float32) for _ in range(3))
   res = (r - r.mean(1, keepdims=True)) - tau * (new - old)
   expected = np.mean(np.mean(res**2, axis=1))
-  (loss, m), g = jax.value_and_grad(losses.pmd_loss, has_aux=True)(new, old, r, tau_kl=tau)
+  (loss, m), g = jax.value_and_grad(rl_losses.pmd_loss, has_aux=True)(new, old, r, tau_kl=tau)
   np.testing.assert_allclose(loss, expected, rtol=1e-6)
   np.testing.assert_allclose(g, -2 * tau * res / (P * K), rtol=1e-5)
   assert _finite(m)
@@ -251,14 +251,14 @@ def test_pmd_per_token_form_and_token_clip():
   delta = np.array([[[0.5, -3.0, 9.0], [0.1, 0.2, 0.3]]], np.float32)
   mask = np.array([[[1, 1, 0], [1, 1, 1]]], bool)
   r = np.array([[1.0, 0.0]], np.float32)
-  seq = losses.sequence_logprobs(lp_old + delta, mask) - losses.sequence_logprobs(lp_old, mask)
+  seq = rl_losses.sequence_logprobs(lp_old + delta, mask) - rl_losses.sequence_logprobs(lp_old, mask)
   np.testing.assert_allclose(seq, [[-2.5, 0.6]], rtol=1e-6)
 
-  loss_unclipped, _ = losses.pmd_loss(lp_old + delta, lp_old, r, tau_kl=0.5, loss_mask=mask)
-  loss_seq, _ = losses.pmd_loss(np.asarray(seq), np.zeros((P, K)), r, tau_kl=0.5)
+  loss_unclipped, _ = rl_losses.pmd_loss(lp_old + delta, lp_old, r, tau_kl=0.5, loss_mask=mask)
+  loss_seq, _ = rl_losses.pmd_loss(np.asarray(seq), np.zeros((P, K)), r, tau_kl=0.5)
   np.testing.assert_allclose(loss_unclipped, loss_seq, rtol=1e-6)
 
-  loss, m = losses.pmd_loss(lp_old + delta, lp_old, r, tau_kl=0.5, loss_mask=mask, token_clip=1.0)
+  loss, m = rl_losses.pmd_loss(lp_old + delta, lp_old, r, tau_kl=0.5, loss_mask=mask, token_clip=1.0)
   log_ratio = np.array([0.5 - 1.0, 0.6])  # -3 clipped to -1; the 9 is masked out
   res = np.array([0.5, -0.5]) - 0.5 * log_ratio
   np.testing.assert_allclose(loss, np.mean(res**2), rtol=1e-6)
@@ -269,14 +269,14 @@ def test_grpo_advantages():
   rng = np.random.default_rng(11)
   r = rng.normal(size=(5, 4)).astype(np.float32)
   r[2] = 1.0  # constant group
-  adv = np.asarray(losses.grpo_advantages(r))
+  adv = np.asarray(rl_losses.grpo_advantages(r))
   assert np.all(np.isfinite(adv))
   np.testing.assert_allclose(adv.mean(1), 0.0, atol=1e-6)
   np.testing.assert_allclose(adv[2], 0.0, atol=1e-6)
   np.testing.assert_allclose(np.delete(adv, 2, 0).std(1), 1.0, rtol=1e-4)
-  centred = losses.grpo_advantages(r, normalize_std=False)
+  centred = rl_losses.grpo_advantages(r, normalize_std=False)
   np.testing.assert_allclose(centred, r - r.mean(1, keepdims=True), atol=1e-6)
-  np.testing.assert_array_equal(losses.grpo_advantages(np.ones((3, 1))), 0.0)
+  np.testing.assert_array_equal(rl_losses.grpo_advantages(np.ones((3, 1))), 0.0)
 
 
 # ----------------------------------------------------------------------------- top-k
@@ -330,33 +330,33 @@ def test_validation_errors():
     losses.mopd_advantages(lp, lp, mask, r_max=1.0, outcome_advantage=None, alpha=1.0)
 
   with pytest.raises(ValueError, match=r"eps_low.*-0.1"):
-    losses.pg_loss(lp, lp, lp, loss_mask=mask, eps_low=-0.1)
+    rl_losses.pg_loss(lp, lp, lp, loss_mask=mask, eps_low=-0.1)
   with pytest.raises(ValueError, match=r"eps_high.*-0.2"):
-    losses.pg_loss(lp, lp, lp, loss_mask=mask, eps_high=-0.2)
+    rl_losses.pg_loss(lp, lp, lp, loss_mask=mask, eps_high=-0.2)
   with pytest.raises(ValueError, match="log_ratio_clip"):
-    losses.pg_loss(lp, lp, lp, loss_mask=mask, log_ratio_clip=0.0)
+    rl_losses.pg_loss(lp, lp, lp, loss_mask=mask, log_ratio_clip=0.0)
   with pytest.raises(ValueError, match=r"\(2, 1\)"):
-    losses.pg_loss(lp, lp, jnp.zeros((2, 1)), loss_mask=mask)
+    rl_losses.pg_loss(lp, lp, jnp.zeros((2, 1)), loss_mask=mask)
 
   with pytest.raises(ValueError, match=r"tau_kl.*0"):
-    losses.pmd_loss(lp, lp, lp, tau_kl=0.0)
+    rl_losses.pmd_loss(lp, lp, lp, tau_kl=0.0)
   with pytest.raises(ValueError, match=r"\(2, 2\)"):
-    losses.pmd_loss(lp, lp, jnp.zeros((2, 2)), tau_kl=0.1)
+    rl_losses.pmd_loss(lp, lp, jnp.zeros((2, 2)), tau_kl=0.1)
   with pytest.raises(ValueError, match="token_clip"):
-    losses.pmd_loss(lp, lp, lp, tau_kl=0.1, token_clip=1.0)
+    rl_losses.pmd_loss(lp, lp, lp, tau_kl=0.1, token_clip=1.0)
   with pytest.raises(ValueError, match=r"token_clip.*-1"):
-    losses.pmd_loss(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3, 4)), lp, tau_kl=0.1,
+    rl_losses.pmd_loss(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3, 4)), lp, tau_kl=0.1,
                     loss_mask=jnp.ones((2, 3, 4)), token_clip=-1.0)
   with pytest.raises(ValueError, match=r"rewards.*\(2,\)"):
-    losses.pmd_loss(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3, 4)), jnp.zeros(2), tau_kl=0.1,
+    rl_losses.pmd_loss(jnp.zeros((2, 3, 4)), jnp.zeros((2, 3, 4)), jnp.zeros(2), tau_kl=0.1,
                     loss_mask=jnp.ones((2, 3, 4)))
   with pytest.raises(ValueError, match=r"\(2, 4\)"):
-    losses.sequence_logprobs(lp, jnp.ones((2, 4)))
+    rl_losses.sequence_logprobs(lp, jnp.ones((2, 4)))
 
   with pytest.raises(ValueError, match=r"eps.*-1"):
-    losses.grpo_advantages(lp, eps=-1e-6)
+    rl_losses.grpo_advantages(lp, eps=-1e-6)
   with pytest.raises(ValueError, match=r"\(6,\)"):
-    losses.grpo_advantages(jnp.zeros(6))
+    rl_losses.grpo_advantages(jnp.zeros(6))
 
   with pytest.raises(ValueError, match=r"loss_mask.*\(2, 4\)"):
     losses.topk_kl_loss(jnp.zeros((2, 3, 5)), jnp.zeros((2, 3, 5)), jnp.ones((2, 4)))

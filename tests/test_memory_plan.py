@@ -10,7 +10,9 @@ import pytest
 
 from benchmarks import memory_plan
 from configs import qwen3_mopd
-from mopd_jax import hf, models, sharding
+from mopd_jax import models
+from mopd_jax.io import hf
+from mopd_jax.runtime import sharding
 
 
 def _shard_bytes(cfg, mesh, num_stacked=None):

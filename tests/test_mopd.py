@@ -1,12 +1,12 @@
-"""MOPD (mopd_jax/mopd.py): which prompts each (domain, effort) cell gets, the effort-free
+"""MOPD (mopd_jax/training/mopd.py): which prompts each (domain, effort) cell gets, the effort-free
 teachers' view of the student's rollouts, and the exact full-vocabulary KL diagnostic."""
 import numpy as np
 import pytest
 
 
 def test_mopd_cell_prompts_shared_or_distinct_across_efforts():
-  from mopd_jax import grid as grid_mod, mopd
-  from mopd_jax.tasks import TOY_DOMAINS as DOMAINS
+  from mopd_jax.tasks import grid as grid_mod, TOY_DOMAINS as DOMAINS
+  from mopd_jax.training import mopd
   grid = grid_mod.Grid(DOMAINS, tuple(grid_mod.Effort(e, t) for e, t in
                                       (("low", 0.3), ("high", 0.7), ("max", 1.5))))
 
@@ -40,9 +40,13 @@ def test_teacher_scores_do_not_depend_on_the_students_effort(teacher_sees_effort
   teacher-forced log-probs of prompt-without-effort + response. In the ablation the teachers
   score the student's own layout, which carries the effort token."""
   import jax
-  from mopd_jax import logprobs, models, mopd, rollout, teachers, views
-  from mopd_jax.tasks import get_task
-  from mopd_jax.tokenizer import CharTokenizer
+  from mopd_jax import models
+  from mopd_jax.io.tokenizer import CharTokenizer
+  from mopd_jax.models import logprobs
+  from mopd_jax.rollout import turns as rollout
+  from mopd_jax.tasks import get_task, views
+  from mopd_jax.teachers import bank as teachers
+  from mopd_jax.training import mopd
   tok = CharTokenizer()
   cfg = models.get_preset("toy", vocab_size=tok.vocab_size, num_layers=1, d_model=32)
   params = models.init_params(cfg, jax.random.PRNGKey(0))
@@ -95,7 +99,8 @@ def test_exact_kl_equals_the_dense_full_vocabulary_kl(effort_free):
   from dense [B, T, V] logits of the student and each row's routed teacher, on every
   generated token, and is 0 elsewhere. The teachers are deeper than the student."""
   import jax
-  from mopd_jax import models, vocab_kl
+  from mopd_jax import models
+  from mopd_jax.training import vocab_kl
   import mopd_batches
   b = mopd_batches.random_rollouts(effort_free)
   s_cfg, t_cfg, student, bank, sampled = b.s_cfg, b.t_cfg, b.student, b.bank, b.sampled

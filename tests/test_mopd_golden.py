@@ -16,9 +16,13 @@ GOLDEN = {"mopd": -2.5300607681274414, "vocab_kl": 0.19846612215042114}
 
 def _first_loss(kind: str, *, permute: bool = False, teacher_sees_effort: bool = False):
   import jax
-  from mopd_jax import mopd, models, rollout, sharding, teachers, train, views
-  from mopd_jax.tasks import get_task
-  from mopd_jax.tokenizer import load_tokenizer
+  from mopd_jax import models
+  from mopd_jax.io.tokenizer import load_tokenizer
+  from mopd_jax.rollout import turns as rollout
+  from mopd_jax.runtime import sharding
+  from mopd_jax.tasks import get_task, views
+  from mopd_jax.teachers import bank as teachers
+  from mopd_jax.training import mopd, step as train
   tok = load_tokenizer("char", efforts=EFFORTS)
   cfg = models.get_preset("toy", vocab_size=tok.vocab_size, num_layers=1, d_model=32,
                           quant="none")
@@ -47,7 +51,7 @@ def _first_loss(kind: str, *, permute: bool = False, teacher_sees_effort: bool =
   sampled = mopd._assemble(setup, rows, efforts, trajs=trajs, texts=texts,  # pylint: disable=protected-access
                            rows_per_teacher=2)
   # The sampler's log-probs: the student's own, teacher-forced (what sampling records).
-  from mopd_jax import logprobs
+  from mopd_jax.models import logprobs
   sampled.arr["sampler_logprobs"] = np.asarray(logprobs.token_logprobs(
       cfg, sft, sampled.arr["tokens"], input_mask=sampled.arr["input_mask"]))
   scored = teachers.score_stratified(bank, sampled.tokens, sampled.input_mask)

@@ -11,11 +11,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mopd_jax import (logprobs, models, mopd, placement, rollout, sharding, teachers, train,
-                      views)
-from mopd_jax.tasks import TOY_DOMAINS as DOMAINS, get_task
-from mopd_jax.tokenizer import DEFAULT_EFFORTS as EFFORTS, CharTokenizer
+from mopd_jax import models
+from mopd_jax.io.tokenizer import CharTokenizer, DEFAULT_EFFORTS as EFFORTS
+from mopd_jax.models import logprobs
+from mopd_jax.rollout import turns as rollout
+from mopd_jax.runtime import sharding
+from mopd_jax.tasks import get_task, TOY_DOMAINS as DOMAINS, views
+from mopd_jax.teachers import bank as teachers, placement
+from mopd_jax.training import mopd, step as train
 import suite_cli
+from mopd_jax import configure
 
 ROOT = suite_cli.ROOT
 TOK = CharTokenizer()
@@ -153,16 +158,16 @@ def test_outside_teacher_config_reports_initial_kl_per_cell(tmp_path):
 ])
 def test_bad_outside_teacher_config_raises(change, match):
   import configs.toy_outside_teacher as cfg_mod
-  from mopd_jax import config as config_mod
+  from mopd_jax.config import schema as config_mod
   c = cfg_mod.get_config("fast")
   for k, v in change.items():
     setattr(c.teacher, k, v)
   with pytest.raises(ValueError, match=match):
-    config_mod.build(c, 1)
+    configure.build(c, 1)
   c = cfg_mod.get_config("fast")
   c.mopd.loss, c.mopd.top_k = "topk", 0
   with pytest.raises(ValueError, match="top_k"):
-    config_mod.build(c, 1)
+    configure.build(c, 1)
 
 
 def test_teacher_sft_init_fine_tunes_at_its_own_rate_after_a_warmup():
@@ -170,13 +175,13 @@ def test_teacher_sft_init_fine_tunes_at_its_own_rate_after_a_warmup():
   rate): no move at its first update, the peak rate at the warmup's end, and the toy's own
   setting is a fine-tuning rate below pi_SFT's."""
   from configs import toy
-  from mopd_jax import config as config_mod
+  from mopd_jax.config import schema as config_mod
   from mopd_jax.stages import mopd as mopd_stage
   c = toy.get_config()
-  built = config_mod.build(c, 1)
+  built = configure.build(c, 1)
   assert built.mopd.init_lr < built.sft.lr and built.mopd.init_warmup_steps > 0
   c.mopd.init_lr, c.mopd.init_warmup_steps, c.mopd.init_sft_steps = 0.25, 4, 10
-  ocfg = mopd_stage.init_optim(config_mod.build(c, 1).mopd)
+  ocfg = mopd_stage.init_optim(configure.build(c, 1).mopd)
   assert (ocfg.lr, ocfg.warmup_steps, ocfg.total_steps) == (0.25, 4, 10)
   params = {"w": jnp.ones((3,))}
   opt = train.make_optimizer(ocfg)
@@ -193,8 +198,8 @@ def test_teacher_sft_init_fine_tunes_at_its_own_rate_after_a_warmup():
 
 def test_init_lr_must_be_positive():
   from configs import toy
-  from mopd_jax import config as config_mod
+  from mopd_jax.config import schema as config_mod
   c = toy.get_config()
   c.mopd.init_lr = 0.0
   with pytest.raises(config_mod.ConfigError, match="init_lr"):
-    config_mod.build(c, 1)
+    configure.build(c, 1)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import multihost_worker
-from mopd_jax import distributed, sharding
+from mopd_jax.runtime import distributed, sharding
 import suite_cli
 
 ROOT = suite_cli.ROOT
@@ -93,7 +93,7 @@ def test_pipeline_on_two_processes(tmp_path):
                        env=suite_cli.env(devices=4))
   assert ref.returncode == 0, ref.stderr[-3000:]
 
-  from mopd_jax import checkpoint
+  from mopd_jax.io import checkpoint
   for stage in ("data", "sft", "rl", "mopd", "eval", "report"):
     assert os.path.exists(os.path.join(multi, stage, "DONE.json")), stage
   a = jax.tree.leaves(checkpoint.load_params(os.path.join(multi, "sft", "params")))

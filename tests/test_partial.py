@@ -7,9 +7,10 @@ import jax
 import numpy as np
 import pytest
 
-from mopd_jax import models, partial, rollout
+from mopd_jax import models
+from mopd_jax.io.tokenizer import CharTokenizer
+from mopd_jax.rollout import partial, turns as rollout
 from mopd_jax.tasks import get_task
-from mopd_jax.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
 CFG = models.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=1, num_heads=2,
@@ -91,7 +92,8 @@ def test_rl_effort_phase_with_partial_rollouts(params):
   step) give the history of the loop without one; segments of 5 tokens train only on
   whole groups (multiples of the group size), carry rows over, and with "recompute" the
   batch's sampler log-probs are the updated policy's own."""
-  from mopd_jax import rl, sharding, train
+  from mopd_jax.runtime import sharding
+  from mopd_jax.training import rl, step as train
   task = get_task("gen")
   # Two budgets per step (1.5 x b0: 12 and 36 tokens), so groups complete at different steps.
   stream = [[dataclasses.replace(ex, b0=b0) for ex, b0 in zip(task.generate(k, 2), (8, 24))]

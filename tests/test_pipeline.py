@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import suite_cli
-from mopd_jax import report
+from mopd_jax.evaluation import report
 
 
 def _run_cli(workdir, *extra):

@@ -4,7 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from mopd_jax import models, placement, teachers
+from mopd_jax import models
+from mopd_jax.teachers import bank as teachers, placement
 
 CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2,
                          head_dim=8, mlp_dim=64, max_seq_len=64, qk_norm=True)

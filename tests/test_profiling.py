@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from configs import toy
-from mopd_jax import profiling
+from mopd_jax.io import profiling
 from mopd_jax.stages.loops import Progress
 
 
@@ -63,7 +63,7 @@ def test_compile_clock_counts_this_process_compilations():
   neither."""
   import jax
   import jax.numpy as jnp
-  from mopd_jax import profiling
+  from mopd_jax.io import profiling
   import time
   salt = float(time.time_ns() % 1_000_003)  # a program no cache holds
   f = jax.jit(lambda x: jnp.tanh(x) * 3.0 + salt)

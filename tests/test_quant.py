@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mopd_jax import logprobs, models
-from mopd_jax.models import quant
+from mopd_jax import models
+from mopd_jax.models import logprobs, quant
 
 CFG = models.ModelConfig(vocab_size=64, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2,
                          head_dim=16, mlp_dim=96, max_seq_len=64, qk_norm=True)
@@ -64,7 +64,7 @@ def test_export_reloads_to_same_logits(params, mode):
 
 
 def test_qat_sampler_and_logprobs_agree(params):
-  from mopd_jax import sampling
+  from mopd_jax.rollout import sampling
   cfg = CFG.replace(quant="int4", quant_group=16)
   r = sampling.Sampler(cfg, sampling.SamplingConfig(max_new_tokens=10))(
       params, [[1, 2, 3], [4]], jax.random.PRNGKey(0))

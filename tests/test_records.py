@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from mopd_jax import configure
 from mopd_jax.tasks import base, records
 
 
@@ -75,7 +76,7 @@ def test_examples_budgets_skips_and_references(tmp_path):
   counted; over-long prompts skipped and counted, or an error naming the line; HumanEval's
   indented body joined to the prompt's signature; the task verifies by the record's
   verifier."""
-  from mopd_jax.tokenizer import CharTokenizer
+  from mopd_jax.io.tokenizer import CharTokenizer
   tok = CharTokenizer()
   rows = [{"prompt": "2+2?", "answer": 4, "solution": "2+2=4\n#### 4", "budget": 9},
           {"prompt": "3+3?", "answer": 6},
@@ -161,7 +162,7 @@ def test_files_spec_on_object_storage(tmp_path, gcs):
   """configs/files.py reads a gs:// spec; its relative paths resolve beside it, absolute and
   gs:// ones stay as they are."""
   from configs import files
-  from mopd_jax import config
+  from mopd_jax.config import schema as config
   from mopd_jax.tasks import tools
   examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "examples")
@@ -171,7 +172,7 @@ def test_files_spec_on_object_storage(tmp_path, gcs):
   assert c.tasks.math.train == "gs://bucket/ex/math_train.jsonl"
   assert c.tasks.code.train == "gs://bucket/ex/code.parquet"
   c.model.tokenizer_path = "/ckpt/tokenizer.json"  # build names it; nothing reads it here
-  rc = config.build(c, 1)
+  rc = configure.build(c, 1)
   assert rc.records["tool"].test == "gs://bucket/ex/tool_test.jsonl"
   assert rc.tool_markers == tools.MARKERS
   spec = {"domains": {"math": {"verifier": "math", "train": "gs://bucket/ex/math_train.jsonl",
@@ -185,6 +186,6 @@ def test_files_spec_on_object_storage(tmp_path, gcs):
       "gs://bucket/ex/math_train.jsonl", os.path.join(examples, "math_test.jsonl"),
       "gs://bucket/other/code_test.jsonl")
   c.model.tokenizer_path = "/ckpt/tokenizer.json"
-  assert config.build(c, 1).tool_markers == ()  # no tool domain: no tool token asked for
+  assert configure.build(c, 1).tool_markers == ()  # no tool domain: no tool token asked for
   with pytest.raises(ValueError, match="gs://bucket/none.json: cannot read the spec file"):
     files.get_config("gs://bucket/none.json")

@@ -25,8 +25,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from mopd_jax import checkpoint, grid as grid_mod, models, sharding, teachers, train
-from mopd_jax.tasks import TOY_DOMAINS
+from mopd_jax import models
+from mopd_jax.io import checkpoint
+from mopd_jax.runtime import sharding
+from mopd_jax.tasks import grid as grid_mod, TOY_DOMAINS
+from mopd_jax.teachers import bank as teachers
+from mopd_jax.training import step as train
 import suite_cli
 
 ROOT = suite_cli.ROOT

@@ -1,5 +1,5 @@
-"""The report's expected-result checks and markdown (mopd_jax/report.py), and the seed
-sweep's summary (mopd_jax/sweep_report.py)."""
+"""The report's expected-result checks and markdown (mopd_jax/evaluation/report.py), and the seed
+sweep's summary (mopd_jax/evaluation/sweep_report.py)."""
 import numpy as np
 import pytest
 
@@ -7,7 +7,7 @@ import pytest
 def test_report_checks_evaluate_the_bars():
   """Each bar is computed from the cells, the KL curve and the wall times; a missing policy
   leaves its checks undecided (None) rather than failed."""
-  from mopd_jax import report
+  from mopd_jax.evaluation import report
   from mopd_jax.tasks import TOY_DOMAINS
   lengths = {"low": 3.0, "high": 9.0, "max": 19.0}
   cells = []
@@ -90,7 +90,7 @@ def test_report_checks_evaluate_the_bars():
       "init": held(0.025, 0.002, {"gen/low": (0.02, 0.002), "gen/max": (0.03, 0.002)}),
       "student": held(0.01, 0.001, {"gen/low": (0.001, 0.0005), "gen/max": (0.0365, 0.002)})}
   assert report.kl_drop(rep)[1] != "exact, held-out"
-  from mopd_jax import agreement
+  from mopd_jax.evaluation import agreement
   ratio, se = agreement.heldout_drop(rep["kl_heldout"])  # pi_SFT / the final student
   assert ratio == pytest.approx(20.0) and se == pytest.approx(20.0 * np.hypot(0.05, 0.1))
   assert agreement.heldout_drop(rep["kl_heldout"], "sft", "init")[0] == pytest.approx(8.0)
@@ -120,7 +120,7 @@ def test_outside_teacher_accuracy_is_compared_with_the_teacher_it_replaces():
   """`teacher.outside_cell`: the manifest keeps the replaced same-origin teacher under
   `same_origin`; the report puts both validation accuracies side by side and checks that
   they are within 10 points."""
-  from mopd_jax import report
+  from mopd_jax.evaluation import report
 
   def manifest(outside_acc):
     acc = lambda a: {"eval_validation": {"accuracy": a, "mean_length": 9.0}}
@@ -155,7 +155,7 @@ def _seed_report(acc: float, ok: bool):
 
 def test_sweep_means_spreads_and_checks_per_seed():
   import pytest
-  from mopd_jax import sweep_report
+  from mopd_jax.evaluation import sweep_report
   sw = sweep_report.sweep({0: _seed_report(0.5, True), 1: _seed_report(0.7, False),
                      2: _seed_report(0.9, True)})
   cell = next(c for c in sw["cells"] if (c["policy"], c["effort"]) == ("teacher", "max"))
@@ -198,7 +198,7 @@ def test_sweep_means_spreads_and_checks_per_seed():
 def test_sweep_command(tmp_path, monkeypatch, capsys):
   import pytest
   from experiments import sweep
-  from mopd_jax import checkpoint
+  from mopd_jax.io import checkpoint
   for args in (["--config", "configs/toy.py", "--workdir", str(tmp_path), "--seeds", "0,x"],
                ["--config", "configs/toy.py", "--workdir", str(tmp_path), "--config.seed=3"],
                ["--config", "configs/toy.py", "--workdir", str(tmp_path), "stray"]):
@@ -228,8 +228,9 @@ def test_report_per_cell_kl_drop_standard_errors_and_diagnostics(tmp_path):
   KL drop, reduced like the run's (first over last tenth of its measured steps); the effort
   sensitivity and loss shares of the measured steps. report.md shows them, start vs end,
   and the expected results do not count the per-cell drops."""
-  from mopd_jax import checkpoint, report
-  from mopd_jax.grid import Effort, Grid
+  from mopd_jax.evaluation import report
+  from mopd_jax.io import checkpoint
+  from mopd_jax.tasks.grid import Effort, Grid
   grid = Grid(("gen",), (Effort("low", 0.3), Effort("high", 0.7), Effort("max", 1.5)))
   cells = [{"policy": p, "domain": "gen", "effort": e, "accuracy": 0.8, "mean_length": 9.0,
             "over_budget_rate": 0.0, "n": 100} for p in report.POLICIES for e in ("low", "max")]
@@ -286,7 +287,7 @@ def test_report_names_teachers_no_different_from_pi_sft():
   """A cell whose teacher writes pi_SFT's style at pi_SFT's accuracy (within two standard
   errors of the difference) is named, not hidden; a teacher of another length, or one clearly
   more accurate, is not."""
-  from mopd_jax import report
+  from mopd_jax.evaluation import report
   grid = {"domains": ["gen"], "efforts": [["low", 0.3], ["high", 0.7], ["max", 1.5]]}
   cell = lambda p, e, acc, length: {"policy": p, "domain": "gen", "effort": e,
                                     "accuracy": acc, "mean_length": length, "n": 300}
@@ -312,7 +313,7 @@ def test_report_names_teachers_no_different_from_pi_sft():
 def test_student_accuracy_result_allows_sampling_noise(student, teacher, n, ok):
   """The student's accuracy result: >= 0.9 x its teacher's, or within two standard errors
   of the difference (a near-chance cell on 300 examples cannot resolve 10%)."""
-  from mopd_jax import report
+  from mopd_jax.evaluation import report
   grid = {"domains": ["gen"], "efforts": {"max": 1.0}}
   cells = [{"policy": p, "domain": "gen", "effort": "max", "accuracy": a, "mean_length": 9.0,
             "over_budget_rate": 0.0, **({"n": n} if n else {})}

@@ -1,11 +1,11 @@
-"""The RL lane's pieces (mopd_jax/rl.py, mopd_jax/lanes.py): phase settings, batch widths,
+"""The RL lane's pieces (mopd_jax/training/rl.py, mopd_jax/stages/lanes.py): phase settings, batch widths,
 the plateau rule, lane process counts."""
 import pytest
 
 
 def test_rl_phase_settings():
   import ml_collections
-  from mopd_jax import rl
+  from mopd_jax.training import rl
   c = ml_collections.ConfigDict(dict(reference="sampler,sft,parent", lr=1e-3, tau_kl=0.5,
                                      anneal_lr=0.0, anneal_tau_kl=0.1, steps_per_effort=20,
                                      anneal_steps=30))
@@ -29,7 +29,7 @@ def test_rl_phase_settings():
 def test_padding_rule_of_each_loop():
   """rollout.padded_width: RL's powers of two above the floor, SFT's multiples of 16,
   MOPD's of 32."""
-  from mopd_jax import rollout
+  from mopd_jax.rollout import turns as rollout
   w = rollout.padded_width
   assert [w(n, pow2=True, floor=64) for n in (1, 40, 64, 65, 93, 128, 129)] == \
       [64, 64, 64, 128, 128, 128, 256]
@@ -40,7 +40,7 @@ def test_padding_rule_of_each_loop():
 
 def test_rl_lane_processes():
   import ml_collections
-  from mopd_jax import lanes
+  from mopd_jax.stages import lanes
   c = lambda k: ml_collections.ConfigDict(dict(lane_processes=k))
   assert lanes.process_count(c(3), 3) == 3
   assert lanes.process_count(c(8), 4) == 4  # never more processes than lanes
@@ -50,7 +50,7 @@ def test_rl_lane_processes():
 
 
 def test_rl_reward_plateau_rule():
-  from mopd_jax import rl
+  from mopd_jax.training import rl
   hist = lambda rewards: [(i, {"reward": r}) for i, r in enumerate(rewards)]
   rising, flat = [0.1, 0.2, 0.3, 0.4], [0.5, 0.52, 0.49, 0.51]
   assert not rl.plateaued(hist(rising), 2, 0.02)  # +0.2 between the two windows
@@ -65,9 +65,12 @@ def test_rl_phase_samples_from_the_held_reference():
   trained; "policy" draws from the trained one; a phase without a held policy draws from the
   trained one either way."""
   import jax
-  from mopd_jax import models, rl, rollout, sharding, train
+  from mopd_jax import models
+  from mopd_jax.io.tokenizer import CharTokenizer
+  from mopd_jax.rollout import turns as rollout
+  from mopd_jax.runtime import sharding
   from mopd_jax.tasks import get_task
-  from mopd_jax.tokenizer import CharTokenizer
+  from mopd_jax.training import rl, step as train
   tok = CharTokenizer()
   cfg = models.ModelConfig(vocab_size=tok.vocab_size, d_model=32, num_layers=1, num_heads=2,
                            num_kv_heads=1, head_dim=16, mlp_dim=64, max_seq_len=256)

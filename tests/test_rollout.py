@@ -3,9 +3,10 @@ import jax
 import numpy as np
 import pytest
 
-from mopd_jax import models, rollout
+from mopd_jax import models
+from mopd_jax.io.tokenizer import CharTokenizer
+from mopd_jax.rollout import turns as rollout
 from mopd_jax.tasks import get_task
-from mopd_jax.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
 CFG = models.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=1, num_heads=2,

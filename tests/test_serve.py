@@ -1,4 +1,4 @@
-"""The teacher server (mopd_jax/serve.py) on loopback: its log-probs equal in-process scoring
+"""The teacher server (mopd_jax/teachers/server.py) on loopback: its log-probs equal in-process scoring
 of the same params for every cell over mixed lengths (through the client), its answers follow
 vLLM's `prompt_logprobs` schema, concurrent requests share prefills, and it stops cleanly
 (in the background and on SIGTERM)."""
@@ -16,7 +16,10 @@ import jax
 import numpy as np
 import pytest
 
-from mopd_jax import logprobs, models, serve, teacher_client, teachers, tokenizer
+from mopd_jax import configure, models
+from mopd_jax.io import tokenizer
+from mopd_jax.models import logprobs
+from mopd_jax.teachers import bank as teachers, client as teacher_client, server as serve
 
 TOK = tokenizer.CharTokenizer()
 CFG = models.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=1, num_heads=4,
@@ -174,8 +177,9 @@ def test_command_line_serves_a_checkpoint_and_stops_on_sigterm(tmp_path):
   """`python -m mopd_jax.serve --hf_path DIR --cell gen/max` serves the checkpoint at the
   config's teacher temperature; SIGTERM ends it with status 0."""
   from configs import toy
-  from mopd_jax import config_build, hf
-  cfg = config_build.model_config(toy.get_config("tiny"), TOK.vocab_size)
+  from mopd_jax import configure
+  from mopd_jax.io import hf
+  cfg = configure.model_config(toy.get_config("tiny"), TOK.vocab_size)
   params = models.init_params(cfg, jax.random.PRNGKey(5))
   hf.save_checkpoint(cfg, params, str(tmp_path / "ckpt"))
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
@@ -213,8 +217,11 @@ def test_command_line_serves_a_checkpoint_and_stops_on_sigterm(tmp_path):
 def test_mopd_step_scored_by_the_server_equals_in_process():
   """One MOPD update (mopd.mopd_step) with the server's scores through the client's score_fn
   equals the update with the in-process co-located scorer."""
-  from mopd_jax import mopd, placement, rollout, sharding, train
-  from mopd_jax.tasks import TOY_DOMAINS, get_task
+  from mopd_jax.rollout import turns as rollout
+  from mopd_jax.runtime import sharding
+  from mopd_jax.tasks import get_task, TOY_DOMAINS
+  from mopd_jax.teachers import placement
+  from mopd_jax.training import mopd, step as train
   cfg = models.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=1, num_heads=4,
                            num_kv_heads=2, head_dim=8, mlp_dim=64, max_seq_len=128)
   names = teachers.DEFAULT_NAMES
@@ -267,7 +274,7 @@ def test_the_mopd_stage_checks_its_servers_at_start(tmp_path):
   c.mopd.prompts_per_cell = jax.device_count()
   # Nothing in this process needs the teachers' params (no trained teachers here).
   c.mopd.init, c.mopd.exact_kl_every = "sft", 0
-  ctx = context.Run(c, str(tmp_path))
+  ctx = context.Run(configure.build(c, jax.device_count()), str(tmp_path))
   cfg = dataclasses.replace(CFG, vocab_size=ctx.model_cfg.vocab_size)
   bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(0))] *
                              len(ctx.grid.names), names=ctx.grid.names)
@@ -278,11 +285,11 @@ def test_the_mopd_stage_checks_its_servers_at_start(tmp_path):
     for srv, ok in zip(servers, (True, False)):
       url = srv.start()
       c.teacher.endpoints = ",".join(f"{n}={url}" for n in ctx.grid.names)
-      run = context.Run(c, str(tmp_path))
+      run = context.Run(configure.build(c, jax.device_count()), str(tmp_path))
       if ok:
         wiring.mopd_inputs(run).scorer.close()
         continue
-      from mopd_jax.config import ConfigError
+      from mopd_jax.config.schema import ConfigError
       with pytest.raises(ConfigError, match=f"{srv.url} has tokenizer fingerprint "
                          f"{tokenizer.fingerprint(other)} but the student's is "
                          f"{tokenizer.fingerprint(ctx.tok)}"):

@@ -1,10 +1,10 @@
-"""SFT (mopd_jax/sft.py): style weights, the domain schedule, the effort tokens of a grid."""
+"""SFT (mopd_jax/training/sft.py): style weights, the domain schedule, the effort tokens of a grid."""
 import numpy as np
 import pytest
 
-from mopd_jax import sft, views
-from mopd_jax.tasks import get_task
-from mopd_jax.tokenizer import CharTokenizer
+from mopd_jax.io.tokenizer import CharTokenizer
+from mopd_jax.tasks import get_task, views
+from mopd_jax.training import sft
 
 TOK = CharTokenizer()
 

@@ -1,8 +1,8 @@
-"""Workdir files on object storage (mopd_jax/storage.py), without a network.
+"""Workdir files on object storage (mopd_jax/io/storage.py), without a network.
 
 A `gs://` filesystem is served from a local folder (the `gcs` fixture of conftest.py: an
 fsspec implementation registered for the gs / gcs protocols, which `etils.epath`, and so
-`mopd_jax.storage`, then uses). The pipeline's own file handling runs on it: DONE markers,
+`mopd_jax.io.storage`, then uses). The pipeline's own file handling runs on it: DONE markers,
 JSON files and manifests, lane records and logs, metrics (JSONL and TensorBoard), the report
 and its plots, and the bookkeeping that moves an unreadable checkpoint step aside. Orbax's
 own `gs://` path goes through tensorstore's network driver, which this cannot redirect, so
@@ -15,8 +15,10 @@ import pathlib
 
 import pytest
 
-from mopd_jax import checkpoint, lanes, metrics, report, storage
-from mopd_jax.grid import Effort, Grid
+from mopd_jax.evaluation import report
+from mopd_jax.io import checkpoint, metrics, storage
+from mopd_jax.stages import lanes
+from mopd_jax.tasks.grid import Effort, Grid
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -108,9 +110,9 @@ def test_unreadable_step_is_moved_aside_on_object_storage(gcs):
 # Modules that may touch the OS filesystem directly, and why: the storage layer itself; the
 # user's model / tokenizer / data files and the sandbox's private temp dirs, which are not
 # workdir paths.
-OS_FILES_ALLOWED = {"storage.py": "the abstraction", "hf/config_json.py": "model directories",
-                    "hf/files.py": "model directories", "hf/export.py": "model directories",
-                    "tokenizer.py": "tokenizer files", "tokenizer_files.py": "tokenizer files",
+OS_FILES_ALLOWED = {"io/storage.py": "the abstraction", "io/hf/config_json.py": "model directories",
+                    "io/hf/files.py": "model directories", "io/hf/export.py": "model directories",
+                    "io/tokenizer.py": "tokenizer files", "io/tokenizer_files.py": "tokenizer files",
                     "tasks/sandbox/backends.py": "sandbox temp dirs",
                     "tasks/jsonl.py": "the user's data files",
                     "tasks/records.py": "the user's data files"}
@@ -121,7 +123,7 @@ FORBIDDEN = {("os", "replace"), ("os", "rename"), ("os", "remove"), ("os", "make
 
 def test_no_direct_filesystem_calls_on_workdir_paths():
   """Every `open`, `os.path.*`, os file function, `shutil.*` or `glob.*` call in mopd_jax/
-  goes through mopd_jax.storage, except in the modules above and on lines marked
+  goes through mopd_jax.io.storage, except in the modules above and on lines marked
   `# local:` (a local mirror folder, by construction not the workdir)."""
   bad = []
   for path in sorted((ROOT / "mopd_jax").rglob("*.py")):
@@ -148,4 +150,4 @@ def test_no_direct_filesystem_calls_on_workdir_paths():
             hit = ".".join(chain)
       if hit and "# local:" not in lines[node.lineno - 1]:
         bad.append(f"mopd_jax/{rel}:{node.lineno}: {hit}")
-  assert not bad, "direct filesystem calls (use mopd_jax.storage):\n" + "\n".join(bad)
+  assert not bad, "direct filesystem calls (use mopd_jax.io.storage):\n" + "\n".join(bad)

@@ -8,8 +8,8 @@ import pytest
 
 from configs import toy
 from mopd_jax import tasks
+from mopd_jax.io.tokenizer import CharTokenizer
 from mopd_jax.tasks import base, cod, datasets, jsonl, sandbox
-from mopd_jax.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
 N = 400  # examples per domain in the generator tests

@@ -1,4 +1,4 @@
-"""The teacher client (mopd_jax/teacher_client.py) against loopback stand-ins: it reads vLLM's
+"""The teacher client (mopd_jax/teachers/client.py) against loopback stand-ins: it reads vLLM's
 `prompt_logprobs` answers (a recorded one and a stand-in answering in vLLM's shape), checks
 servers at start, and handles faults: timeouts, retries with backoff, replica failover, a
 server down (one line naming cell and URL), and never hands out a partial batch."""
@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from mopd_jax import async_scoring, score_protocol, teacher_client
+from mopd_jax.teachers import async_scoring, client as teacher_client, wire as score_protocol
 
 V = 50
 NAMES = ("gen/low", "gen/max")

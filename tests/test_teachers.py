@@ -4,7 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mopd_jax import logprobs, models, teachers
+from mopd_jax import models
+from mopd_jax.models import logprobs
+from mopd_jax.teachers import bank as teachers
 
 CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
                          head_dim=16, mlp_dim=64, max_seq_len=64)

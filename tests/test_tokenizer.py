@@ -4,9 +4,10 @@ import os
 
 import pytest
 
-from mopd_jax import tokenizer as tok_lib
-from mopd_jax.tokenizer import DEFAULT_EFFORTS as EFFORTS, SPECIALS, CharTokenizer, HFTokenizer, load_tokenizer
-from mopd_jax.tokenizer_options import TokenizerOptions
+from mopd_jax.io import tokenizer as tok_lib
+from mopd_jax.io.tokenizer import (CharTokenizer, DEFAULT_EFFORTS as EFFORTS, HFTokenizer,
+                                   load_tokenizer, SPECIALS)
+from mopd_jax.config.tokenizer_options import TokenizerOptions
 
 
 def _hf():
@@ -276,7 +277,7 @@ def test_fingerprint_tells_tokenizers_apart(hf_path):
 
 # --- the tokenizers of four model families (tests/chat_families.py) ---------------------------
 import chat_families  # noqa: E402  (a helper module of the tests)
-from mopd_jax import tokenizer_files  # noqa: E402
+from mopd_jax.io import tokenizer_files  # noqa: E402
 from mopd_jax.tasks import tools as tools_lib  # noqa: E402
 
 

@@ -16,9 +16,14 @@ import pytest
 
 from benchmarks import memory_plan
 from configs import qwen3_mopd
-from mopd_jax import hf, loss_kinds, models, mopd, placement, rollout, sharding, teachers, train
-from mopd_jax.tasks import TOY_DOMAINS as DOMAINS, get_task
-from mopd_jax.tokenizer import DEFAULT_EFFORTS as EFFORTS, CharTokenizer
+from mopd_jax import models
+from mopd_jax.io import hf
+from mopd_jax.io.tokenizer import CharTokenizer, DEFAULT_EFFORTS as EFFORTS
+from mopd_jax.rollout import turns as rollout
+from mopd_jax.runtime import sharding
+from mopd_jax.tasks import get_task, TOY_DOMAINS as DOMAINS
+from mopd_jax.teachers import bank as teachers, placement
+from mopd_jax.training import mopd, registry as loss_kinds, step as train
 
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("none", "int8", "int4")
@@ -51,7 +56,7 @@ def _batch(kind):
 
 def _teachers_in_step_loss(cfg, params, batch):
   """The vocab_kl loss of `batch` against one teacher of `cfg`, each row scored as it is."""
-  from mopd_jax import vocab_kl
+  from mopd_jax.training import vocab_kl
   arrays = vocab_kl.Stratified(batch.tokens, batch.input_mask, batch.tokens[None],
                                batch.input_mask[None], jnp.zeros((1, B), jnp.int32),
                                jnp.arange(B, dtype=jnp.int32)[None])

@@ -6,7 +6,12 @@ import numpy as np
 import optax
 import pytest
 
-from mopd_jax import length_groups, logprobs, losses, models, sampling, sharding, teachers, train
+from mopd_jax import models
+from mopd_jax.models import logprobs
+from mopd_jax.rollout import sampling
+from mopd_jax.runtime import sharding
+from mopd_jax.teachers import bank as teachers
+from mopd_jax.training import length_groups, losses, step as train
 
 CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2,
                          head_dim=8, mlp_dim=64, max_seq_len=64, qk_norm=True)
@@ -109,7 +114,7 @@ def test_teacher_axis_sharded_equals_unsharded():
 
 def test_pg_step_matches_mopd_step_on_policy(params):
   """With sampler log-probs equal to the current ones the PG loss gives the MOPD gradient."""
-  from mopd_jax import logprobs
+  from mopd_jax.models import logprobs
   batch = _batch()
   lp = jax.jit(lambda p, b: logprobs.token_logprobs(CFG, p, b.tokens, input_mask=b.input_mask))(
       params, batch)

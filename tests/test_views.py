@@ -1,4 +1,4 @@
-"""Which effort each party's prompt carries (mopd_jax/views.py): the view the config sets, the
+"""Which effort each party's prompt carries (mopd_jax/tasks/views.py): the view the config sets, the
 prompts it renders for the student, the teachers, SFT and eval's policies, and the stages
 asking the run's one view."""
 import ast
@@ -6,12 +6,15 @@ import inspect
 import os
 import types
 
+import jax
 import numpy as np
 import pytest
 
-from mopd_jax import rollout, sft, views
-from mopd_jax.tasks import get_task
-from mopd_jax.tokenizer import load_tokenizer
+from mopd_jax import configure
+from mopd_jax.io.tokenizer import load_tokenizer
+from mopd_jax.rollout import turns as rollout
+from mopd_jax.tasks import get_task, views
+from mopd_jax.training import sft
 
 EFFORTS = ("low", "high", "max")
 
@@ -56,7 +59,7 @@ def test_each_partys_prompt_carries_the_effort_the_config_says(teacher_sees_effo
 
 
 def _sft_efforts_as_drawn(view, mode, n, seed):
-  """The SFT efforts of `n` examples as the rule of the module docstring of mopd_jax/sft.py
+  """The SFT efforts of `n` examples as the rule of the module docstring of mopd_jax/training/sft.py
   draws them from `RandomState(seed)`: the style drawn first (3 styles, uniform), then the
   effort: random mode uniform over the efforts, plus none when the teachers see no effort;
   style mode the style's effort, dropped with probability 1/(|efforts| + 1) then."""
@@ -98,7 +101,7 @@ def test_the_run_builds_the_view_its_config_sets(flag, tmp_path):
   c.teacher.effort_in_prompt = flag
   c.mesh.data = jax.device_count()  # the suite's simulated devices
   c.mopd.prompts_per_cell = jax.device_count()  # the MOPD batch splits over them
-  ctx = context.Run(c, str(tmp_path / "wd"))
+  ctx = context.Run(configure.build(c, jax.device_count()), str(tmp_path / "wd"))
   assert ctx.view == views.PromptView(teacher_sees_effort=flag)
   # The run builds one rollout engine per (model config, temperature): its compiled sampler
   # serves every teacher, phase and eval cell.
@@ -170,7 +173,7 @@ def test_shipped_configs_run_k3s_form(config, arg):
   view default to it too."""
   import dataclasses
   import importlib
-  from mopd_jax import mopd, rl
+  from mopd_jax.training import mopd, rl
   c = importlib.import_module(f"configs.{config}").get_config(arg)
   assert c.teacher.effort_in_prompt is False
   assert views.PromptView.from_config(c.teacher) == views.K3

@@ -1,7 +1,8 @@
-"""The `vocab_kl` loss (mopd_jax/vocab_kl.py): the exact KL to each row's routed teacher over
+"""The `vocab_kl` loss (mopd_jax/training/vocab_kl.py): the exact KL to each row's routed teacher over
 the whole vocabulary, on the student's rollouts, with every teacher in one program."""
 import numpy as np
 import pytest
+from mopd_jax import configure
 
 
 def _setup(effort_free=True):
@@ -14,7 +15,9 @@ def _setup(effort_free=True):
 def _batch(s_cfg, params, bank, sampled):
   """The train batch of `sampled` with its sampler log-probs and the routed teachers'."""
   import jax.numpy as jnp
-  from mopd_jax import logprobs, mopd, teachers
+  from mopd_jax.models import logprobs
+  from mopd_jax.teachers import bank as teachers
+  from mopd_jax.training import mopd
   arr = dict(sampled.arr)
   arr["sampler_logprobs"] = np.asarray(logprobs.token_logprobs(
       s_cfg, params, jnp.asarray(arr["tokens"]), input_mask=jnp.asarray(arr["input_mask"])))
@@ -28,7 +31,7 @@ def _batch(s_cfg, params, bank, sampled):
 def test_vocab_kl_loss_is_the_row_mean_of_the_exact_kl(effort_free):
   """The loss is the mean over rows of each row's mean exact KL over its generated tokens,
   the diagnostic `exact_kl_rows` (itself checked against dense logits in test_mopd.py)."""
-  from mopd_jax import train, vocab_kl
+  from mopd_jax.training import step as train, vocab_kl
   s_cfg, student, bank, sampled = _setup(effort_free)
   batch = _batch(s_cfg, student, bank, sampled)
   loss, m = vocab_kl.vocab_kl_loss(
@@ -49,9 +52,12 @@ def test_vocab_kl_gradient_is_the_expected_eq15_gradient():
   eq. 15's update with its expectation over the sampled token taken exactly."""
   import jax
   import jax.numpy as jnp
-  from mopd_jax import losses, models, mopd, rollout, teachers, train, vocab_kl
+  from mopd_jax import models
+  from mopd_jax.io.tokenizer import CharTokenizer
+  from mopd_jax.rollout import turns as rollout
   from mopd_jax.tasks import get_task
-  from mopd_jax.tokenizer import CharTokenizer
+  from mopd_jax.teachers import bank as teachers
+  from mopd_jax.training import losses, mopd, step as train, vocab_kl
   tok = CharTokenizer()
   s_cfg = models.get_preset("toy", vocab_size=tok.vocab_size, num_layers=1, d_model=16,
                             quant="none")
@@ -99,7 +105,8 @@ def test_vocab_kl_gradient_is_the_expected_eq15_gradient():
 
 def test_vocab_kl_student_equal_to_teacher_gives_zero_loss_and_gradient():
   import jax
-  from mopd_jax import teachers, train, vocab_kl
+  from mopd_jax.teachers import bank as teachers
+  from mopd_jax.training import step as train, vocab_kl
   s_cfg, student, _, sampled = _setup(effort_free=False)
   bank = teachers.build_bank(s_cfg, {"gen/low": student, "gen/max": student})
   batch = _batch(s_cfg, student, bank, sampled)
@@ -114,7 +121,8 @@ def test_vocab_kl_student_equal_to_teacher_gives_zero_loss_and_gradient():
 def test_vocab_kl_step_lowers_the_kl_and_keeps_teachers_out_of_the_state():
   """A few `VocabKLStep` updates lower the loss; the state holds the student only."""
   import jax
-  from mopd_jax import sharding, train, vocab_kl
+  from mopd_jax.runtime import sharding
+  from mopd_jax.training import step as train, vocab_kl
   s_cfg, student, bank, sampled = _setup()
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
   trainer = train.Trainer(s_cfg, train.LossConfig(kind="vocab_kl"),
@@ -139,7 +147,9 @@ def test_future_kl_term_on_the_teachers_layout_matches_the_students_layout():
   step with the term runs and reports the mean future KL."""
   import jax
   import jax.numpy as jnp
-  from mopd_jax import logprobs, sharding, train, vocab_kl
+  from mopd_jax.models import logprobs
+  from mopd_jax.runtime import sharding
+  from mopd_jax.training import step as train, vocab_kl
   s_cfg, student, bank, sampled = _setup(effort_free=True)
   batch = _batch(s_cfg, student, bank, sampled)
   arrays = vocab_kl.stratified(sampled, like=student)
@@ -167,11 +177,11 @@ def test_future_kl_term_on_the_teachers_layout_matches_the_students_layout():
 
 
 def test_vocab_kl_config_rules():
-  from mopd_jax import train, vocab_kl
+  from mopd_jax.training import step as train, vocab_kl
   from configs import toy
   import dataclasses
-  from mopd_jax import config as config_mod
-  c = config_mod.build(toy.get_config("fast"), None)
+  from mopd_jax.config import schema as config_mod
+  c = configure.build(toy.get_config("fast"), None)
   m = dataclasses.replace(c.mopd, loss="vocab_kl", length_groups=1)
   vocab_kl.check_config(m, teachers="colocated", endpoints="")
   with pytest.raises(ValueError, match="placement.teachers='colocated'"):
@@ -192,7 +202,7 @@ def test_future_kl_term_completes_the_gradient_of_the_sequence_kl():
   import itertools
   import jax
   import jax.numpy as jnp
-  from mopd_jax import train, vocab_kl
+  from mopd_jax.training import step as train, vocab_kl
   rng = np.random.RandomState(0)
   v = 3
   q1 = jax.nn.log_softmax(jnp.asarray(rng.randn(v)))

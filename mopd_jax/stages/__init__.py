@@ -5,6 +5,7 @@
                 resolved once per run
     wiring.py   each stage's inputs built from the run, and the stage registry
     loops.py    the workdir's files, the checkpointed training-loop skeleton, Progress bars
+    lanes.py    the RL lanes side by side, a process each (spawned, watched, SIGTERM forwarded)
     smoke.py    sample from the initial policy and print
     data.py     TFDS array_record splits of every domain of the grid
     sft.py      pi_SFT (QAT from here on)

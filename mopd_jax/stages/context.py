@@ -1,10 +1,10 @@
 """The run context: what the pipeline resolves once per run and builds the stages from.
 
-`Run(config, workdir)` takes the run's typed, validated RunConfig (mopd_jax.config; a
-ConfigDict is built here; stages read `ctx.config`, never the ConfigDict) and resolves,
+`Run(config, workdir)` takes the run's typed, validated RunConfig (mopd_jax.config.schema,
+built by `mopd_jax.configure.build`; stages read `ctx.config`, never the ConfigDict) and resolves,
 once: the task grid, the tokenizer (its effort tokens are the grid's), the student's
 ModelConfig, the student's and the teachers' meshes, the profile switch, the prompt view
-(`ctx.view`: which effort each party's prompt carries, mopd_jax/views.py), the workdir's
+(`ctx.view`: which effort each party's prompt carries, mopd_jax/tasks/views.py), the workdir's
 files and the loop settings (`stages/loops.py`). `stages/wiring.py` builds each stage's
 inputs from it (paths, rollout engines, data splits and iterators, teachers, loggers and
 checkpointed loops); no stage sees the run itself.
@@ -12,27 +12,29 @@ checkpointed loops); no stage sees the run itself.
 from __future__ import annotations
 
 import functools
-from typing import Optional, Union
+from typing import Optional
 
 import jax
-import ml_collections
 
-from mopd_jax import (checkpoint, config as config_mod, config_build, models, placement,
-                      profiling, rollout, sharding, storage, teachers, views)
+from mopd_jax import models
+from mopd_jax.config import schema as config_mod
+from mopd_jax.io import checkpoint, profiling, storage
+from mopd_jax.io.tokenizer import load_tokenizer
+from mopd_jax.rollout import turns as rollout
+from mopd_jax.runtime import sharding
 from mopd_jax.stages import loops
-from mopd_jax.tasks import base as task_base
-from mopd_jax.tokenizer import load_tokenizer
+from mopd_jax.tasks import base as task_base, views
+from mopd_jax.teachers import bank as teachers, placement
 
 
 class Run:
   """What every stage needs: config, workdir, grid, tokenizer, model config, meshes."""
 
-  def __init__(self, config: Union[config_mod.RunConfig, ml_collections.ConfigDict],
-               workdir: str):
-    """`config`: the run's RunConfig, or a ConfigDict (a lane worker's, a tool's) built here
-    for this process's devices."""
+  def __init__(self, config: config_mod.RunConfig, workdir: str):
+    """`config`: the run's RunConfig (`mopd_jax.configure.build(config_dict, num_devices)`)."""
     if not isinstance(config, config_mod.RunConfig):
-      config = config_mod.build(config, jax.device_count())
+      raise TypeError(f"Run takes the run's RunConfig, got {type(config).__name__}: build it "
+                      "with mopd_jax.configure.build(config, jax.device_count())")
     self.config = config
     self.grid = config.grid
     self.workdir = storage.join(workdir)  # absolute if local; gs://... kept as it is
@@ -46,7 +48,8 @@ class Run:
                                 options=config.tokenizer_options())
     except ValueError as e:
       raise config_mod.ConfigError(str(e)) from e
-    self.model_cfg = config_build.model_config(config, self.tok.vocab_size)
+    from mopd_jax.io import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
+    self.model_cfg = hf.resolve_model_config(config.model.mapping(), self.tok.vocab_size)
     # The student's mesh, and the teachers' (the same one unless disaggregated).
     self.mesh, self.teacher_mesh = placement.config_meshes(config)
     self.taus = self.grid.taus
@@ -59,7 +62,7 @@ class Run:
 
   # --- files --------------------------------------------------------------------------------
   def path(self, *parts) -> str:
-    """A path under the workdir (local or object storage: mopd_jax/storage.py)."""
+    """A path under the workdir (local or object storage: mopd_jax/io/storage.py)."""
     return self.files.path(*parts)
 
   def done(self, stage: str) -> bool:
@@ -69,11 +72,7 @@ class Run:
   def task(self, domain: str) -> task_base.Task:
     """A fresh instance of the task the domain runs (its examples labelled `domain`)."""
     name = self.grid.task_of(domain)
-    cls = task_base.task_class(name)
-    options = self.config.sandbox.task_options() if getattr(cls, "uses_sandbox", False) else {}
-    if getattr(cls, "uses_observation_markers", False) and self.tok.obs_id is not None:
-      options["observation_markers"] = (self.tok.decode([self.tok.obs_id]),
-                                        self.tok.decode([self.tok.obs_end_id]))
+    options = task_base.task_class(name).run_options(self.config, self.tok)
     return task_base.get_task(name, domain=domain, **options)
 
   def records_settings(self, domain: str) -> str:
@@ -92,7 +91,7 @@ class Run:
 
   def split(self, domain: str, split: str, measured_b0: bool = True):
     """A split's examples; a record domain with `budget.source=samples` gets the b0s the rl
-    stage measured (mopd_jax/budgets.py) once they exist (`measured_b0=False`: the data
+    stage measured (mopd_jax/tasks/budgets.py) once they exist (`measured_b0=False`: the data
     stage's placeholders)."""
     from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)
     source = datasets.load_split(domain, split, self.data_dir, seed=self.config.seed,
@@ -103,7 +102,7 @@ class Run:
     if measured_b0 and path is not None and storage.exists(path):
       key = (domain, split)  # written once by the rl stage: read and applied once
       if key not in self._budgeted:
-        from mopd_jax import budgets  # pylint: disable=g-import-not-at-top
+        from mopd_jax.tasks import budgets  # pylint: disable=g-import-not-at-top
         self._budgeted[key] = budgets.BudgetedSource(source, checkpoint.read_json(path)["b0"])
       return self._budgeted[key]
     return source
@@ -153,7 +152,7 @@ class Run:
     return dict(self.config.teacher.hf_paths)
 
   def resolve_teacher_hf(self, path: str) -> models.ModelConfig:
-    from mopd_jax import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
+    from mopd_jax.io import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
     return hf.resolve_model_config(self.config.teacher.mapping(), self.tok.vocab_size,
                                    hf_path=path)
 
@@ -169,7 +168,7 @@ class Run:
 
   def load_teacher(self, entry: dict):
     if entry.get("format") == "hf":
-      from mopd_jax import hf  # pylint: disable=g-import-not-at-top
+      from mopd_jax.io import hf  # pylint: disable=g-import-not-at-top
       _, params = hf.load_checkpoint(entry["path"], vocab_size=self.teacher_cfg.vocab_size)
       return params
     return checkpoint.load_params(entry["path"], self.params_like())
@@ -197,7 +196,7 @@ class Run:
     init (from `seed`, default the run's)."""
     shardings = sharding.param_shardings(self.model_cfg, self.mesh)
     if self.config.model.hf_path:
-      from mopd_jax import hf  # pylint: disable=g-import-not-at-top
+      from mopd_jax.io import hf  # pylint: disable=g-import-not-at-top
       _, params = hf.load_checkpoint(self.config.model.hf_path, sharding=shardings,
                                      vocab_size=self.model_cfg.vocab_size)
       return params

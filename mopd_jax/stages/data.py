@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from mopd_jax import config as config_mod, distributed
-from mopd_jax import grid as grid_mod
+from mopd_jax.config import schema as config_mod
+from mopd_jax.runtime import distributed
 from mopd_jax.stages import loops
+from mopd_jax.tasks import grid as grid_mod
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,7 @@ mean and 90th-percentile length, over-budget rate; with `eval.samples` k > 0 als
 `sample_accuracy`, the mean accuracy of k responses sampled at `eval.sample_temperature`;
 with `eval.teacher_logratio` also pi_SFT's and the student's `teacher_logratio`, the mean
 per-token log pi - log pi_T along their greedy answers to the cell's teacher
-(`mopd_jax/agreement.py`), scored as the MOPD stage scores (the `teacher.endpoints` servers'
+(`mopd_jax/evaluation/agreement.py`), scored as the MOPD stage scores (the `teacher.endpoints` servers'
 client or the bank in process). The stage takes its `Inputs` (built by
 `stages/wiring.py`)."""
 from __future__ import annotations
@@ -15,11 +15,13 @@ from typing import Any, Callable, Mapping, Optional
 import jax
 import numpy as np
 
-from mopd_jax import (agreement, checkpoint, config as config_mod, models, mopd, sft, storage,
-                      views)
-from mopd_jax import grid as grid_mod
+from mopd_jax import models
+from mopd_jax.config import schema as config_mod
+from mopd_jax.evaluation import agreement
+from mopd_jax.io import checkpoint, storage
 from mopd_jax.stages import loops
-from mopd_jax.tasks import base as task_base
+from mopd_jax.tasks import base as task_base, grid as grid_mod, views
+from mopd_jax.training import mopd, sft
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,8 @@ from typing import Any, Callable, Optional
 
 import jax
 
-from mopd_jax import checkpoint, metrics, profiling, storage, train
+from mopd_jax.io import checkpoint, metrics, profiling, storage
+from mopd_jax.training import step as train
 
 # mopd/init_params: the student after the teacher-SFT initialisation, before any MOPD step
 # (written by the mopd stage, read by the eval's held-out KL).
@@ -28,7 +29,7 @@ INIT_PARAMS = "init_params"
 
 @dataclasses.dataclass(frozen=True)
 class Workdir:
-  """The run's directory (local or object storage: mopd_jax/storage.py) and its stages'
+  """The run's directory (local or object storage: mopd_jax/io/storage.py) and its stages'
   `DONE.json` markers."""
   root: str
 

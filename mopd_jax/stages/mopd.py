@@ -1,5 +1,5 @@
 """The mopd stage: the student, from pi_SFT (or the teacher-SFT initialisation), distilled
-from the grid's teachers on its own rollouts (mopd_jax/mopd.py), each prompt scored by the
+from the grid's teachers on its own rollouts (mopd_jax/training/mopd.py), each prompt scored by the
 teacher of its (domain, effort) cell.
 
 `mopd.staleness` 1 runs the same steps through `async_scoring.run`: the teachers score
@@ -7,7 +7,7 @@ batch k while the student samples batch k+1, and the stale batch is importance-w
 The student checkpoint holds only the student's TrainState: teachers are loaded from the
 manifest on every (re)start and never saved with it.
 
-`teacher.endpoints` scores against teacher servers instead (`mopd_jax/teacher_client.py`;
+`teacher.endpoints` scores against teacher servers instead (`mopd_jax/teachers/client.py`;
 `python -m mopd_jax.serve`, or vLLM): each server is checked at start (vocabulary, tokenizer
 fingerprint, temperature, cells), a step's requests go out when its rollouts are ready, and
 a server that stays down stops the run (`TeacherUnavailable`) with the last checkpoint kept.
@@ -28,12 +28,14 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from mopd_jax import (async_scoring, checkpoint, config as config_mod, diagnostics, models,
-                      mopd, partial, placement, rollout, teacher_client, teachers, tokenizer,
-                      train, views, vocab_kl)
-from mopd_jax import grid as grid_mod
+from mopd_jax import models
+from mopd_jax.config import schema as config_mod
+from mopd_jax.io import checkpoint, tokenizer
+from mopd_jax.rollout import partial, turns as rollout
 from mopd_jax.stages import loops
-from mopd_jax.tasks import base as task_base
+from mopd_jax.tasks import base as task_base, grid as grid_mod, views
+from mopd_jax.teachers import async_scoring, bank as teachers, client as teacher_client, placement
+from mopd_jax.training import diagnostics, mopd, step as train, vocab_kl
 
 IN_FLIGHT = "_in_flight"  # the data state's entry of the partial-rollout pool (not a domain)
 # mopd/start.json: the exact KL of pi_SFT, before the teacher-SFT initialisation, to the
@@ -108,7 +110,8 @@ def run(inp: Inputs) -> None:
   pool = partial.RolloutPool(c.partial_rollout_tokens) if c.partial_rollout_tokens else None
   weighted = c.staleness or (pool is not None and c.partial_mode == "importance")
   loss_cfg = train.LossConfig(kind=c.loss, r_max=c.r_max, future_kl=c.future_kl,
-                              is_bounds=tuple(c.is_bounds) if weighted else None)
+                              is_bounds=tuple(c.is_bounds) if weighted else None,
+                              args=c.loss_args)
   trainer = train.Trainer(inp.model_cfg, loss_cfg,
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps, microbatches=c.microbatches,

@@ -1,13 +1,14 @@
-"""The report stage: report.json, report.md and the PNG plots (mopd_jax/report.py). The
+"""The report stage: report.json, report.md and the PNG plots (mopd_jax/evaluation/report.py). The
 stage takes its `Inputs` (built by `stages/wiring.py`)."""
 from __future__ import annotations
 
 import dataclasses
 import json
 
-from mopd_jax import checkpoint, lanes, report, storage
-from mopd_jax import grid as grid_mod
-from mopd_jax.stages import loops
+from mopd_jax.evaluation import report
+from mopd_jax.io import checkpoint, storage
+from mopd_jax.stages import lanes, loops
+from mopd_jax.tasks import grid as grid_mod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +25,7 @@ def run(inp: Inputs) -> None:
   timings.pop("_", None)
   compile_seconds = timings.pop("compile", {})  # per stage: {seconds, programs} (pipeline.py)
   timings["total"] = sum(timings.values())
-  # Each RL lane process records its own (mopd_jax/lanes.py); lanes run side by side.
+  # Each RL lane process records its own (mopd_jax/stages/lanes.py); lanes run side by side.
   for d in inp.grid.domains:
     path = inp.files.path("rl", d, lanes.COMPILE)
     if storage.exists(path):  # lanes run in this process leave none

@@ -1,9 +1,9 @@
 """The rl stage: one lane per domain, each annealing its efforts from the largest tau down
-from pi_SFT (mopd_jax/rl.py), freezing a teacher per (domain, effort) cell; the manifest
+from pi_SFT (mopd_jax/training/rl.py), freezing a teacher per (domain, effort) cell; the manifest
 `<workdir>/teachers.json` records them with the grid they were trained on.
 
 Lanes share nothing, so they run one after another in this process or side by side in
-processes of their own (`rl.lane_processes`; the worker and its command: mopd_jax/lanes.py,
+processes of their own (`rl.lane_processes`; the worker and its command: mopd_jax/stages/lanes.py,
 which builds the same `Inputs` from the run's resolved config). The stage takes its
 `Inputs` (built by `stages/wiring.py`).
 """
@@ -17,11 +17,14 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 import jax
 from jax.sharding import Mesh
 
-from mopd_jax import (checkpoint, config as config_mod, lanes as lanes_mod, models, partial, rl,
-                      sft, storage, teachers, train, views)
-from mopd_jax import grid as grid_mod
-from mopd_jax.stages import loops
-from mopd_jax.tasks import base as task_base
+from mopd_jax import models
+from mopd_jax.config import schema as config_mod
+from mopd_jax.io import checkpoint, storage
+from mopd_jax.rollout import partial
+from mopd_jax.stages import lanes as lanes_mod, loops
+from mopd_jax.tasks import base as task_base, grid as grid_mod, views
+from mopd_jax.teachers import bank as teachers
+from mopd_jax.training import rl, sft, step as train
 
 MANIFEST = "teachers.json"
 
@@ -102,8 +105,9 @@ def lane_steps(inp: Inputs, lane: Lane) -> list:
 def measure_budgets(inp: Inputs) -> None:
   """`budget.source=samples`: b0 of every record domain's examples from k samples of pi_SFT
   at the top effort (as the teachers see the prompt), once, before the first budgeted
-  effort (mopd_jax/budgets.py)."""
-  from mopd_jax import budgets, distributed  # pylint: disable=g-import-not-at-top
+  effort (mopd_jax/tasks/budgets.py)."""
+  from mopd_jax.tasks import budgets  # pylint: disable=g-import-not-at-top
+  from mopd_jax.runtime import distributed
   params, k = None, inp.budget.samples
   for i, d in enumerate(inp.grid.domains):
     path = inp.budgets_path(d)

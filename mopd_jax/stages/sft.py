@@ -12,9 +12,13 @@ from typing import Any, Callable
 
 from jax.sharding import Mesh
 
-from mopd_jax import checkpoint, config as config_mod, models, rollout, sft, storage, train, views
-from mopd_jax import grid as grid_mod
+from mopd_jax import models
+from mopd_jax.config import schema as config_mod
+from mopd_jax.io import checkpoint, storage
+from mopd_jax.rollout import turns as rollout
 from mopd_jax.stages import loops
+from mopd_jax.tasks import grid as grid_mod, views
+from mopd_jax.training import sft, step as train
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,9 @@ from typing import Any, Callable
 
 import jax
 
-from mopd_jax import config as config_mod, models, sampling
+from mopd_jax import models
+from mopd_jax.config import schema as config_mod
+from mopd_jax.rollout import sampling
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,10 +6,12 @@ and never sees the run.
 """
 from __future__ import annotations
 
-from mopd_jax import checkpoint, loss_kinds, models, placement, teachers
-from mopd_jax import mopd as mopd_lib
+from mopd_jax import models
+from mopd_jax.io import checkpoint
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
+from mopd_jax.teachers import bank as teachers, placement
+from mopd_jax.training import mopd as mopd_lib, registry as loss_kinds
 
 
 def smoke_inputs(ctx: Run) -> smoke.Inputs:

@@ -21,8 +21,8 @@ import math
 import re
 from typing import Any, Callable, Iterable, Sequence
 
-from mopd_jax import choices
-from mopd_jax.tokenizer import CharTokenizer
+from mopd_jax.config import choices
+from mopd_jax.io.tokenizer import CharTokenizer
 
 TOY_DOMAINS = ("gen", "agt", "cod")  # the toy's registered tasks (configs/toy.py runs these)
 STYLES = ("full", "brief", "direct")  # reasoning styles of the reference solutions, longest first
@@ -239,6 +239,15 @@ class Task:
   name: str = ""
   environment = None
   tool_markers: tuple = ()
+
+  @classmethod
+  def run_options(cls, config, tokenizer) -> dict:
+    """The keyword arguments this task's constructor takes from the run (its RunConfig and
+    tokenizer) when the run context builds it (`Run.task`): none by default; a task that
+    runs code takes the `sandbox` block, one that reads tool observations the tokenizer's
+    markers."""
+    del config, tokenizer
+    return {}
 
   def __init__(self):
     self.num_verify_calls = 0

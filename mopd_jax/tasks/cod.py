@@ -45,8 +45,7 @@ import itertools
 import json
 import re
 
-from mopd_jax.tasks import base
-from mopd_jax.tasks import sandbox
+from mopd_jax.tasks import base, sandbox
 
 MAX_EXPR_CHARS = 200
 _NUM = r"(-?(?:0|[1-9]\d{0,5}))"
@@ -90,16 +89,21 @@ class CodShape:
 @base.register("cod")
 class CodTask(base.Task):
 
-  uses_sandbox = True  # Run.task passes the config's `sandbox` block
   # Probability of a 0 among the literals' digits after the first (base.ZERO_PROB: why);
   # None = uniform.
   zero_prob = base.ZERO_PROB
+
+  @classmethod
+  def run_options(cls, config, tokenizer) -> dict:
+    """The run's `sandbox` block (timeout, memory, backend, workers)."""
+    del tokenizer
+    return config.sandbox.task_options()
 
   def __init__(self, *, shape: CodShape = CodShape(), timeout_s: float = 2.0,
                memory_mb: int = 256, cache_size: int = 4096, backend: str | None = None,
                workers: int = 2):
     """`shape`: the generated problems (`CodShape`); `timeout_s`, `memory_mb`, `backend`,
-    `workers`: the sandbox's (`uses_sandbox`); `cache_size`: the most (program, tests)
+    `workers`: the sandbox's (`run_options`); `cache_size`: the most (program, tests)
     results kept."""
     super().__init__()
     num_hidden, slope_digits, intercept_digits = (shape.num_hidden, shape.slope_digits,

@@ -49,9 +49,7 @@ from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
 
-from mopd_jax import budgets
-from mopd_jax.tasks import base, get_task
-from mopd_jax.tasks import records as recs_mod
+from mopd_jax.tasks import base, budgets, get_task, records as recs_mod
 
 SPLITS = ("train", "validation", "test")
 # (train, validation, test) examples per domain in the default configs.
@@ -172,8 +170,8 @@ class MopdTasks(tfds.core.GeneratorBasedBuilder):
 def record_splits(domain: str, settings: dict, seed: int) -> tuple:
   """({split: [Example]}, counts) of a record domain (`records_settings`); DataError names
   the file and line of a bad record."""
-  from mopd_jax.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
-  from mopd_jax.tokenizer_options import TokenizerOptions  # pylint: disable=g-import-not-at-top
+  from mopd_jax.io.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  from mopd_jax.config.tokenizer_options import TokenizerOptions  # pylint: disable=g-import-not-at-top
   s = settings
   options = (TokenizerOptions.from_json(s["tokenizer_options"]) if s["tokenizer"] else
              TokenizerOptions())
@@ -383,13 +381,13 @@ class GrainIterator:
     return self
 
   def __next__(self) -> list:
-    from mopd_jax import distributed  # pylint: disable=g-import-not-at-top
+    from mopd_jax.runtime import distributed  # pylint: disable=g-import-not-at-top
     local = [next(self._it) for _ in range(self._local)]
     return [base.Example.from_json(t) for t in distributed.allgather_texts(local)]
 
   def state(self) -> dict:
     """JSON-serialisable: every process's grain state, in process order."""
-    from mopd_jax import distributed  # pylint: disable=g-import-not-at-top
+    from mopd_jax.runtime import distributed  # pylint: disable=g-import-not-at-top
     mine = self._it.get_state()
     mine = mine.decode() if isinstance(mine, bytes) else json.dumps(mine)
     return dict(grain=distributed.allgather_texts([mine]), seed=self.seed,

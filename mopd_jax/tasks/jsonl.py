@@ -30,7 +30,7 @@ import math
 import os
 import re
 
-from mopd_jax import storage
+from mopd_jax.io import storage
 from mopd_jax.tasks import base
 
 _ANSWER_RE = re.compile(r"answer\s*:", re.IGNORECASE)

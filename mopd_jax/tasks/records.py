@@ -28,7 +28,7 @@ import hashlib
 import os
 from typing import Optional
 
-from mopd_jax import storage
+from mopd_jax.io import storage
 from mopd_jax.tasks import base, jsonl, tools, verifiers
 
 FORMATS = (".jsonl", ".parquet")
@@ -181,7 +181,7 @@ def examples(recs: list, domain: str, verifier: str, *, budget_source: str, tok,
   b0 by `budget_source`: "field" reads the record's positive-int `budget`; "reference" is
   the toy's rule on the reference response's tokens (`base.compute_b0` with `tok`); with
   "samples" every b0 is 1 here, a placeholder the rl stage replaces by the measured one
-  (mopd_jax/budgets.py) before anything reads a budget. A record whose b0 cannot be set is
+  (mopd_jax/tasks/budgets.py) before anything reads a budget. A record whose b0 cannot be set is
   dropped and counted. `prompt_tokens(text)`: the prompt's length
   in tokens as the student sees it; over `max_prompt_tokens` (> 0) a record is skipped and
   counted, or raises (`on_too_long="error"`); nothing is truncated."""
@@ -232,10 +232,18 @@ class RecordsTask(base.Task):
   (`meta["verifier"]`, mopd_jax.tasks.verifiers) on `meta["record"]`. Code verifiers run
   in the configured sandbox; a batch is verified on `workers` threads. The environment runs
   the tool calls of records that define `tools` (mopd_jax/tasks/tools.py)."""
-  uses_sandbox = True  # Run.task passes the config's `sandbox` block
-  uses_observation_markers = True  # and the tokenizer's observation markers, if it has them
+
+  @classmethod
+  def run_options(cls, config, tokenizer) -> dict:
+    """The run's `sandbox` block, and the tokenizer's observation markers if it has them."""
+    options = config.sandbox.task_options()
+    if tokenizer.obs_id is not None:
+      options["observation_markers"] = (tokenizer.decode([tokenizer.obs_id]),
+                                        tokenizer.decode([tokenizer.obs_end_id]))
+    return options
+
   # The domain's tool markers depend on its verifier (verifiers.tool_markers), not on the
-  # class: mopd_jax/config.py asks the verifier.
+  # class: mopd_jax/configure.py asks the verifier.
 
   def __init__(self, backend: Optional[str] = None, workers: int = 2,
                timeout_s: float = 5.0, *, memory_mb: int = 256,
