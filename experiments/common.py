@@ -15,4 +15,4 @@ def run_and_params(argv, *, config, workdir: str, params: str):
   from mopd_jax.io import checkpoint  # pylint: disable=g-import-not-at-top
   from mopd_jax.stages.context import Run  # pylint: disable=g-import-not-at-top
   ctx = Run(configure.build(config, jax.device_count()), workdir)
-  return ctx, checkpoint.load_params(ctx.path(*params.split("/")), ctx.params_like())
+  return ctx, checkpoint.load_params(ctx.path(*params.split("/")), ctx.policies.like())

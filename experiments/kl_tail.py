@@ -43,7 +43,7 @@ def ranked(inp, ctx, params, *, prompts: int) -> dict:
   setup = mopd.StepSetup(inp.bank, inp.engine, inp.tasks, grid.cells, grid.taus, view=inp.view)
   examples = {}
   for d in grid.domains:
-    test = ctx.split(d, "test")
+    test = ctx.data.split(d, "test")
     examples[d] = [test[i] for i in range(min(prompts, len(test)))]
   rows, kl_sum, tok_sum = [], 0.0, 0
   rng = jax.random.PRNGKey(agreement.HELDOUT_KEY)

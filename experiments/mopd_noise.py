@@ -58,7 +58,7 @@ def measure(inp, params, *, batches: int) -> dict:
   c, grid = inp.cfg, inp.grid
   setup = mopd.StepSetup(inp.bank, inp.engine, inp.tasks, grid.cells, grid.taus, view=inp.view)
   shared = c.prompts_across_efforts == "shared"
-  iters = {d: inp.iterator(d, c.prompts_per_cell * (1 if shared else len(grid.efforts)),
+  iters = {d: inp.data.iterator(d, c.prompts_per_cell * (1 if shared else len(grid.efforts)),
                            salt=900 + i) for i, d in enumerate(grid.domains)}
   eq15 = train.LossConfig(kind="mopd", r_max=c.r_max)
   eq15_grad = jax.jit(lambda p, b: train.loss_and_grads(inp.model_cfg, eq15, p, batch=b)[1])

@@ -41,12 +41,14 @@ def measure(ctx, params, *, effort, samples: int, temperature: float) -> dict:
   """{domain: {style: {"n", "accuracy", "mean_length"}}} of `samples` responses per domain
   sampled from `params` on the validation split (`ctx`: a stages.context.Run)."""
   import jax  # pylint: disable=g-import-not-at-top
-  engine = ctx.make_engine(ctx.model_cfg, temperature)
+  from mopd_jax.tasks import base as task_base  # pylint: disable=g-import-not-at-top
+  engine = ctx.engines.make(ctx.model_cfg, temperature)
   out = {}
   for domain in ctx.grid.domains:
-    task, val = ctx.task(domain), ctx.split(domain, "validation")
+    task, val = ctx.task(domain), ctx.data.split(domain, "validation")
     exs = [val[i % len(val)] for i in range(samples)]
-    budgets = ctx.budgets(exs, ctx.grid.effort_names[-1])  # the largest: no style is cut
+    # The largest effort's budgets: no style is cut.
+    budgets = task_base.effort_budgets(exs, ctx.grid.effort_names[-1], ctx.taus)
     stats = {}
     for lo in range(0, samples, BATCH):
       batch = exs[lo:lo + BATCH]

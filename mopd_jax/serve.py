@@ -31,11 +31,11 @@ def bank_from_config(config, *, teachers_path: str = "", hf_path: str = "",
   workdir = str(storage.path(teachers_path).parent) if teachers_path else os.getcwd()
   ctx = Run(configure.build(config, jax.device_count()), workdir)
   if teachers_path:
-    return ctx.load_bank(teachers_path), ctx.tok
+    return ctx.teachers.load_bank(teachers_path), ctx.tok
   if cell.count("/") != 1:
     raise ValueError(f"--cell must name the checkpoint's cell as 'domain/effort', got "
                      f"{cell!r}")
-  cfg = ctx.resolve_teacher_hf(hf_path)
+  cfg = ctx.teachers.resolve_hf(hf_path)
   teachers.check_compatible(ctx.model_cfg, cfg)
   _, params = hf.load_checkpoint(hf_path, vocab_size=cfg.vocab_size)
   return teachers.build_bank(cfg, [params], names=[cell]), ctx.tok

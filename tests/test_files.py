@@ -120,18 +120,18 @@ def test_measured_budgets_replace_the_placeholders(tmp_path, chat_ckpt):
   c.mesh.data = 8  # the suite's 8 simulated devices
   ctx = context.Run(configure.build(c, jax.device_count()), str(tmp_path / "wd"))
   wiring.STAGES["data"](ctx)
-  train = ctx.split("math", "train")
+  train = ctx.data.split("math", "train")
   assert {train[i].b0 for i in range(len(train))} == {1}  # placeholders
   uids = [train[i].uid for i in range(len(train))]
   measured = {u: (None if i % 3 == 0 else 10 + i) for i, u in enumerate(uids)}
-  checkpoint.write_json(ctx.budgets_path("math"),
+  checkpoint.write_json(ctx.data.budgets_path("math"),
                         {"b0": measured, "k": 2, "counts": {"measured": 1}})
-  got = ctx.split("math", "train")
+  got = ctx.data.split("math", "train")
   assert len(got) == sum(v is not None for v in measured.values())
   assert all(got[i].b0 == measured[got[i].uid] for i in range(len(got)))
-  batch = next(ctx.iterator("math", 4, salt=0))
+  batch = next(ctx.data.iterator("math", 4, salt=0))
   assert len(batch) == 4 and all(measured[e.uid] == e.b0 for e in batch)
-  assert ctx.split("code", "train")[0].b0 == 1  # not measured yet
+  assert ctx.data.split("code", "train")[0].b0 == 1  # not measured yet
 
 
 def test_data_stage_reads_a_spec_on_object_storage(tmp_path, chat_ckpt, gcs):
@@ -153,7 +153,7 @@ def test_data_stage_reads_a_spec_on_object_storage(tmp_path, chat_ckpt, gcs):
                                                             "code.parquet")
     wiring.STAGES["data"](ctx)
     done[where] = json.load(open(tmp_path / where / "data" / "DONE.json"))["records"]
-    train = ctx.split("math", "train")
+    train = ctx.data.split("math", "train")
     assert train[0].meta["source"].startswith("math_train.jsonl:")
   assert done["gs"] == done["local"] and set(done["gs"]) == {"math", "code", "tool"}
   assert done["gs"]["math"]["validation"]["kept"] == 4
@@ -179,5 +179,5 @@ def test_a_spec_without_a_tool_domain_asks_for_no_tool_token(tmp_path, chat_ckpt
   assert (tok.call_id, tok.call_end_id, tok.obs_id, tok.obs_end_id) == (None,) * 4
   raw = pytest.importorskip("tokenizers").Tokenizer.from_file(c.model.tokenizer_path)
   assert tok.vocab_size == raw.get_vocab_size(with_added_tokens=True)  # Gemma's: nothing added
-  assert ctx.engine.scfg.stop_tokens == (tok.eos_id,)
+  assert ctx.engines.student.scfg.stop_tokens == (tok.eos_id,)
   assert tok.decode([tok.eos_id]) == "<end_of_turn>"

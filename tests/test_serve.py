@@ -350,3 +350,37 @@ def test_a_server_restarted_between_steps_is_waited_for():
     scorer.close()
     second.stop()
   np.testing.assert_array_equal(after[mask], before[mask])
+
+
+def test_every_teacher_source_answers_the_same_interface(server):
+  """The in-process bank (`placement.TeacherScorer`) and the servers' client
+  (`EndpointScorer`) describe themselves alike (`info()`: vocabulary, tokenizer, longest
+  sequence, log-prob cap, kind) and score one probe set to the same log-probs."""
+  from mopd_jax.runtime import sharding
+  from mopd_jax.teachers import placement, source
+  mesh = sharding.make_mesh({"data": jax.device_count()})  # the suite's simulated devices
+  local = placement.TeacherScorer(server.bank, mesh, mesh,
+                                  tokenizer_hash=tokenizer.fingerprint(TOK))
+  remote = teacher_client.EndpointScorer(NAMES, {n: server.url for n in NAMES})
+  try:
+    with pytest.raises(RuntimeError, match="call check"):
+      remote.info()
+    remote.check(vocab_size=CFG.vocab_size, tokenizer_hash=tokenizer.fingerprint(TOK))
+    a, b = local.info(), remote.info()
+    assert (a.kind, b.kind) == ("colocated", "endpoint") and a.cells == b.cells == NAMES
+    assert a.vocab_size == b.vocab_size == CFG.vocab_size
+    assert a.tokenizer_hash == b.tokenizer_hash == tokenizer.fingerprint(TOK)
+    assert a.max_sequence == b.max_sequence == CFG.max_seq_len
+    assert b.max_logprobs == server.max_logprobs and a.max_logprobs == CFG.vocab_size
+    probe = source.Probe.of({"gen/low": [TOK.encode("1+2 mod 3"), TOK.encode("#0")],
+                             "agt/max": [TOK.encode("boss(x)")]})
+    got_a, got_b = local.score_probe(probe), remote.score_probe(probe)
+    assert set(got_a) == set(got_b) == {"gen/low", "agt/max"}
+    for cell in got_a:
+      for row, x, y in zip(probe.rows[cell], got_a[cell], got_b[cell]):
+        assert x.shape == y.shape == (len(row),) and x[0] == y[0] == 0.0
+        np.testing.assert_allclose(x, y, atol=2e-5)
+    with pytest.raises(ValueError, match="does not score"):
+      local.score_probe(source.Probe.of({"cod/max": [[1, 2, 3]]}))
+  finally:
+    remote.close()

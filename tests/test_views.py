@@ -105,10 +105,10 @@ def test_the_run_builds_the_view_its_config_sets(flag, tmp_path):
   assert ctx.view == views.PromptView(teacher_sees_effort=flag)
   # The run builds one rollout engine per (model config, temperature): its compiled sampler
   # serves every teacher, phase and eval cell.
-  assert ctx.engine is ctx.make_engine(ctx.model_cfg, c.rl.temperature)
-  assert ctx.eval_engine is ctx.make_engine(ctx.model_cfg, c.eval.temperature)
-  assert ctx.make_engine(ctx.model_cfg, 0.5) is not ctx.make_engine(ctx.model_cfg, 0.25)
-  assert ctx.make_engine(ctx.model_cfg, 0.5).scfg.temperature == 0.5
+  assert ctx.engines.student is ctx.engines.make(ctx.model_cfg, c.rl.temperature)
+  assert ctx.engines.eval is ctx.engines.make(ctx.model_cfg, c.eval.temperature)
+  assert ctx.engines.make(ctx.model_cfg, 0.5) is not ctx.engines.make(ctx.model_cfg, 0.25)
+  assert ctx.engines.make(ctx.model_cfg, 0.5).scfg.temperature == 0.5
 
 
 # (stage module, call, the index of its positional effort argument or the name of its effort

@@ -6,26 +6,26 @@ The stage takes its `Inputs` (built by `stages/wiring.py`)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+
 
 from mopd_jax.config import schema as config_mod
 from mopd_jax.runtime import distributed
-from mopd_jax.stages import loops
+from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import grid as grid_mod
 
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
   """What the data stage reads: its config block, the run's seed, grid and record domains,
-  where the datasets go (`data_dir`), `records_settings(domain)` (a record domain's TFDS
-  settings, "" for a generated one), whether SFT will train on the references
+  where the datasets go (`data_dir`), the run's datasets (`data.records_settings(domain)`: a
+  record domain's TFDS settings, "" for a generated one), whether SFT will train on the references
   (`check_references`), and the run's files."""
   cfg: config_mod.DataConfig
   seed: int
   grid: grid_mod.Grid
   record_domains: tuple
   data_dir: str
-  records_settings: Callable[[str], str]
+  data: sources.DataSource
   check_references: bool
   files: loops.Workdir
 
@@ -36,7 +36,7 @@ def run(inp: Inputs) -> None:
   if distributed.is_main():  # one writer; the others read the files after the stage's sync
     for d in inp.grid.domains:
       builder = datasets.prepare(d, inp.data_dir, seed=inp.seed, sizes=tuple(inp.cfg.sizes),
-                                 task=inp.grid.task_of(d), records=inp.records_settings(d))
+                                 task=inp.grid.task_of(d), records=inp.data.records_settings(d))
       if d in inp.record_domains:
         counts[d] = datasets.record_counts(builder)
         print(f"[data] {d}: {_describe(counts[d])}")

@@ -19,17 +19,17 @@ from mopd_jax import models
 from mopd_jax.config import schema as config_mod
 from mopd_jax.evaluation import agreement
 from mopd_jax.io import checkpoint, storage
-from mopd_jax.stages import loops
+from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import base as task_base, grid as grid_mod, views
 from mopd_jax.training import mopd, sft
 
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
-  """What the eval stage reads and works with. `test(domain)`: the domain's test split;
-  `engine(model_cfg, temperature)`: the rollout engine of a model at a temperature;
-  `load_params(path)`: a policy of the student's shape; `load_teacher(entry)`: a teacher of
-  the manifest; `scorer`: the teachers' scorer of stratified batches, cells in the order of
+  """What the eval stage reads and works with. `data.split(domain, "test")`: the domain's
+  test split; `engines.make(model_cfg, temperature)`: the rollout engine of a model at a
+  temperature; `policies.load(path)`: a policy of the student's shape;
+  `teachers.load_one(entry)`: a teacher of the manifest; `scorer`: the teachers' scorer of stratified batches, cells in the order of
   `teacher_cells` (None unless `eval.teacher_logratio`)."""
   cfg: config_mod.EvalConfig
   grid: grid_mod.Grid
@@ -37,10 +37,10 @@ class Inputs:
   model_cfg: models.ModelConfig
   teacher_cfg: models.ModelConfig
   tasks: Mapping[str, task_base.Task]
-  test: Callable[[str], Any]
-  engine: Callable[[models.ModelConfig, float], Any]
-  load_params: Callable[[str], Any]
-  load_teacher: Callable[[dict], Any]
+  data: sources.DataSource
+  engines: sources.Engines
+  policies: sources.Policies
+  teachers: sources.TeacherSource
   files: loops.Workdir
   loops: loops.Loops
   scorer: Optional[Callable] = None
@@ -53,9 +53,9 @@ class Inputs:
 
 def run(inp: Inputs) -> None:
   files = inp.files
-  policies = {"sft": inp.load_params(files.path("sft", "params"))}
+  policies = {"sft": inp.policies.load(files.path("sft", "params"))}
   if storage.exists(files.path("mopd", "params")):
-    policies["student"] = inp.load_params(files.path("mopd", "params"))
+    policies["student"] = inp.policies.load(files.path("mopd", "params"))
   manifest = checkpoint.read_json(files.path("teachers.json"), default={"teachers": {}})
   cells = []
   ec = inp.cfg
@@ -63,25 +63,25 @@ def run(inp: Inputs) -> None:
   bar = loops.Progress("eval", len(inp.grid.cells))  # one step = one (domain, effort) cell
   for domain in inp.grid.domains:
     task = inp.tasks[domain]
-    test = inp.test(domain)
+    test = inp.data.split(domain, "test")
     exs = [test[i] for i in range(min(n, len(test)))]
     for effort in inp.grid.effort_names:
       budgets = task_base.effort_budgets(exs, effort, inp.grid.taus)
       runs = [(p, inp.model_cfg, policies[p]) for p in ("sft", "student") if p in policies]
       t = manifest["teachers"].get(f"{domain}/{effort}")
       if t is not None:
-        runs.append(("teacher", inp.teacher_cfg, inp.load_teacher(t)))
+        runs.append(("teacher", inp.teacher_cfg, inp.teachers.load_one(t)))
       for policy, model_cfg, params in runs:
         # pi_SFT and the student see the effort; a teacher sees its prompts as it was trained.
         shown = inp.view.of(policy, effort)
         logratio = _LogRatio(inp, domain, effort) if policy != "teacher" else None
-        m = sft.evaluate(inp.engine(model_cfg, ec.temperature), params, task,
+        m = sft.evaluate(inp.engines.make(model_cfg, ec.temperature), params, task,
                          examples=exs, effort=shown, budgets=budgets,
                          rng=jax.random.PRNGKey(11),
                          on_rollouts=logratio and logratio.scorer_of(model_cfg, params))
         m.update(logratio.metrics() if logratio else {})
         if ec.samples:
-          engine = inp.engine(model_cfg, ec.sample_temperature)
+          engine = inp.engines.make(model_cfg, ec.sample_temperature)
           m["sample_accuracy"] = sum(
               sft.evaluate(engine, params, task, examples=exs, effort=shown,
                            budgets=budgets, rng=jax.random.PRNGKey(1000 + k))["accuracy"]
@@ -98,7 +98,7 @@ def run(inp: Inputs) -> None:
   if inp.kl_setup is not None and ec.kl_rollouts:
     init = files.path("mopd", loops.INIT_PARAMS)
     if "student" in policies and storage.exists(init):  # the teacher-SFT init's student
-      policies = {"sft": policies["sft"], "init": inp.load_params(init),
+      policies = {"sft": policies["sft"], "init": inp.policies.load(init),
                   "student": policies["student"]}
     out["kl_heldout"] = heldout_kl(inp, policies)
   checkpoint.write_json(files.path("eval.json"), out)
@@ -114,7 +114,7 @@ def heldout_kl(inp: Inputs, policies: dict) -> dict:
   n = inp.cfg.kl_rollouts
   examples = {}
   for d in inp.grid.domains:
-    test = inp.test(d)
+    test = inp.data.split(d, "test")
     examples[d] = [test[i] for i in range(min(n, len(test)))]
   out = {}
   for policy, params in policies.items():
@@ -141,7 +141,7 @@ class _LogRatio:
     """`sft.evaluate`'s `on_rollouts` for the policy (model_cfg, params), or None."""
     if self.scoring is None:
       return None
-    tok = self.inp.engine(model_cfg, self.inp.cfg.temperature).tok
+    tok = self.inp.engines.make(model_cfg, self.inp.cfg.temperature).tok
     return lambda examples, res: self.rows.extend(agreement.row_logratios(
         model_cfg, params, tok, trajs=res.trajectories, examples=examples, scoring=self.scoring))
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Mapping, Union
 
 import jax
 import numpy as np
@@ -32,7 +32,7 @@ from mopd_jax import models
 from mopd_jax.config import schema as config_mod
 from mopd_jax.io import checkpoint, tokenizer
 from mopd_jax.rollout import partial, turns as rollout
-from mopd_jax.stages import loops
+from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import base as task_base, grid as grid_mod, views
 from mopd_jax.teachers import async_scoring, bank as teachers, client as teacher_client, placement
 from mopd_jax.training import diagnostics, mopd, step as train, vocab_kl
@@ -58,8 +58,8 @@ class Inputs:
   scores and what the exact KL measures against; `scorer`: in-process
   (`placement.TeacherScorer`) or the servers' client (`teacher_client.EndpointScorer`);
   `engine`: the student's sampler, `teacher_engine` the teachers' (the teacher-SFT init);
-  `iterator(domain, batch_size, salt)`: a domain's training batches; `load_start()`:
-  pi_SFT's params."""
+  `data.iterator(domain, batch_size, salt)`: a domain's training batches; `policies`: the
+  student's params (pi_SFT's loaded from the workdir)."""
   cfg: config_mod.MopdConfig
   sft: config_mod.SftConfig  # the teacher-SFT init's batch size
   seed: int
@@ -75,8 +75,8 @@ class Inputs:
   scoring: teachers.TeacherBank
   scorer: Union[placement.TeacherScorer, teacher_client.EndpointScorer]
   colocated: bool  # teachers on the student's devices: the exact KL can run
-  iterator: Callable[..., Any]
-  load_start: Callable[[], Any]
+  data: sources.DataSource
+  policies: sources.Policies
   files: loops.Workdir
   loops: loops.Loops
 
@@ -168,7 +168,7 @@ class Distillation:
     self.shared = c.prompts_across_efforts == "shared"
     self.mix = tuple(c.effort_mix)
     self.n_eff = len(grid.efforts)
-    self.iters = {d: inp.iterator(d, c.prompts_per_cell * (1 if self.shared else self.n_eff),
+    self.iters = {d: inp.data.iterator(d, c.prompts_per_cell * (1 if self.shared else self.n_eff),
                                   salt=200 + i) for i, d in enumerate(grid.domains)}
     self.streams = loops.Streams(self.iters)
     # Iterator positions before each step's prompts were drawn: with staleness 1 the next
@@ -202,7 +202,7 @@ class Distillation:
     """The state a fresh run starts from: pi_SFT, after the teacher-SFT initialisation when
     `mopd.init` asks for it."""
     inp = self.inp
-    student = inp.load_start()
+    student = inp.policies.load(inp.files.path("sft", "params"))
     if inp.cfg.init == "teacher_sft":
       t = time.time()
       self.measure_start(student)
@@ -356,7 +356,7 @@ def teacher_pool(inp: Inputs) -> list:
   for k, name in enumerate(inp.bank.router.names):
     d, e = name.split("/")
     tparams = jax.tree.map(lambda x, k=k: x[k], inp.bank.params)
-    exs = next(inp.iterator(d, inp.cfg.init_samples_per_cell, salt=300 + k))
+    exs = next(inp.data.iterator(d, inp.cfg.init_samples_per_cell, salt=300 + k))
     res = inp.teacher_engine.run(
         tparams, exs, [inp.view.teacher(e)] * len(exs), budgets=inp.budgets(exs, e),
         rng=jax.random.PRNGKey(inp.seed + 400 + k), environment=inp.tasks[d].environment)

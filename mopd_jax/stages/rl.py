@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import jax
 from jax.sharding import Mesh
@@ -21,7 +21,7 @@ from mopd_jax import models
 from mopd_jax.config import schema as config_mod
 from mopd_jax.io import checkpoint, storage
 from mopd_jax.rollout import partial
-from mopd_jax.stages import lanes as lanes_mod, loops
+from mopd_jax.stages import lanes as lanes_mod, loops, sources
 from mopd_jax.tasks import base as task_base, grid as grid_mod, views
 from mopd_jax.teachers import bank as teachers
 from mopd_jax.training import rl, sft, step as train
@@ -34,10 +34,10 @@ class Inputs:
   """What the rl stage reads and works with. `config_json`: the run's resolved config, for
   the lane processes; `teacher_hf_paths`: cells brought as checkpoints ({} = train them);
   `engine` / `eval_engine`: the student's samplers at `rl.temperature` and
-  `eval.temperature`; `iterator(domain, batch_size, salt, seed=)`: a domain's training
-  batches; `split(domain, split, measured_b0=)`: a split's examples; `budgets_path(domain)`:
-  where a record domain's measured b0s go (None: not measured); `params_like()`: the
-  restore target of a policy."""
+  `eval.temperature`; `data`: the run's datasets (`iterator(domain, batch_size, salt,
+  seed=)`: a domain's training batches; `split(domain, split, measured_b0=)`: a split's
+  examples; `budgets_path(domain)`: where a record domain's measured b0s go, None: not
+  measured); `policies.like()`: the restore target of a policy."""
   cfg: config_mod.RlConfig
   budget: config_mod.BudgetConfig
   seed: int
@@ -53,10 +53,8 @@ class Inputs:
   tasks: Mapping[str, task_base.Task]
   engine: Any
   eval_engine: Any
-  iterator: Callable[..., Any]
-  split: Callable[..., Any]
-  budgets_path: Callable[[str], Optional[str]]
-  params_like: Callable[[], Any]
+  data: sources.DataSource
+  policies: sources.Policies
   files: loops.Workdir
   loops: loops.Loops
 
@@ -110,11 +108,11 @@ def measure_budgets(inp: Inputs) -> None:
   from mopd_jax.runtime import distributed
   params, k = None, inp.budget.samples
   for i, d in enumerate(inp.grid.domains):
-    path = inp.budgets_path(d)
+    path = inp.data.budgets_path(d)
     if path is None or storage.exists(path):
       continue
     if params is None:
-      params = checkpoint.load_params(inp.files.path("sft", "params"), inp.params_like())
+      params = checkpoint.load_params(inp.files.path("sft", "params"), inp.policies.like())
     task, b0, solved = inp.tasks[d], {}, {}
     for split in ("train", "validation", "test"):
       exs = exs_of(inp, d, split)
@@ -136,7 +134,7 @@ def measure_budgets(inp: Inputs) -> None:
 
 
 def exs_of(inp: Inputs, domain: str, split: str) -> list:
-  src = inp.split(domain, split, measured_b0=False)
+  src = inp.data.split(domain, split, measured_b0=False)
   return [src[j] for j in range(len(src))]
 
 
@@ -244,15 +242,15 @@ def train_lane(inp: Inputs, lane: Lane, done: dict, *, trainers: Optional[dict] 
   c = inp.cfg
   order = inp.grid.anneal_order
   trainers = {} if trainers is None else trainers
-  like = inp.params_like()
+  like = inp.policies.like()
   domain, tag, seed = lane.domain, lane.tag, lane.seed
   di = inp.grid.domains.index(domain)
   task = inp.tasks[domain]
   storage.makedirs(lane.directory)
   parent = lane.parent
   params = root = checkpoint.load_params(parent, like)
-  it = inp.iterator(domain, c.prompts_per_step, salt=100 + di, seed=seed)
-  validation = inp.split(domain, "validation")
+  it = inp.data.iterator(domain, c.prompts_per_step, salt=100 + di, seed=seed)
+  validation = inp.data.split(domain, "validation")
   val = [validation[i] for i in range(min(c.validation_examples, len(validation)))]
   for effort in lane.efforts:
     name = f"{domain}/{effort}"

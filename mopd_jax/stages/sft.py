@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable
+from typing import Any
 
 from jax.sharding import Mesh
 
@@ -16,7 +16,7 @@ from mopd_jax import models
 from mopd_jax.config import schema as config_mod
 from mopd_jax.io import checkpoint, storage
 from mopd_jax.rollout import turns as rollout
-from mopd_jax.stages import loops
+from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import grid as grid_mod, views
 from mopd_jax.training import sft, step as train
 
@@ -24,8 +24,8 @@ from mopd_jax.training import sft, step as train
 @dataclasses.dataclass(frozen=True)
 class Inputs:
   """What the sft stage reads and works with. `outside`: (cell, seed) of the
-  outside-teacher ablation ("" = none); `iterator(domain, batch_size, salt, seed=)`: a
-  domain's training batches in `seed`'s order; `initial_params(seed)`: the policy SFT
+  outside-teacher ablation ("" = none); `data.iterator(domain, batch_size, salt, seed=)`: a
+  domain's training batches in `seed`'s order; `policies.initial(seed)`: the policy SFT
   starts from; `source`: where it comes from (`model.hf_path`, or "" for a fresh init)."""
   cfg: config_mod.SftConfig
   seed: int
@@ -36,8 +36,8 @@ class Inputs:
   tok: Any
   model_cfg: models.ModelConfig
   mesh: Mesh
-  iterator: Callable[..., Any]
-  initial_params: Callable[..., Any]
+  data: sources.DataSource
+  policies: sources.Policies
   source: str
   files: loops.Workdir
   loops: loops.Loops
@@ -46,7 +46,7 @@ class Inputs:
 def run(inp: Inputs) -> None:
   t0 = time.time()
   if inp.cfg.steps == 0:
-    checkpoint.save_params(inp.files.path("sft", "params"), inp.initial_params())
+    checkpoint.save_params(inp.files.path("sft", "params"), inp.policies.initial())
     inp.files.mark_done("sft", {"steps": 0, "final_loss": None, "seconds": time.time() - t0,
                                 "loss_curve": [], "source": inp.source or "init"})
     return
@@ -71,13 +71,13 @@ def train_sft(inp: Inputs, seed: int, name: str, *, directory: str):
                           train.OptimConfig(lr=c.lr, warmup_steps=c.warmup_steps,
                                             total_steps=c.steps, weight_decay=c.weight_decay,
                                             microbatches=c.microbatches), mesh=inp.mesh)
-  iters = {d: inp.iterator(d, c.batch_size, salt=i, seed=seed)
+  iters = {d: inp.data.iterator(d, c.batch_size, salt=i, seed=seed)
            for i, d in enumerate(inp.grid.domains)}
   schedule = c.schedule
   log = inp.loops.logger(name.replace(" ", "_"))
   streams = loops.Streams(iters)
   with inp.loops.training(name, storage.join(directory, "ckpt"), trainer, total_steps=c.steps,
-                          init=lambda: trainer.init(inp.initial_params(seed)),
+                          init=lambda: trainer.init(inp.policies.initial(seed)),
                           data_state=streams.state,
                           restore_data=streams.restore) as (loop, state, bar):
     log_step = functools.partial(_log_step, bar=bar, log=log, every=inp.log_every,

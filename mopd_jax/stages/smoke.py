@@ -3,30 +3,32 @@ The stage takes its `Inputs` (built by `stages/wiring.py`)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import jax
 
 from mopd_jax import models
 from mopd_jax.config import schema as config_mod
 from mopd_jax.rollout import sampling
+from mopd_jax.stages import sources
 
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
   """What the smoke stage reads and works with: its config block, the run's seed, the
-  tokenizer, the model and `initial_params()`, the policy it samples from."""
+  tokenizer, the model and the student's params (`policies.initial()`: the policy it samples
+  from)."""
   cfg: config_mod.SmokeConfig
   seed: int
   tok: Any
   model_cfg: models.ModelConfig
-  initial_params: Callable[[], Any]
+  policies: sources.Policies
 
 
 def run(inp: Inputs) -> list:
   """Samples one completion per `smoke.prompts` entry; returns the texts."""
   c, tok = inp.cfg, inp.tok
-  params = inp.initial_params()
+  params = inp.policies.initial()
   prompts = [[tok.bos_id] + tok.encode(p) for p in c.prompts]
   scfg = sampling.SamplingConfig(max_new_tokens=c.max_new_tokens,
                                  stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)

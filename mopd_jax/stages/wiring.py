@@ -7,7 +7,7 @@ and never sees the run.
 from __future__ import annotations
 
 from mopd_jax import models
-from mopd_jax.io import checkpoint
+from mopd_jax.io import tokenizer
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
 from mopd_jax.teachers import bank as teachers, placement
@@ -17,7 +17,7 @@ from mopd_jax.training import mopd as mopd_lib, registry as loss_kinds
 def smoke_inputs(ctx: Run) -> smoke.Inputs:
   """The smoke stage's inputs: its config block, the tokenizer, the initial policy."""
   return smoke.Inputs(cfg=ctx.config.smoke, seed=ctx.config.seed, tok=ctx.tok,
-                      model_cfg=ctx.model_cfg, initial_params=ctx.initial_params)
+                      model_cfg=ctx.model_cfg, policies=ctx.policies)
 
 
 def data_inputs(ctx: Run) -> data.Inputs:
@@ -25,7 +25,7 @@ def data_inputs(ctx: Run) -> data.Inputs:
   datasets go."""
   c = ctx.config
   return data.Inputs(cfg=c.data, seed=c.seed, grid=ctx.grid, record_domains=tuple(c.records),
-                     data_dir=ctx.data_dir, records_settings=ctx.records_settings,
+                     data_dir=ctx.data_dir, data=ctx.data,
                      check_references=c.sft.steps > 0 and "sft" in c.stages, files=ctx.files)
 
 
@@ -35,8 +35,8 @@ def sft_inputs(ctx: Run) -> sft.Inputs:
   return sft.Inputs(
       cfg=ctx.config.sft, seed=ctx.config.seed, outside=ctx.config.outside,
       log_every=ctx.config.log_every, grid=ctx.grid, view=ctx.view, tok=ctx.tok,
-      model_cfg=ctx.model_cfg, mesh=ctx.mesh, iterator=ctx.iterator,
-      initial_params=ctx.initial_params, source=ctx.config.model.hf_path, files=ctx.files,
+      model_cfg=ctx.model_cfg, mesh=ctx.mesh, data=ctx.data, policies=ctx.policies,
+      source=ctx.config.model.hf_path, files=ctx.files,
       loops=ctx.loops)
 
 
@@ -47,10 +47,9 @@ def rl_inputs(ctx: Run) -> rl.Inputs:
   return rl.Inputs(
       cfg=c.rl, budget=c.budget, seed=c.seed, outside=c.outside, rollout_width=c.rollout.width,
       config_hash=c.hash, config_json=c.to_json(indent=1), grid=ctx.grid, view=ctx.view,
-      model_cfg=ctx.model_cfg, mesh=ctx.mesh, teacher_hf_paths=ctx.teacher_hf_paths,
-      tasks={d: ctx.task(d) for d in ctx.grid.domains}, engine=ctx.engine,
-      eval_engine=ctx.eval_engine, iterator=ctx.iterator, split=ctx.split,
-      budgets_path=ctx.budgets_path, params_like=ctx.params_like, files=ctx.files,
+      model_cfg=ctx.model_cfg, mesh=ctx.mesh, teacher_hf_paths=ctx.teachers.hf_paths,
+      tasks={d: ctx.task(d) for d in ctx.grid.domains}, engine=ctx.engines.student,
+      eval_engine=ctx.engines.eval, data=ctx.data, policies=ctx.policies, files=ctx.files,
       loops=ctx.loops)
 
 
@@ -65,18 +64,17 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
   # With teacher servers this process reads the teachers' params only for what runs here:
   # the teacher-SFT init's rollouts and the exact-KL diagnostic.
   if served and c.init != "teacher_sft" and not (c.exact_kl_every and colocated):
-    bank = teachers.TeacherBank(params={}, model_cfg=ctx.teacher_cfg,
-                                router=teachers.Router(grid.names))  # the router alone
+    bank = ctx.teachers.router_only()
   else:
-    bank = ctx.load_bank()
+    bank = ctx.teachers.load_bank()
   scoring, scorer = teacher_scorer(ctx, bank, top_k=top_k)
   return mopd.Inputs(
       cfg=c, sft=ctx.config.sft, seed=ctx.config.seed, grid=grid, view=ctx.view, tok=ctx.tok,
       model_cfg=ctx.model_cfg, mesh=ctx.mesh, tasks={d: ctx.task(d) for d in grid.domains},
-      engine=ctx.engine, teacher_engine=ctx.make_engine(ctx.teacher_cfg, c.teacher_temperature),
-      bank=bank, scoring=scoring, scorer=scorer, colocated=colocated, iterator=ctx.iterator,
-      load_start=lambda: checkpoint.load_params(ctx.path("sft", "params"), ctx.params_like()),
-      files=ctx.files, loops=ctx.loops)
+      engine=ctx.engines.student,
+      teacher_engine=ctx.engines.make(ctx.teachers.model_cfg, c.teacher_temperature),
+      bank=bank, scoring=scoring, scorer=scorer, colocated=colocated, data=ctx.data,
+      policies=ctx.policies, files=ctx.files, loops=ctx.loops)
 
 
 def scoring_bank(ctx: Run, bank: teachers.TeacherBank) -> teachers.TeacherBank:
@@ -99,13 +97,13 @@ def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> t
         top_k=top_k, student={"vocab_size": ctx.model_cfg.vocab_size, "tokenizer": ctx.tok,
                               "temperature": c.teacher_temperature})
   # Co-located or disaggregated: log-probs come back on the student mesh.
-  return scoring, placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k)
+  return scoring, placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k,
+                                         tokenizer_hash=tokenizer.fingerprint(ctx.tok))
 
 
 def eval_inputs(ctx: Run) -> eval_stage.Inputs:
   """The eval stage's inputs: its config block, the models' configs, the tasks and test
   splits, the engines and the loaders of the policies."""
-  like = ctx.params_like()
   ec = ctx.config.eval
   scorer, cells, bank, kl_setup, kl_scoring = None, (), None, None, None
   # The held-out exact KL reads the teachers' params beside the student's, in this process.
@@ -113,23 +111,22 @@ def eval_inputs(ctx: Run) -> eval_stage.Inputs:
   if ec.kl_rollouts and not kl:
     print("[eval] eval.kl_rollouts: the exact KL needs co-located teachers; not measured")
   if ec.teacher_logratio or kl:
-    bank = (teachers.TeacherBank(params={}, model_cfg=ctx.teacher_cfg,
-                                 router=teachers.Router(ctx.grid.names))
-            if ctx.config.teacher.endpoints and not kl else ctx.load_bank())
+    bank = (ctx.teachers.router_only() if ctx.config.teacher.endpoints and not kl
+            else ctx.teachers.load_bank())
   if ec.teacher_logratio:  # scored as the MOPD stage scores
     scorer = teacher_scorer(ctx, bank)[1]
     cells = tuple(bank.router.names)
   if kl:
     kl_scoring = scoring_bank(ctx, bank)
-    kl_setup = mopd_lib.StepSetup(bank, ctx.engine, {d: ctx.task(d) for d in ctx.grid.domains},
+    kl_setup = mopd_lib.StepSetup(bank, ctx.engines.student,
+                                  {d: ctx.task(d) for d in ctx.grid.domains},
                                   ctx.grid.cells, ctx.grid.taus, view=ctx.view)
   return eval_stage.Inputs(
       scorer=scorer, teacher_cells=cells, kl_setup=kl_setup, kl_scoring=kl_scoring,
       cfg=ctx.config.eval, grid=ctx.grid, view=ctx.view, model_cfg=ctx.model_cfg,
-      teacher_cfg=ctx.teacher_cfg, tasks={d: ctx.task(d) for d in ctx.grid.domains},
-      test=lambda domain: ctx.split(domain, "test"), engine=ctx.make_engine,
-      load_params=lambda path: checkpoint.load_params(path, like),
-      load_teacher=ctx.load_teacher, files=ctx.files, loops=ctx.loops)
+      teacher_cfg=ctx.teachers.model_cfg, tasks={d: ctx.task(d) for d in ctx.grid.domains},
+      data=ctx.data, engines=ctx.engines, policies=ctx.policies, teachers=ctx.teachers,
+      files=ctx.files, loops=ctx.loops)
 
 
 def report_inputs(ctx: Run) -> report.Inputs:

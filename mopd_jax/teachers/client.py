@@ -38,7 +38,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from mopd_jax.config.endpoints import parse_endpoints, RetryPolicy
-from mopd_jax.teachers import wire as proto
+from mopd_jax.teachers import source, wire as proto
 
 
 class TeacherUnavailable(RuntimeError):
@@ -185,6 +185,7 @@ class EndpointScorer:
     self._rng_lock = threading.Lock()
     self._pool = futures.ThreadPoolExecutor(max_workers=workers,
                                             thread_name_prefix="teacher-client")
+    self._checked = None  # {url: metadata} once `check` has run
 
   @property
   def urls(self) -> list:
@@ -219,6 +220,7 @@ class EndpointScorer:
         raise ValueError(f"teacher server {url} holds the cells {meta.get('cells')}, not "
                          f"{lacking} that teacher.endpoints maps to it")
       out[url] = meta
+    self._checked = out
     return out
 
   def _get(self, url: str, path: str, cells, *, body=None):
@@ -304,6 +306,29 @@ class EndpointScorer:
     """`mopd.mopd_step`'s `score_fn`: the bank argument is unused (the servers hold it)."""
     del bank
     return self(tokens_KxbxT, input_mask_KxbxT)
+
+  # --- the teacher-source interface (mopd_jax/teachers/source.py) ---------------------------
+  def info(self) -> source.SourceInfo:
+    """What the servers are, from the metadata `check` read (their smallest limits; a vLLM
+    server's are unknown, 0). RuntimeError before `check`."""
+    if self._checked is None:
+      raise RuntimeError("EndpointScorer.info() reads the servers' metadata: call check() "
+                         "first")
+    metas = list(self._checked.values())
+    known = [m for m in metas if "vocab_size" in m]
+    first = known[0] if known else {}
+    return source.SourceInfo(
+        kind="endpoint", cells=self.names, vocab_size=int(first.get("vocab_size", 0)),
+        tokenizer_hash=str(first.get("tokenizer_hash", "")),
+        max_sequence=min((int(m["max_model_len"]) for m in known), default=0),
+        max_logprobs=min((int(m["max_logprobs"]) for m in known), default=0))
+
+  def score_probe(self, probe: source.Probe) -> dict:
+    """{cell: [each probe row's log-probs]}, a request per row (with the retries of the
+    module docstring)."""
+    source.stratified_probe(probe, self.names)  # names an unknown cell
+    return {cell: [np.asarray(self.score_row(cell, row)[0], np.float32) for row in rows]
+            for cell, rows in probe.rows.items()}
 
   def close(self) -> None:
     self._pool.shutdown(wait=False, cancel_futures=True)

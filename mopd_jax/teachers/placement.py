@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from mopd_jax.config import choices
 from mopd_jax.runtime import distributed, sharding
-from mopd_jax.teachers import bank as teachers
+from mopd_jax.teachers import bank as teachers, source
 
 PLACEMENTS = choices.PLACEMENTS
 
@@ -82,10 +82,13 @@ class TeacherScorer:
   ablation): every call returns (log-probs, top-k log-probs [K, b, T, k], top-k ids)."""
 
   def __init__(self, bank: teachers.TeacherBank, student_mesh: Mesh, teacher_mesh: Mesh,
-               *, chunk_size: int = 64, top_k: int = 0):
+               *, chunk_size: int = 64, top_k: int = 0, tokenizer_hash: str = ""):
+    """`tokenizer_hash`: the fingerprint of the tokenizer the bank's ids mean
+    (`tokenizer.fingerprint`), which `info()` reports ("" when not given)."""
     if top_k < 0:
       raise ValueError(f"TeacherScorer top_k must be >= 0, got {top_k}")
     self.student_mesh, self.teacher_mesh = student_mesh, teacher_mesh
+    self.tokenizer_hash = tokenizer_hash
     self.bank = place_bank(bank, teacher_mesh)
     k = bank.num_teachers
     self._in_t = stratified_sharding(teacher_mesh, k)
@@ -126,4 +129,23 @@ class TeacherScorer:
 
   def __call__(self, tokens_KxbxT, input_mask_KxbxT):
     return self.fetch(self.submit(tokens_KxbxT, input_mask_KxbxT))
+
+  # --- the teacher-source interface (mopd_jax/teachers/source.py) ---------------------------
+  def info(self) -> source.SourceInfo:
+    cfg = self.bank.model_cfg
+    return source.SourceInfo(
+        kind="disaggregated" if self.disaggregated else "colocated",
+        cells=tuple(self.bank.router.names), vocab_size=cfg.vocab_size,
+        tokenizer_hash=self.tokenizer_hash, max_sequence=cfg.max_seq_len,
+        max_logprobs=cfg.vocab_size)
+
+  def score_probe(self, probe: source.Probe) -> dict:
+    """{cell: [each probe row's log-probs]}, scored in one stratified call."""
+    cells = tuple(self.bank.router.names)
+    rows = max(sharding.batch_devices(self.student_mesh),
+               sharding.batch_devices(self.teacher_mesh))
+    tokens, mask = source.stratified_probe(probe, cells, row_multiple=rows)
+    out = self(tokens, mask)
+    return source.unstack_probe(distributed.gather(out[0] if isinstance(out, tuple) else out),
+                                probe, cells)
 

@@ -1,0 +1,191 @@
+"""What the stages read through, each built once per run by the run context
+(`stages/context.py`) and handed to a stage inside its `Inputs`: the datasets (`DataSource`),
+the rollout engines (`Engines`), the student's params (`Policies`) and the teachers
+(`TeacherSource`). A stage holds these objects, never the run; a test builds them (and so a
+stage's inputs) from a RunConfig and a tokenizer without one.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+
+from mopd_jax import models
+from mopd_jax.config import schema as config_mod
+from mopd_jax.io import checkpoint, storage
+from mopd_jax.rollout import turns as rollout
+from mopd_jax.runtime import sharding
+from mopd_jax.stages import loops
+from mopd_jax.teachers import bank as teachers
+
+
+class DataSource:
+  """The run's datasets: each domain's splits (a record domain's with the b0s the rl stage
+  measured, once they exist) and its training batches."""
+
+  def __init__(self, config: config_mod.RunConfig, *, data_dir: str, files: loops.Workdir):
+    self.config, self.grid, self.data_dir, self.files = config, config.grid, data_dir, files
+    self._budgeted = {}  # (domain, split) -> budgets.BudgetedSource
+
+  def records_settings(self, domain: str) -> str:
+    """A record domain's settings as its TFDS config carries them ("" for a generated
+    domain): files, verifier, budgets, prompt limit, and the tokenizer that measures them."""
+    spec = self.config.records.get(domain)
+    if spec is None:
+      return ""
+    from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)
+    c = self.config
+    return datasets.records_settings(
+        spec, budget_source=c.budget.source,
+        max_prompt_tokens=c.data.max_prompt_tokens, on_too_long=c.data.on_too_long,
+        tokenizer=c.model.tokenizer_path, tokenizer_options=c.tokenizer_options().to_json(),
+        efforts=self.grid.effort_names)
+
+  def split(self, domain: str, split: str, measured_b0: bool = True):
+    """A split's examples; a record domain with `budget.source=samples` gets the b0s the rl
+    stage measured (mopd_jax/tasks/budgets.py) once they exist (`measured_b0=False`: the data
+    stage's placeholders)."""
+    from mopd_jax.tasks import budgets, datasets  # pylint: disable=g-import-not-at-top  (TFDS)
+    source = datasets.load_split(domain, split, self.data_dir, seed=self.config.seed,
+                                 sizes=tuple(self.config.data.sizes),
+                                 task=self.grid.task_of(domain),
+                                 records=self.records_settings(domain))
+    path = self.budgets_path(domain)
+    if measured_b0 and path is not None and storage.exists(path):
+      key = (domain, split)  # written once by the rl stage: read and applied once
+      if key not in self._budgeted:
+        self._budgeted[key] = budgets.BudgetedSource(source, checkpoint.read_json(path)["b0"])
+      return self._budgeted[key]
+    return source
+
+  def budgets_path(self, domain: str) -> Optional[str]:
+    """Where a record domain's measured b0s live (`budget.source=samples`), else None."""
+    if domain not in self.config.records or self.config.budget.source != "samples":
+      return None
+    return self.files.path("budgets", f"{domain}.json")
+
+  def iterator(self, domain: str, batch_size: int, salt: int, *, seed: Optional[int] = None):
+    """Training batches; `seed` (default: the run's) sets the data order, not the data.
+    A record domain is read by grain, each process from its own shard; a toy domain by the
+    order-preserving ResumableIterator (mopd_jax/tasks/datasets.py)."""
+    from mopd_jax.tasks import datasets  # pylint: disable=g-import-not-at-top  (TFDS)
+    seed = self.config.seed if seed is None else seed
+    cls = (datasets.GrainIterator if domain in self.config.records
+           else datasets.ResumableIterator)
+    return cls(self.split(domain, "train"), batch_size, seed=seed * 1000 + salt)
+
+
+class Engines:
+  """The rollout engines: one (and its compiled sampler) per (model, temperature)."""
+
+  def __init__(self, config: config_mod.RunConfig, tok, *, student_cfg: models.ModelConfig):
+    self.rollout_cfg, self.tok, self.student_cfg = config.rollout, tok, student_cfg
+    self.rl_temperature, self.eval_temperature = config.rl.temperature, config.eval.temperature
+
+  @functools.lru_cache(maxsize=None)
+  def make(self, model_cfg: models.ModelConfig, temperature: float) -> rollout.RolloutEngine:
+    """The engine of `model_cfg` sampling at `temperature`, built the first time asked."""
+    c = self.rollout_cfg
+    decode = rollout.DecodeOptions(temperature=temperature, dtype=c.sampling_dtype,
+                                   decode_slots=c.decode_slots, admission=c.admission)
+    return rollout.RolloutEngine(model_cfg, self.tok, max_response_tokens=c.max_response_tokens,
+                                 max_turns=c.max_turns, decode=decode)
+
+  @property
+  def student(self) -> rollout.RolloutEngine:
+    """The student's sampling engine (RL and MOPD rollouts)."""
+    return self.make(self.student_cfg, self.rl_temperature)
+
+  @property
+  def eval(self) -> rollout.RolloutEngine:
+    return self.make(self.student_cfg, self.eval_temperature)
+
+
+class Policies:
+  """The student's params: the target every checkpoint restores onto, the policy SFT starts
+  from, and a saved policy loaded."""
+
+  def __init__(self, config: config_mod.RunConfig, *, model_cfg: models.ModelConfig, mesh):
+    self.model_cfg, self.mesh = model_cfg, mesh
+    self.hf_path, self.seed = config.model.hf_path, config.seed
+
+  def like(self):
+    """Shapes, dtypes and the student mesh's shardings of the params: the target every
+    checkpoint restores onto (each process reads only its own shards)."""
+    shapes = jax.eval_shape(lambda: models.init_params(self.model_cfg, jax.random.PRNGKey(0)))
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        shapes, sharding.param_shardings(self.model_cfg, self.mesh))
+
+  def initial(self, seed: Optional[int] = None):
+    """The policy SFT starts from: a Hugging Face checkpoint (`model.hf_path`) or a fresh
+    init (from `seed`, default the run's)."""
+    shardings = sharding.param_shardings(self.model_cfg, self.mesh)
+    if self.hf_path:
+      from mopd_jax.io import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
+      _, params = hf.load_checkpoint(self.hf_path, sharding=shardings,
+                                     vocab_size=self.model_cfg.vocab_size)
+      return params
+    return models.init_params(self.model_cfg, jax.random.PRNGKey(
+        self.seed if seed is None else seed), out_shardings=shardings)
+
+  def load(self, path: str):
+    """The policy saved at `path`, restored onto `like()`."""
+    return checkpoint.load_params(path, self.like())
+
+
+class TeacherSource:
+  """The run's teachers: their ModelConfig (the student's for teachers the rl stage trains,
+  their own for Hugging Face checkpoints, `teacher.hf_paths`), one teacher's params from its
+  manifest entry, and the grid's bank stacked and placed once on the teachers' mesh."""
+
+  def __init__(self, config: config_mod.RunConfig, tok, *, policies: Policies, teacher_mesh,
+               files: loops.Workdir):
+    self.config, self.grid, self.tok = config, config.grid, tok
+    self.policies, self.teacher_mesh, self.files = policies, teacher_mesh, files
+
+  @property
+  def hf_paths(self) -> dict:
+    """"domain/effort" -> Hugging Face checkpoint of that cell's teacher; {} = trained."""
+    return dict(self.config.teacher.hf_paths)
+
+  def resolve_hf(self, path: str) -> models.ModelConfig:
+    from mopd_jax.io import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
+    return hf.resolve_model_config(self.config.teacher.mapping(), self.tok.vocab_size,
+                                   hf_path=path)
+
+  @functools.cached_property
+  def model_cfg(self) -> models.ModelConfig:
+    """Teachers trained by the rl stage share the student's shape; teachers brought as
+    Hugging Face checkpoints (`teacher.hf_paths`) have their own (e.g. Qwen3-1.7B)."""
+    if not self.hf_paths:
+      return self.policies.model_cfg
+    cfg = self.resolve_hf(next(iter(self.hf_paths.values())))
+    teachers.check_compatible(self.policies.model_cfg, cfg)
+    return cfg
+
+  def load_one(self, entry: dict):
+    """One teacher's params from its manifest entry (an orbax checkpoint or a Hugging Face
+    one)."""
+    if entry.get("format") == "hf":
+      from mopd_jax.io import hf  # pylint: disable=g-import-not-at-top
+      _, params = hf.load_checkpoint(entry["path"], vocab_size=self.model_cfg.vocab_size)
+      return params
+    return checkpoint.load_params(entry["path"], self.policies.like())
+
+  def load_bank(self, manifest: Optional[str] = None) -> teachers.TeacherBank:
+    """The grid's teachers from the manifest (default: the workdir's teachers.json),
+    checked against the run, stacked and placed once on the teachers' mesh
+    (placement.TeacherScorer then holds no second copy)."""
+    shard = sharding.param_shardings(self.model_cfg, self.teacher_mesh,
+                                     num_stacked=len(self.grid.names))
+    return teachers.load_bank(manifest or self.files.path("teachers.json"), self.grid,
+                              self.policies.model_cfg, teacher_cfg=self.model_cfg,
+                              load_one=self.load_one, resolve_hf=self.resolve_hf,
+                              sharding=shard)
+
+  def router_only(self) -> teachers.TeacherBank:
+    """A bank without params, the grid's router alone (teachers that score elsewhere)."""
+    return teachers.TeacherBank(params={}, model_cfg=self.model_cfg,
+                                router=teachers.Router(self.grid.names))
+
