@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from typing import Optional
 
 import ml_collections
@@ -83,28 +84,26 @@ def _build(config: ml_collections.ConfigDict,
   fields["sft"] = dataclasses.replace(
       s, schedule=tuple(sft.schedule(s.schedule, grid.domains, known_domains)),
       style_weights=sft.domain_style_weights(s.style_weights, grid.domains, known_domains))
-  records = _records(config, grid)
+  records, task_options = _records(config, grid)
   rc = config_mod.RunConfig(**fields, grid=grid, known_domains=known_domains,
-                            records=records, tool_markers=_tool_markers(grid, records),
-                            source=config)
+                            records=records, task_options=task_options,
+                            tool_markers=_tool_markers(grid, records), source=config)
   config_mod.cross_checks(rc, num_devices)
   _algorithm_checks(rc)
   return rc
 
 
 def _records(config, grid) -> dict:
-  """The RecordsSpec of each domain of the grid that runs the `records` task; a task block
-  of another task may hold only `task`."""
+  """(the RecordsSpec of each domain of the grid that runs the `records` task, the options of
+  each other domain): a task block of another task holds `task` and the task's own options,
+  the keyword arguments of its constructor (checked by building the task once)."""
   from mopd_jax.tasks import verifiers  # pylint: disable=g-import-not-at-top
-  out = {}
+  out, options = {}, {}
   for d in grid.domains:
     block = dict((config.tasks or {}).get(d) or {})
     name = f"tasks.{d}"
     if grid.task_of(d) != "records":
-      extra = sorted(set(block) - {"task"})
-      if extra:
-        raise ValueError(f"{name} has field(s) {extra}; a domain of task "
-                         f"{grid.task_of(d)!r} takes only 'task'")
+      options[d] = _task_options(grid.task_of(d), block, name)
       continue
     spec = config_mod.records_spec(block, name)
     if spec.verifier not in verifiers.registered():
@@ -117,7 +116,29 @@ def _records(config, grid) -> dict:
         raise ValueError(f"{name}.{split} must name a JSONL or Parquet file")
       paths[split] = storage.join(p)  # absolute, so the lanes' processes read the same
     out[d] = dataclasses.replace(spec, **paths)
-  return out
+  return out, options
+
+
+def _task_options(task: str, block: dict, name: str) -> dict:
+  """The options a `tasks.<domain>` block gives its (non-records) task: its fields but
+  `task`, each a keyword argument of the task's constructor; ValueError naming the field for
+  an unknown one, or the block for a value the task refuses."""
+  cls = task_base.task_class(task)
+  params = inspect.signature(cls.__init__).parameters
+  allowed = sorted(k for k, p in params.items() if k != "self" and
+                   p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+  given = {k: (v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v)
+           for k, v in block.items() if k != "task"}
+  extra = sorted(set(given) - set(allowed))
+  if extra:
+    raise ValueError(f"{name} has field(s) {extra}; a domain of task {task!r} takes only "
+                     f"'task' and its options {allowed}")
+  if given:
+    try:
+      task_base.get_task(task, **given)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{name}: task {task!r} refuses its options {given}: {e}") from e
+  return given
 
 
 def _tool_markers(grid, records: dict) -> tuple:

@@ -92,6 +92,33 @@ def test_the_plugin_domain_generates_and_verifies():
     assert task.verify(ex, "#" + str(1 - int(ex.answer))) == 0.0
 
 
+def test_a_plugin_domain_takes_its_options_from_its_task_block(tmp_path):
+  """`tasks.par.num_bits` reaches the task's constructor, in the data it generates (a TFDS
+  config of its own) and in the task the run builds; an unknown option or a value the task
+  refuses is a config error naming the block."""
+  from mopd_jax.stages import loops, sources
+  c = _config()
+  c.tasks.par = {"num_bits": 9}
+  rc = configure.build(c, 1)
+  assert rc.task_options == {"gen": {}, "par": {"num_bits": 9}}
+  assert rc.task_options_json("par") == '{"num_bits": 9}' and rc.task_options_json("gen") == ""
+  data = sources.DataSource(rc, data_dir=str(tmp_path / "data"),
+                            files=loops.Workdir(str(tmp_path / "wd")))
+  val = data.split("par", "validation")
+  assert len(val) > 0 and all(len(val[i].meta["bits"]) == 9 for i in range(len(val)))
+  default = sources.DataSource(configure.build(_config(), 1), data_dir=str(tmp_path / "data"),
+                               files=loops.Workdir(str(tmp_path / "wd")))
+  assert all(len(ex.meta["bits"]) == 7 for ex in [default.split("par", "validation")[0]])
+  for block, match in (({"num_bit": 5}, r"tasks\.par has field\(s\) \['num_bit'\]; a domain of "
+                                        r"task 'par' takes only 'task' and its options "
+                                        r"\['num_bits'\]"),
+                       ({"num_bits": 99}, r"tasks\.par: task 'par' refuses its options")):
+    c = _config()
+    c.tasks.par = block
+    with pytest.raises(schema.ConfigError, match=match):
+      configure.build(c, 1)
+
+
 def test_a_plugin_loss_and_domain_run_the_tiny_pipeline(tmp_path):
   """`--config.plugins` names both modules (on the Python path, as a fork's package would
   be); every stage runs on the grid gen, par x low, max with the plugin's loss, the RL lane

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 from typing import Mapping, Optional
 
@@ -165,6 +166,7 @@ class RunConfig:
   budget: BudgetConfig
   prompt: PromptConfig
   records: dict  # domain -> RecordsSpec, for the domains that run the `records` task
+  task_options: dict  # domain -> its task's options (its tasks.<domain> block), the others
   # The four tool markers (call, call end, observation, observation end) the domains of the
   # run write, or () when none uses tools (the tokenizer then needs none).
   tool_markers: tuple
@@ -184,6 +186,12 @@ class RunConfig:
   @property
   def hash(self) -> str:
     return hashlib.sha256(self.source.to_json(sort_keys=True).encode()).hexdigest()[:16]
+
+  def task_options_json(self, domain: str) -> str:
+    """A domain's task options as the TFDS config that generates its data carries them ("":
+    none, the task's defaults)."""
+    options = self.task_options.get(domain) or {}
+    return json.dumps(options, sort_keys=True) if options else ""
 
   def tokenizer_options(self) -> TokenizerOptions:
     """The options of tokenizer.HFTokenizer: the `prompt` block's and the tool markers of

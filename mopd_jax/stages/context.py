@@ -67,7 +67,9 @@ class Run:
 
   # --- tasks and data ------------------------------------------------------------------------
   def task(self, domain: str) -> task_base.Task:
-    """A fresh instance of the task the domain runs (its examples labelled `domain`)."""
+    """A fresh instance of the task the domain runs (its examples labelled `domain`), with
+    what it takes from the run (`Task.run_options`) and its `tasks.<domain>` options."""
     name = self.grid.task_of(domain)
-    options = task_base.task_class(name).run_options(self.config, self.tok)
+    options = {**task_base.task_class(name).run_options(self.config, self.tok),
+               **self.config.task_options.get(domain, {})}
     return task_base.get_task(name, domain=domain, **options)

@@ -36,7 +36,8 @@ def run(inp: Inputs) -> None:
   if distributed.is_main():  # one writer; the others read the files after the stage's sync
     for d in inp.grid.domains:
       builder = datasets.prepare(d, inp.data_dir, seed=inp.seed, sizes=tuple(inp.cfg.sizes),
-                                 task=inp.grid.task_of(d), records=inp.data.records_settings(d))
+                                 task=inp.grid.task_of(d), records=inp.data.records_settings(d),
+                                 options=inp.data.config.task_options_json(d))
       if d in inp.record_domains:
         counts[d] = datasets.record_counts(builder)
         print(f"[data] {d}: {_describe(counts[d])}")

@@ -50,7 +50,8 @@ class DataSource:
     source = datasets.load_split(domain, split, self.data_dir, seed=self.config.seed,
                                  sizes=tuple(self.config.data.sizes),
                                  task=self.grid.task_of(domain),
-                                 records=self.records_settings(domain))
+                                 records=self.records_settings(domain),
+                                 options=self.config.task_options_json(domain))
     path = self.budgets_path(domain)
     if measured_b0 and path is not None and storage.exists(path):
       key = (domain, split)  # written once by the rl stage: read and applied once

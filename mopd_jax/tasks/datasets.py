@@ -68,6 +68,7 @@ class TaskConfig(tfds.core.BuilderConfig):
   num_validation: int = DEFAULT_SIZES[1]
   num_test: int = DEFAULT_SIZES[2]
   records: str = ""  # the `records` task: records_settings(...) as JSON
+  options: str = ""  # the task's options (its constructor's keyword arguments) as JSON
 
 
 def records_settings(spec, *, budget_source: str, max_prompt_tokens: int, on_too_long: str,
@@ -84,10 +85,11 @@ def records_settings(spec, *, budget_source: str, max_prompt_tokens: int, on_too
 
 
 def make_config(domain: str, seed: int = 0, sizes: Sequence[int] | None = None,
-                *, task: str = "", records: str = "") -> TaskConfig:
+                *, task: str = "", records: str = "", options: str = "") -> TaskConfig:
   """The config for (domain, seed, sizes, task); the defaults are the registered
   `mopd_tasks/<d>`. `task`: the registered task generating the domain ("" = `domain`).
-  `records`: a record domain's `records_settings`."""
+  `records`: a record domain's `records_settings`. `options`: the task's options as JSON
+  ("" = its defaults), part of the config's name."""
   base.validate_domain(domain)
   task = "" if task == domain else task
   if (task or domain) not in base.registered():
@@ -110,9 +112,12 @@ def make_config(domain: str, seed: int = 0, sizes: Sequence[int] | None = None,
       f"{domain}_s{seed}_{sizes[0]}_{sizes[1]}_{sizes[2]}"
   if task:
     name += f"_{task}"
+  if options:
+    name += "_o" + hashlib.sha256(options.encode()).hexdigest()[:12]
   return TaskConfig(name=name, domain=domain, task=task, seed=seed, num_train=sizes[0],
-                    num_validation=sizes[1], num_test=sizes[2],
-                    description=f"{domain} ({task or domain} task), seed {seed}, sizes {sizes}")
+                    num_validation=sizes[1], num_test=sizes[2], options=options,
+                    description=f"{domain} ({task or domain} task), seed {seed}, sizes {sizes}"
+                    + (f", options {options}" if options else ""))
 
 
 class MopdTasks(tfds.core.GeneratorBasedBuilder):
@@ -151,7 +156,7 @@ class MopdTasks(tfds.core.GeneratorBasedBuilder):
       splits, counts = record_splits(c.domain, json.loads(c.records), c.seed)
       self.info.metadata["record_counts"] = counts
       return {split: self._generate_examples(exs) for split, exs in splits.items()}
-    task = get_task(c.task or c.domain, domain=c.domain)
+    task = get_task(c.task or c.domain, domain=c.domain, **json.loads(c.options or "{}"))
     seen: set = set()
     problems: set = set()
     out = {}
@@ -206,8 +211,8 @@ def record_counts(builder) -> dict:
 
 def make_builder(domain: str, data_dir: str, seed: int = 0,
                  *, sizes: Sequence[int] | None = None, task: str = "",
-                 records: str = "") -> MopdTasks:
-  config = make_config(domain, seed, sizes, task=task, records=records)
+                 records: str = "", options: str = "") -> MopdTasks:
+  config = make_config(domain, seed, sizes, task=task, records=records, options=options)
   # tfds refuses a config object that shares a registered config's name: pass the name then.
   registered = {c.name for c in MopdTasks.BUILDER_CONFIGS}
   return MopdTasks(data_dir=str(data_dir),
@@ -216,9 +221,11 @@ def make_builder(domain: str, data_dir: str, seed: int = 0,
 
 
 def prepare(domain: str, data_dir: str, seed: int = 0,
-            *, sizes: Sequence[int] | None = None, task: str = "", records: str = "") -> MopdTasks:
+            *, sizes: Sequence[int] | None = None, task: str = "", records: str = "",
+            options: str = "") -> MopdTasks:
   """Builds the dataset into `data_dir` unless it is already there; returns the builder."""
-  builder = make_builder(domain, data_dir, seed, sizes=sizes, task=task, records=records)
+  builder = make_builder(domain, data_dir, seed, sizes=sizes, task=task, records=records,
+                         options=options)
   builder.download_and_prepare(file_format=FILE_FORMAT)
   return builder
 
@@ -257,11 +264,12 @@ class ExampleSource:
 
 def load_split(domain: str, split: str, data_dir: str, *, seed: int = 0,
                sizes: Sequence[int] | None = None, task: str = "",
-               records: str = "") -> ExampleSource:
+               records: str = "", options: str = "") -> ExampleSource:
   """Random-access `Example`s of one split, building the dataset first if needed."""
   if split not in SPLITS:
     raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-  builder = prepare(domain, data_dir, seed, sizes=sizes, task=task, records=records)
+  builder = prepare(domain, data_dir, seed, sizes=sizes, task=task, records=records,
+                    options=options)
   return ExampleSource(builder.as_data_source(split=split))
 
 
