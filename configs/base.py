@@ -79,6 +79,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.teacher.endpoints = ""
   c.teacher.endpoint_timeout_s = 60.0  # per scoring request
   c.teacher.endpoint_retries = 4  # tries after the first (backoff, failover), then the run stops
+  # The parity probe at start (mopd_jax/teachers/parity.py): where the run also holds the
+  # teachers' params, each cell's server must score a probe set within this mean |delta log p|
+  # per token of the in-process teacher, or the run stops before its first step.
+  c.teacher.parity_tolerance = 0.01
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1  # mesh axis sizes; their product must equal the device count

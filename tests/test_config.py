@@ -270,3 +270,19 @@ def test_a_mesh_for_other_devices_is_refused_after_the_build():
   config.check_devices(rc, 1)
   with pytest.raises(config.ConfigError, match="has 1 devices but 4 are available"):
     config.check_devices(rc, 4)
+
+
+def test_the_hf_resolver_skips_every_block_field_that_is_not_a_model_field():
+  """io/hf's BLOCK_KEYS name the `teacher` and `model` block fields that are not ModelConfig
+  overrides: a field added to either spec without it would reach ModelConfig as an unknown
+  override."""
+  import dataclasses
+
+  from mopd_jax import models
+  from mopd_jax.config import schema
+  from mopd_jax.io.hf import config_json
+  model_fields = {f.name for f in dataclasses.fields(models.ModelConfig)}
+  for spec in (schema.TeacherSpec, schema.ModelSpec):
+    block = {f.name for f in dataclasses.fields(spec)} - {"model", "overrides"}
+    missing = sorted(block - model_fields - set(config_json.BLOCK_KEYS))
+    assert not missing, f"{spec.__name__}: add {missing} to io/hf/config_json.py BLOCK_KEYS"

@@ -288,18 +288,23 @@ def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
       assert proc.returncode == 0, proc.stderr[-3000:]
       served = runs[staleness] = json.load(open(os.path.join(wd, "mopd", "history.json")))
       assert len(served) == len(sync) == 3
+      # The parity probe ran at start (the run holds the teachers for its init): every cell's
+      # server scores within float rounding of the in-process teacher.
+      gaps = json.load(open(os.path.join(wd, "teacher_parity.json")))["gaps"]
+      assert set(gaps) == set(manifest["teachers"]) and max(gaps.values()) < 1e-4, gaps
       if staleness == 0:
         for a, b in zip(served, sync):
           for key in ("loss", "kl", "accuracy", "length"):
             assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-4), (key, a, b)
       else:
         assert all("is_weight_mean" in h for h in served)
-    # The server goes away after step 0's 9 requests: the run stops with step 1 saved
-    # (checkpoints otherwise every 10 steps), and the same command, the server back, resumes.
+    # The server goes away after the parity probe's 36 requests (4 rows of each of 9 cells)
+    # and step 0's 9: the run stops with step 1 saved (checkpoints otherwise every 10 steps),
+    # and the same command, the server back, resumes.
     wd = str(tmp_path / "interrupted")
     shutil.copytree(workdir, wd)
     shutil.rmtree(os.path.join(wd, "mopd"))
-    proxy = _FailingProxy(url, forward=9)
+    proxy = _FailingProxy(url, forward=36 + 9)
     cut = ",".join(f"{cell}={proxy.url}" for cell in manifest["teachers"])
     args = ("--config.stages=mopd", "--config.checkpoint.every=10",
             "--config.teacher.endpoint_retries=1")
@@ -442,3 +447,15 @@ def test_compile_cache_goes_under_the_workdir_and_to_child_processes(tmp_path):
                        env=dict(env, JAX_COMPILATION_CACHE_DIR=mine), capture_output=True,
                        text=True, timeout=300)
   assert out.returncode == 0 and f"CACHE {mine} {mine}" in out.stdout, out.stderr[-2000:]
+
+
+def test_teacher_parity_measures_each_source_against_the_run(workdir):
+  """`python -m experiments.teacher_parity` on the tiny run's teachers: the loopback server
+  scores within float rounding; temperature 1, rotated cells and a uniform teacher stand
+  well apart from it."""
+  out = _run_experiment("teacher_parity", workdir, "--rows=2").stdout
+  rows = {line.split("|")[1].strip(): float(line.split("|")[2])
+          for line in out.splitlines() if line.startswith("| ") and "source" not in line}
+  assert len(rows) == 4, out
+  server = rows.pop("server, same params and temperature")
+  assert server < 1e-4 and all(v > 100 * max(server, 1e-6) for v in rows.values()), out

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -384,3 +385,38 @@ def test_every_teacher_source_answers_the_same_interface(server):
       local.score_probe(source.Probe.of({"cod/max": [[1, 2, 3]]}))
   finally:
     remote.close()
+
+
+def test_the_parity_probe_flags_a_teacher_that_is_not_the_runs(server):
+  """A server scoring the run's teachers passes the probe with a gap of float rounding; the
+  same teachers at temperature 1 (an engine that ignores the request's temperature) and a
+  uniform teacher are flagged, naming the cells (teacher.parity_tolerance's default)."""
+  from configs import base
+  from mopd_jax.runtime import sharding
+  from mopd_jax.tasks import get_task, views
+  from mopd_jax.teachers import parity, placement
+  tol = base.get_config().teacher.parity_tolerance
+  mesh = sharding.make_mesh({"data": jax.device_count()})
+  reference = placement.TeacherScorer(server.bank, mesh, mesh)  # the server's temperature
+  exs = {n: get_task(n.split("/")[0]).generate(seed=1, n=2) for n in NAMES}
+  whole = parity.probe_from_examples(exs, tok=TOK, view=views.PromptView(False))
+  assert all(r[0] == TOK.bos_id and r[-1] == TOK.eos_id for rs in whole.rows.values()
+             for r in rs)
+  probe = parity.probe_from_examples(exs, tok=TOK, view=views.PromptView(False),
+                                     max_len=CFG.max_seq_len)  # the servers' longest
+  assert max(len(r) for rs in probe.rows.values() for r in rs) == CFG.max_seq_len
+  remote = teacher_client.EndpointScorer(NAMES, {n: server.url for n in NAMES})
+  try:
+    same = parity.gaps(reference, remote, probe)
+  finally:
+    remote.close()
+  assert set(same) == set(NAMES) and max(same.values()) < 1e-4 < tol
+  parity.check(same, tol, what="the loopback server")  # passes
+  hot = placement.TeacherScorer(_bank(), mesh, mesh)  # temperature 1, not 0.7
+  uniform = placement.TeacherScorer(
+      _bank().replace(params=jax.tree.map(jnp.zeros_like, _bank().params)), mesh, mesh)
+  for other in (hot, uniform):
+    gaps = parity.gaps(reference, other, probe)
+    assert min(gaps.values()) > 10 * tol, gaps
+    with pytest.raises(ValueError, match=r"teacher parity probe: .*gen/low: .*parity_tolerance"):
+      parity.check(gaps, tol, what="a stand-in")

@@ -77,3 +77,40 @@ def test_a_stage_runs_from_inputs_built_without_the_run():
                      policies=sources.Policies(rc, model_cfg=model_cfg, mesh=mesh))
   texts = smoke.run(inp)
   assert len(texts) == len(rc.smoke.prompts) and all(isinstance(t, str) for t in texts)
+
+
+@pytest.mark.parametrize("server_temperature, passes", [(None, True), (1.0, False)])
+def test_the_parity_probe_at_start(tiny_workdir, tmp_path, server_temperature, passes):
+  """`wiring.parity_probe` on the tiny run's teachers: a loopback server at the run's scoring
+  temperature passes and its gaps are recorded; one that scores at temperature 1 (the
+  metadata check, which would refuse it first, bypassed: as a vLLM server that ignores the
+  request's temperature) is a config error naming the cells."""
+  import shutil
+  from mopd_jax.config import schema
+  from mopd_jax.teachers import client, server
+  wd = tmp_path / "wd"
+  shutil.copytree(tiny_workdir, wd, ignore=shutil.ignore_patterns("mopd", "eval*", "report*"))
+  c = toy.get_config("tiny")
+  c.mesh.data = jax.device_count()
+  c.mopd.prompts_per_cell = jax.device_count()
+  run = context.Run(configure.build(c, jax.device_count()), str(wd))
+  bank = run.teachers.load_bank()
+  scoring = wiring.scoring_bank(run, bank)
+  temp = server_temperature or c.mopd.teacher_temperature
+  srv = server.TeacherServer(bank, run.tok, temperature=temp)
+  srv.start()
+  scorer = client.EndpointScorer(run.grid.names, {n: srv.url for n in run.grid.names})
+  try:
+    from mopd_jax.io import tokenizer
+    scorer.check(vocab_size=run.model_cfg.vocab_size,
+                 tokenizer_hash=tokenizer.fingerprint(run.tok))  # temperature not compared
+    if passes:
+      gaps = wiring.parity_probe(run, scoring, scorer)
+      assert set(gaps) == set(run.grid.names) and max(gaps.values()) < 1e-4
+      assert (wd / "teacher_parity.json").exists()
+    else:
+      with pytest.raises(schema.ConfigError, match=r"teacher parity probe: .* nats per token"):
+        wiring.parity_probe(run, scoring, scorer)
+  finally:
+    scorer.close()
+    srv.stop()

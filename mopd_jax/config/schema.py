@@ -107,6 +107,7 @@ class TeacherSpec:
   endpoints: dict  # "domain/effort" -> (url, ...): replicas of that cell's teacher server
   endpoint_timeout_s: float  # per scoring request
   endpoint_retries: int  # tries after the first, with backoff, before the run stops
+  parity_tolerance: float  # the parity probe's largest mean |delta log p| per token
   model: dict  # preset and ModelConfig overrides of Hugging Face teachers
 
   def mapping(self) -> dict:
@@ -124,7 +125,8 @@ _MODEL_CHECKS = {"preset": Str(), "hf_path": Str(), "tokenizer_path": Str(),
 
 _TEACHER_CHECKS = {"hf_paths": HfPaths(), "outside_cell": Str(), "outside_seed": Int(0),
                    "effort_in_prompt": Bool(), "endpoints": Endpoints(),
-                   "endpoint_timeout_s": Num(strict=True), "endpoint_retries": Int(0)}
+                   "endpoint_timeout_s": Num(strict=True), "endpoint_retries": Int(0),
+                   "parity_tolerance": Num(strict=True)}
 
 
 def _split(value, name: str, checks: Mapping) -> tuple:

@@ -7,10 +7,12 @@ and never sees the run.
 from __future__ import annotations
 
 from mopd_jax import models
-from mopd_jax.io import tokenizer
+from mopd_jax.config import schema as config_mod
+from mopd_jax.io import checkpoint, tokenizer
+from mopd_jax.runtime import distributed
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
-from mopd_jax.teachers import bank as teachers, placement
+from mopd_jax.teachers import bank as teachers, parity, placement
 from mopd_jax.training import mopd as mopd_lib, registry as loss_kinds
 
 
@@ -92,13 +94,44 @@ def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> t
   c = ctx.config.mopd
   scoring = scoring_bank(ctx, bank)
   if ctx.config.teacher.endpoints:
-    return scoring, mopd.endpoint_scorer(
+    scorer = mopd.endpoint_scorer(
         ctx.grid.names, ctx.config.teacher.endpoints, policy=ctx.config.teacher.retry_policy(),
         top_k=top_k, student={"vocab_size": ctx.model_cfg.vocab_size, "tokenizer": ctx.tok,
                               "temperature": c.teacher_temperature})
+    if scoring.params:  # the run holds the teachers too: the servers must score as they do
+      parity_probe(ctx, scoring, scorer)
+    return scoring, scorer
   # Co-located or disaggregated: log-probs come back on the student mesh.
   return scoring, placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k,
                                          tokenizer_hash=tokenizer.fingerprint(ctx.tok))
+
+
+def parity_probe(ctx: Run, scoring: teachers.TeacherBank, scorer, *, rows: int = 4) -> dict:
+  """Each cell's parity gap (mopd_jax/teachers/parity.py) between the servers (`scorer`) and
+  the in-process `scoring` bank on the first `rows` validation examples of the cell's domain;
+  written to <workdir>/teacher_parity.json. ConfigError (the servers closed) when a gap
+  exceeds `teacher.parity_tolerance`."""
+  local = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh,
+                                  tokenizer_hash=tokenizer.fingerprint(ctx.tok))
+  examples = {}
+  for cell in ctx.grid.names:
+    val = ctx.data.split(cell.split("/", 1)[0], "validation")
+    examples[cell] = [val[i] for i in range(min(rows, len(val)))]
+  longest = [s.info().max_sequence for s in (local, scorer) if s.info().max_sequence]
+  probe = parity.probe_from_examples(examples, tok=ctx.tok, view=ctx.view,
+                                     max_len=min(longest, default=0))
+  measured = parity.gaps(local, scorer, probe)
+  tol = ctx.config.teacher.parity_tolerance
+  print(f"[teachers] parity probe ({len(probe.rows)} cells, {rows} rows each): largest gap "
+        f"{max(measured.values()):.3g} nats per token (tolerance {tol})")
+  if distributed.is_main():
+    checkpoint.write_json(ctx.path("teacher_parity.json"), {"tolerance": tol, "gaps": measured})
+  try:
+    parity.check(measured, tol, what=f"teacher.endpoints={ctx.config.teacher.endpoints!r}")
+  except ValueError as e:
+    scorer.close()
+    raise config_mod.ConfigError(str(e)) from e
+  return measured
 
 
 def eval_inputs(ctx: Run) -> eval_stage.Inputs:

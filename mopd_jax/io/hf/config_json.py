@@ -222,7 +222,8 @@ def load_config(path: str, dtype=None) -> ModelConfig:
 
 # Keys of a `model` / `teacher` config block that are not ModelConfig fields.
 BLOCK_KEYS = ("preset", "hf_path", "hf_paths", "tokenizer_path", "outside_cell", "outside_seed",
-              "effort_in_prompt", "endpoints", "endpoint_timeout_s", "endpoint_retries")
+              "effort_in_prompt", "endpoints", "endpoint_timeout_s", "endpoint_retries",
+              "parity_tolerance")
 # Overrides that would change the shape of a checkpoint's tensors.
 _SHAPE_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                  "mlp_dim", "qk_norm", "attention_bias", "tie_embeddings", "family")
