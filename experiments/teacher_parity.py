@@ -37,12 +37,7 @@ def measure(ctx, *, rows: int) -> dict:
   def local(b):
     return placement.TeacherScorer(b, ctx.mesh, ctx.teacher_mesh, tokenizer_hash=fp)
 
-  examples = {}
-  for cell in ctx.grid.names:
-    val = ctx.data.split(cell.split("/", 1)[0], "validation")
-    examples[cell] = [val[i] for i in range(min(rows, len(val)))]
-  probe = parity.probe_from_examples(examples, tok=ctx.tok, view=ctx.view,
-                                     max_len=scoring.model_cfg.max_seq_len)
+  probe = wiring.parity_probe_set(ctx, rows=rows, max_len=scoring.model_cfg.max_seq_len)
   reference = local(scoring)
   out = {}
   srv = server.TeacherServer(bank, ctx.tok, temperature=temperature)

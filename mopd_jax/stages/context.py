@@ -19,6 +19,7 @@ from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import base as task_base, views
 from mopd_jax.teachers import placement
 
+
 class Run:
   """What every stage needs: config, workdir, grid, tokenizer, model config, meshes."""
 

@@ -37,7 +37,7 @@ def run(inp: Inputs) -> None:
     for d in inp.grid.domains:
       builder = datasets.prepare(d, inp.data_dir, seed=inp.seed, sizes=tuple(inp.cfg.sizes),
                                  task=inp.grid.task_of(d), records=inp.data.records_settings(d),
-                                 options=inp.data.config.task_options_json(d))
+                                 options=inp.data.task_options(d))
       if d in inp.record_domains:
         counts[d] = datasets.record_counts(builder)
         print(f"[data] {d}: {_describe(counts[d])}")

@@ -51,7 +51,7 @@ class DataSource:
                                  sizes=tuple(self.config.data.sizes),
                                  task=self.grid.task_of(domain),
                                  records=self.records_settings(domain),
-                                 options=self.config.task_options_json(domain))
+                                 options=self.task_options(domain))
     path = self.budgets_path(domain)
     if measured_b0 and path is not None and storage.exists(path):
       key = (domain, split)  # written once by the rl stage: read and applied once
@@ -59,6 +59,10 @@ class DataSource:
         self._budgeted[key] = budgets.BudgetedSource(source, checkpoint.read_json(path)["b0"])
       return self._budgeted[key]
     return source
+
+  def task_options(self, domain: str) -> str:
+    """The domain's task options as its TFDS config carries them ("": the task's defaults)."""
+    return self.config.task_options_json(domain)
 
   def budgets_path(self, domain: str) -> Optional[str]:
     """Where a record domain's measured b0s live (`budget.source=samples`), else None."""

@@ -106,6 +106,16 @@ def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> t
                                          tokenizer_hash=tokenizer.fingerprint(ctx.tok))
 
 
+def parity_probe_set(ctx: Run, *, rows: int, max_len: int = 0):
+  """The parity probe's set: the first `rows` validation examples of each cell's domain, as
+  the cell's teacher sees them (`parity.probe_from_examples`), cut to `max_len` tokens."""
+  examples = {}
+  for cell in ctx.grid.names:
+    val = ctx.data.split(cell.split("/", 1)[0], "validation")
+    examples[cell] = [val[i] for i in range(min(rows, len(val)))]
+  return parity.probe_from_examples(examples, tok=ctx.tok, view=ctx.view, max_len=max_len)
+
+
 def parity_probe(ctx: Run, scoring: teachers.TeacherBank, scorer, *, rows: int = 4) -> dict:
   """Each cell's parity gap (mopd_jax/teachers/parity.py) between the servers (`scorer`) and
   the in-process `scoring` bank on the first `rows` validation examples of the cell's domain;
@@ -113,13 +123,8 @@ def parity_probe(ctx: Run, scoring: teachers.TeacherBank, scorer, *, rows: int =
   exceeds `teacher.parity_tolerance`."""
   local = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh,
                                   tokenizer_hash=tokenizer.fingerprint(ctx.tok))
-  examples = {}
-  for cell in ctx.grid.names:
-    val = ctx.data.split(cell.split("/", 1)[0], "validation")
-    examples[cell] = [val[i] for i in range(min(rows, len(val)))]
   longest = [s.info().max_sequence for s in (local, scorer) if s.info().max_sequence]
-  probe = parity.probe_from_examples(examples, tok=ctx.tok, view=ctx.view,
-                                     max_len=min(longest, default=0))
+  probe = parity_probe_set(ctx, rows=rows, max_len=min(longest, default=0))
   measured = parity.gaps(local, scorer, probe)
   tol = ctx.config.teacher.parity_tolerance
   print(f"[teachers] parity probe ({len(probe.rows)} cells, {rows} rows each): largest gap "
