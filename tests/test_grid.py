@@ -12,7 +12,6 @@ import pytest
 
 from configs import toy
 from mopd_jax import configure
-from mopd_jax.config import schema as config_mod
 from mopd_jax.evaluation import report, report_plots
 from mopd_jax.tasks import grid as grid_mod
 from mopd_jax.teachers import bank as teachers

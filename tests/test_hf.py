@@ -409,7 +409,6 @@ def test_missing_and_misshapen_tensors(tiny_ckpt, tmp_path):
 
 def test_qwen3_mopd_config(tiny_ckpt):
   import configs.qwen3_mopd as q
-  from mopd_jax.config import schema as config_mod
   from mopd_jax.io.tokenizer import CharTokenizer
 
   full = q.get_config()

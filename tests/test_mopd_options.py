@@ -158,7 +158,6 @@ def test_outside_teacher_config_reports_initial_kl_per_cell(tmp_path):
 ])
 def test_bad_outside_teacher_config_raises(change, match):
   import configs.toy_outside_teacher as cfg_mod
-  from mopd_jax.config import schema as config_mod
   c = cfg_mod.get_config("fast")
   for k, v in change.items():
     setattr(c.teacher, k, v)
@@ -175,7 +174,6 @@ def test_teacher_sft_init_fine_tunes_at_its_own_rate_after_a_warmup():
   rate): no move at its first update, the peak rate at the warmup's end, and the toy's own
   setting is a fine-tuning rate below pi_SFT's."""
   from configs import toy
-  from mopd_jax.config import schema as config_mod
   from mopd_jax.stages import mopd as mopd_stage
   c = toy.get_config()
   built = configure.build(c, 1)

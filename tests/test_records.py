@@ -162,7 +162,6 @@ def test_files_spec_on_object_storage(tmp_path, gcs):
   """configs/files.py reads a gs:// spec; its relative paths resolve beside it, absolute and
   gs:// ones stay as they are."""
   from configs import files
-  from mopd_jax.config import schema as config
   from mopd_jax.tasks import tools
   examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "examples")

@@ -92,7 +92,9 @@ def test_every_dtype_mix_trains(param_dtype, dtype, tie, fused):
     out = {}
     for quant, kind in cells:
       cfg = _cfg(param_dtype, dtype, tie, quant)
-      lc = train.LossConfig(kind=kind, fused_head=fused, group_size=2)
+      args = loss_kinds.LOSS_KINDS[kind].args  # a loss with its own arguments: their defaults
+      lc = train.LossConfig(kind=kind, fused_head=fused, group_size=2,
+                            args=args() if args is not None else None)
       fn = lambda p: train.compute_loss(cfg, lc, p, batch=_batch(kind))
       if loss_kinds.LOSS_KINDS[kind].teachers_in_step:  # vocab_kl: one teacher in the program
         fn = lambda p, cfg=cfg, kind=kind: _teachers_in_step_loss(cfg, p, _batch(kind))

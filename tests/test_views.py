@@ -6,7 +6,6 @@ import inspect
 import os
 import types
 
-import jax
 import numpy as np
 import pytest
 

@@ -180,7 +180,6 @@ def test_vocab_kl_config_rules():
   from mopd_jax.training import step as train, vocab_kl
   from configs import toy
   import dataclasses
-  from mopd_jax.config import schema as config_mod
   c = configure.build(toy.get_config("fast"), None)
   m = dataclasses.replace(c.mopd, loss="vocab_kl", length_groups=1)
   vocab_kl.check_config(m, teachers="colocated", endpoints="")

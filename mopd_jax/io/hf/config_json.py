@@ -3,6 +3,7 @@ config's `model` / `teacher` block describes (a preset, or a checkpoint's config
 non-shape overrides)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -11,6 +12,7 @@ from typing import Optional, Tuple
 import jax.numpy as jnp
 
 from mopd_jax import models
+from mopd_jax.config import schema
 from mopd_jax.models import ModelConfig
 
 # architecture (config.json "architectures") -> family (ModelConfig.family) and back.
@@ -220,10 +222,17 @@ def load_config(path: str, dtype=None) -> ModelConfig:
     raise ValueError(msg if msg.startswith(cfg_file) else f"{cfg_file}: {msg}") from None
 
 
+def _block_keys() -> tuple:
+  """The fields of the config's `model` and `teacher` blocks (mopd_jax/config/schema.py's
+  ModelSpec and TeacherSpec) that are not ModelConfig fields: "preset" first, then sorted."""
+  model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+  fields = {f.name for spec in (schema.ModelSpec, schema.TeacherSpec)
+            for f in dataclasses.fields(spec)}
+  return ("preset", *sorted(fields - model_fields - {"model", "overrides", "preset"}))
+
+
 # Keys of a `model` / `teacher` config block that are not ModelConfig fields.
-BLOCK_KEYS = ("preset", "hf_path", "hf_paths", "tokenizer_path", "outside_cell", "outside_seed",
-              "effort_in_prompt", "endpoints", "endpoint_timeout_s", "endpoint_retries",
-              "parity_tolerance")
+BLOCK_KEYS = _block_keys()
 # Overrides that would change the shape of a checkpoint's tensors.
 _SHAPE_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                  "mlp_dim", "qk_norm", "attention_bias", "tie_embeddings", "family")
