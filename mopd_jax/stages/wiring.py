@@ -102,8 +102,7 @@ def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> t
       parity_probe(ctx, scoring, scorer)
     return scoring, scorer
   # Co-located or disaggregated: log-probs come back on the student mesh.
-  return scoring, placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k,
-                                         tokenizer_hash=tokenizer.fingerprint(ctx.tok))
+  return scoring, placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k)
 
 
 def parity_probe_set(ctx: Run, *, rows: int, max_len: int = 0):
@@ -123,7 +122,7 @@ def parity_probe(ctx: Run, scoring: teachers.TeacherBank, scorer, *, rows: int =
   exceeds `teacher.parity_tolerance`."""
   local = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh,
                                   tokenizer_hash=tokenizer.fingerprint(ctx.tok))
-  longest = [s.info().max_sequence for s in (local, scorer) if s.info().max_sequence]
+  longest = [n for n in (local.info().max_sequence, scorer.info().max_sequence) if n]
   probe = parity_probe_set(ctx, rows=rows, max_len=min(longest, default=0))
   measured = parity.gaps(local, scorer, probe)
   tol = ctx.config.teacher.parity_tolerance

@@ -326,7 +326,7 @@ class EndpointScorer:
   def score_probe(self, probe: source.Probe) -> dict:
     """{cell: [each probe row's log-probs]}, a request per row (with the retries of the
     module docstring)."""
-    source.stratified_probe(probe, self.names)  # names an unknown cell
+    source.check_cells(probe, self.names)
     return {cell: [np.asarray(self.score_row(cell, row)[0], np.float32) for row in rows]
             for cell, rows in probe.rows.items()}
 

@@ -64,15 +64,20 @@ class ScoringSource(Protocol):
   def score_probe(self, probe: Probe) -> dict: ...
 
 
-def stratified_probe(probe: Probe, cells: Sequence[str], *, pad_id: int = 0,
-                     row_multiple: int = 1) -> tuple:
-  """(tokens [K, b, T], mask [K, b, T]) of `probe` laid out by `cells` (the bank's order):
-  each cell's rows right-padded, b rounded up to `row_multiple` (a mesh's batch axes), the
-  cells the probe leaves out empty. ValueError for a probe cell the source does not score."""
+def check_cells(probe: Probe, cells: Sequence[str]) -> None:
+  """ValueError for a probe cell that a source scoring `cells` does not score."""
   unknown = sorted(set(probe.rows) - set(cells))
   if unknown:
     raise ValueError(f"the probe names cells {unknown} that the source does not score "
                      f"(it scores {list(cells)})")
+
+
+def stratified_probe(probe: Probe, cells: Sequence[str], *, pad_id: int = 0,
+                     row_multiple: int = 1) -> tuple:
+  """(tokens [K, b, T], mask [K, b, T]) of `probe` laid out by `cells` (the bank's order):
+  each cell's rows right-padded, b rounded up to `row_multiple` (a mesh's batch axes), the
+  cells the probe leaves out empty (`check_cells` first)."""
+  check_cells(probe, cells)
   b = max(len(rs) for rs in probe.rows.values())
   b = -(-b // row_multiple) * row_multiple
   t = max(len(r) for rs in probe.rows.values() for r in rs)
