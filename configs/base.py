@@ -167,6 +167,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.rl = ml_collections.ConfigDict()
   c.rl.loss = "pmd"  # pmd (Kimi K1.5/K2 policy mirror descent) | grpo (clipped ratio)
+  # Each loss's own hyperparameters (its `LossKind.args`), a block per loss of the stage: the
+  # run reads the block of the loss it trains with, and a block of another loss must keep its
+  # defaults. A plugin loss's config file adds its block.
+  c.rl.loss_args = ml_collections.ConfigDict()
+  c.rl.loss_args.pmd = dict(token_clip=0.0)  # per-token log-ratio clip (K2.5 style); 0 = off
+  # The clipped ratio [1 - eps_low, 1 + eps_high] ("clip-higher") and the log-ratio's clip.
+  c.rl.loss_args.grpo = dict(eps_low=0.2, eps_high=0.28, log_ratio_clip=20.0)
   c.rl.steps_per_effort = 20  # RL iterations of the first (largest-tau) effort phase
   c.rl.prompts_per_step = 16  # prompts per iteration
   c.rl.group_size = 4  # K samples per prompt
@@ -196,7 +203,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # that of the window before; 0 = off.
   c.rl.plateau_window = 0
   c.rl.plateau_delta = 0.02
-  c.rl.token_clip = 0.0  # PMD per-token log-ratio clip (K2.5-style regulariser); 0 = off
   c.rl.temperature = 1.0  # sampling temperature of RL rollouts
   # Validation prompts each teacher is evaluated on when its phase ends (greedy, capped at
   # the split's size): the rl stage's teacher table and `teachers.json`; nothing downstream
@@ -236,16 +242,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # top_k tokens at each position, corrected for the truncation) | vocab_kl | outcome, or a
   # plugin's (`plugins`)
   c.mopd.loss = "mopd"
-  # The loss's own hyperparameters, when it declares them (`LossKind.args`; a plugin's config
-  # file sets this block, whose fields the command line can then override)
+  # Each loss's own hyperparameters (`LossKind.args`), a block per loss as for rl.loss_args;
+  # a loss without a block takes its args' defaults.
   c.mopd.loss_args = ml_collections.ConfigDict()
-  c.mopd.top_k = 8  # teacher tokens per position of the topk loss
+  c.mopd.loss_args.pg = dict(eps_low=0.2, eps_high=0.28, log_ratio_clip=20.0)
+  c.mopd.loss_args.topk = dict(k=8)  # teacher tokens per position
+  # The weight of the future-KL term, which charges each sampled token with the exact KL of
+  # the rest of its rollout (mopd_jax/training/vocab_kl.py `future_kl_term`); 0 = off.
+  c.mopd.loss_args.vocab_kl = dict(future_kl=0.0)
   # Weight of the outcome-reward term: alpha * (verifier reward - its (domain, effort)
   # cell's batch mean) on every generated token, REINFORCE; 0 = pure distillation.
   c.mopd.alpha = 0.0
-  # `vocab_kl` only: weight of the future-KL term, which charges each sampled token with the
-  # exact KL of the rest of its rollout (mopd_jax/training/vocab_kl.py `future_kl_term`); 0 = off.
-  c.mopd.future_kl = 0.0
   # Teacher scoring one step behind sampling: 0 = synchronous; 1 = the teachers score batch
   # k while the student samples batch k+1 (worth it with placement "disaggregated"). The
   # one-update-stale batch is trained with truncated importance weights

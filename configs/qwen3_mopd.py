@@ -95,7 +95,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.prompts_per_step = 4 if tiny else 16  # prompts per iteration
   c.rl.group_size = 2 if tiny else 4  # K samples per prompt
   c.rl.lr = 1e-3 if tiny else 1e-6
-  c.rl.token_clip = 5.0  # PMD per-token log-ratio clip (K2.5-style regulariser)
+  c.rl.loss_args.pmd.token_clip = 5.0  # PMD per-token log-ratio clip (K2.5-style regulariser)
 
   c.mopd.steps = 3 if tiny else 60  # student updates
   c.mopd.prompts_per_cell = 1 if tiny else 4  # b prompts per (domain, effort) cell per step

@@ -26,9 +26,9 @@ The rows (`ROWS`), each testing one claim:
   equal compute (GKD's claim);
 - rl_compute: RL on the student with the tasks' verifiable rewards (`mopd.loss=outcome`)
   in the 60 steps from the same init: distillation against RL at equal compute;
-- future_kl: the `vocab_kl` loss with its future-KL term (`mopd.future_kl=1`), the rest of
-  the sequence-level KL's gradient: whether charging a token with the KL of what follows it
-  removes the rare rollouts that leave the teacher's track;
+- future_kl: the `vocab_kl` loss with its future-KL term (`mopd.loss_args.vocab_kl.future_kl=1`),
+  the rest of the sequence-level KL's gradient: whether charging a token with the KL of what
+  follows it removes the rare rollouts that leave the teacher's track;
 - from_sft: `configs/toy.py:from_sft`, on-policy steps only, from pi_SFT;
 - from_sft_eq15: the same with K3 eq. 15's sampled-token loss: what the loss does from pi_SFT.
 """
@@ -49,11 +49,11 @@ ROWS = {
     "default": ("", [], True),
     "init_only": ("", ["--config.mopd.steps=1", "--config.mopd.lr=1e-12"], True),
     "eq15": ("", ["--config.mopd.loss=mopd"], True),
-    "topk": ("", ["--config.mopd.loss=topk", "--config.mopd.top_k=8"], True),
+    "topk": ("", ["--config.mopd.loss=topk", "--config.mopd.loss_args.topk.k=8"], True),
     # the init's and the steps' updates and samples: sft_compute_overrides
     "sft_compute": ("", ["--config.mopd.steps=1", "--config.mopd.lr=1e-12"], False),
     "rl_compute": ("", ["--config.mopd.loss=outcome", "--config.mopd.alpha=1.0"], True),
-    "future_kl": ("", ["--config.mopd.future_kl=1.0"], True),
+    "future_kl": ("", ["--config.mopd.loss_args.vocab_kl.future_kl=1.0"], True),
     "from_sft": (":from_sft", [], False),
     "from_sft_eq15": (":from_sft", ["--config.mopd.loss=mopd"], False),
 }

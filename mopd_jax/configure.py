@@ -62,15 +62,34 @@ def import_plugins(spec: str) -> tuple:
 
 
 def _losses(fields: dict) -> None:
-  """Each stage's loss is one the registry holds for that stage; the mopd loss's own
-  arguments (`mopd.loss_args`) become its `LossKind.args` dataclass."""
+  """Each stage's loss is one the registry holds for that stage, and its `loss_args` block
+  names losses of that stage: the trained loss's block becomes its `LossKind.args`
+  dataclass; another loss's block must keep that loss's defaults (a setting the run would
+  not use is an error, not silence)."""
   for stage in ("rl", "mopd"):
-    name = fields[stage].loss
-    if name not in registry.names(stage):
-      raise ValueError(f"{stage}.loss={name!r}; expected one of {registry.names(stage)}")
-  m = fields["mopd"]
-  fields["mopd"] = dataclasses.replace(
-      m, loss_args=registry.loss_args(m.loss, m.loss_args, "mopd.loss_args"))
+    blk, known = fields[stage], registry.names(stage)
+    if blk.loss not in known:
+      raise ValueError(f"{stage}.loss={blk.loss!r}; expected one of {known}")
+    given = dict(blk.loss_args or {})
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+      raise ValueError(f"{stage}.loss_args has block(s) {unknown} of no {stage} loss; the "
+                       f"registered ones are {known} (a plugin loss: name its module in "
+                       "plugins)")
+    for other in sorted(set(given) - {blk.loss}):
+      field = f"{stage}.loss_args.{other}"
+      args = registry.loss_args(other, given[other], field)
+      try:
+        default = registry.default_args(other)
+      except TypeError:  # its args have required fields: nothing to compare with
+        continue
+      if args != default:
+        changed = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
+                   if getattr(args, f.name) != getattr(default, f.name)}
+        raise ValueError(f"{field} sets {changed}, but {stage}.loss={blk.loss!r}: the "
+                         f"setting would not be used (set {stage}.loss={other!r}, or drop it)")
+    fields[stage] = dataclasses.replace(blk, loss_args=registry.loss_args(
+        blk.loss, given.get(blk.loss), f"{stage}.loss_args.{blk.loss}"))
 
 
 def _build(config: ml_collections.ConfigDict,
@@ -188,9 +207,6 @@ def _algorithm_checks(c: config_mod.RunConfig) -> None:
                      f"advantages; it needs mopd.alpha > 0, got {m.alpha!r}")
   if kind.teachers_in_step:
     vocab_kl.check_config(m, teachers=c.placement.teachers, endpoints=c.teacher.endpoints)
-  elif m.future_kl:
-    raise ValueError(f"mopd.future_kl weighs a term of the vocab_kl loss (the exact KL of "
-                     f"each rollout's rest); mopd.loss={m.loss!r} has none: set it to 0")
 
 
 def _those(stage: str, prop: str) -> str:

@@ -112,8 +112,14 @@ CASES = [
     ("c.mopd.loss = 'vocab_kl'; c.mopd.alpha = 0.5", "it needs mopd.alpha=0.0"),
     ("c.mopd.loss = 'kl'", "mopd.loss='kl'"),
     ("c.mopd.loss = 'outcome'", "it needs mopd.alpha > 0"),
-    ("c.mopd.loss = 'mopd'; c.mopd.future_kl = 1.0", "mopd.loss='mopd' has none"),
-    ("c.mopd.future_kl = -1.0", "mopd.future_kl must be"),
+    ("c.mopd.loss = 'mopd'; c.mopd.loss_args.vocab_kl.future_kl = 1.0",
+     "mopd.loss_args.vocab_kl sets {'future_kl': 1.0}, but mopd.loss='mopd'"),
+    ("c.mopd.loss = 'vocab_kl'; c.mopd.loss_args.vocab_kl.future_kl = -1.0",
+     "mopd.loss_args.vocab_kl: future_kl must be"),
+    ("c.rl.loss_args.pmd.token_clp = 1.0", "rl.loss_args.pmd.token_clp"),
+    ("c.rl.loss_args.grpo.eps_low = 0.1",
+     "rl.loss_args.grpo sets {'eps_low': 0.1}, but rl.loss='pmd'"),
+    ("c.mopd.loss_args.kl = {}", "mopd.loss_args has block(s) ['kl'] of no mopd loss"),
 ]
 
 

@@ -15,6 +15,7 @@ from mopd_jax import configure
 from mopd_jax.evaluation import report, report_plots
 from mopd_jax.tasks import grid as grid_mod
 from mopd_jax.teachers import bank as teachers
+import toy_grid
 import suite_cli
 
 ROOT = suite_cli.ROOT
@@ -29,7 +30,7 @@ def test_grid_from_config():
   g = configure.run_grid(c)
   assert g.domains == ("gen", "agt", "cod") and g.effort_names == ("low", "high", "max")
   assert g.anneal_order == ("max", "high", "low") and g.by_budget == ("low", "high", "max")
-  assert g.names == teachers.DEFAULT_NAMES and len(g.cells) == 9
+  assert g.names == toy_grid.NAMES and len(g.cells) == 9
   assert g.taus == {"low": 0.3, "high": 0.72, "max": 1.5}
   c.domains, c.efforts = "cod, gen", "max,low"  # order and spaces as written
   g = configure.run_grid(c)

@@ -5,7 +5,8 @@ import pytest
 
 
 def test_mopd_cell_prompts_shared_or_distinct_across_efforts():
-  from mopd_jax.tasks import grid as grid_mod, TOY_DOMAINS as DOMAINS
+  from mopd_jax.tasks import grid as grid_mod
+  from toy_grid import DOMAINS
   from mopd_jax.training import mopd
   grid = grid_mod.Grid(DOMAINS, tuple(grid_mod.Effort(e, t) for e, t in
                                       (("low", 0.3), ("high", 0.7), ("max", 1.5))))

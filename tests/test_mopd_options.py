@@ -16,10 +16,12 @@ from mopd_jax.io.tokenizer import CharTokenizer, DEFAULT_EFFORTS as EFFORTS
 from mopd_jax.models import logprobs
 from mopd_jax.rollout import turns as rollout
 from mopd_jax.runtime import sharding
-from mopd_jax.tasks import get_task, TOY_DOMAINS as DOMAINS, views
+from mopd_jax.tasks import get_task, views
 from mopd_jax.teachers import bank as teachers, placement
 from mopd_jax.training import mopd, step as train
 import suite_cli
+import toy_grid
+from toy_grid import DOMAINS
 from mopd_jax import configure
 
 ROOT = suite_cli.ROOT
@@ -93,7 +95,7 @@ def test_alpha_changes_the_loss_and_zero_alpha_is_the_old_path(kind):
 def test_topk_mopd_step_is_zero_when_the_student_is_every_teacher():
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
   params = models.init_params(CFG, jax.random.PRNGKey(0))
-  bank = teachers.build_bank(CFG, [params] * 9, names=teachers.DEFAULT_NAMES)
+  bank = teachers.build_bank(CFG, [params] * 9, names=toy_grid.NAMES)
   scorer = placement.TeacherScorer(bank, mesh, mesh, top_k=4)
   trainer = train.Trainer(CFG, train.LossConfig(kind="topk"), train.OptimConfig(lr=1e-2),
                           mesh=mesh)
@@ -115,7 +117,7 @@ def test_topk_mopd_step_is_zero_when_the_student_is_every_teacher():
   assert m["topk_kl"] == pytest.approx(0.0, abs=1e-6)
   assert m["kl"] == pytest.approx(0.0, abs=1e-5)  # the sampled-token estimate, as for mopd
   assert m["grad_norm"] == pytest.approx(0.0, abs=1e-5)
-  assert set(rec.cells) == set(teachers.DEFAULT_NAMES)
+  assert set(rec.cells) == set(toy_grid.NAMES)
   with pytest.raises(ValueError, match="top-k"):  # a scorer without top-k cannot feed it
     step(state, lambda b, t, m: scorer(t, m)[0])
 
@@ -138,7 +140,7 @@ def test_outside_teacher_config_reports_initial_kl_per_cell(tmp_path):
   assert manifest["teachers"]["cod/high"]["parent"] == manifest["same_origin"]["cod/max"]["path"]
   rep = json.load(open(tmp_path / "report.json"))
   by_cell = rep["kl"]["initial_by_cell"]
-  assert set(by_cell) == set(teachers.DEFAULT_NAMES)
+  assert set(by_cell) == set(toy_grid.NAMES)
   assert {n for n, c in by_cell.items() if c["origin"] == "outside"} == {"cod/max"}
   assert set(rep["kl"]["initial_by_origin"]) == {"same", "outside"}
   assert by_cell["cod/max"]["kl"] == pytest.approx(rep["kl"]["initial_by_origin"]["outside"])
@@ -164,8 +166,8 @@ def test_bad_outside_teacher_config_raises(change, match):
   with pytest.raises(ValueError, match=match):
     configure.build(c, 1)
   c = cfg_mod.get_config("fast")
-  c.mopd.loss, c.mopd.top_k = "topk", 0
-  with pytest.raises(ValueError, match="top_k"):
+  c.mopd.loss, c.mopd.loss_args.topk.k = "topk", 0
+  with pytest.raises(ValueError, match=r"mopd\.loss_args\.topk: k must be"):
     configure.build(c, 1)
 
 

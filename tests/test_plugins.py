@@ -43,15 +43,22 @@ def test_a_plugin_loss_is_registered_with_its_args():
   assert rc.mopd.loss_args == scaled_loss.ScaledArgs(scale=1.0)  # the dataclass's default
   assert rc.grid.domains == ("gen", "par")
   c = _config()
-  c.mopd.loss_args = {"scale": 2.5}
+  c.mopd.loss_args.scaled_mopd = {"scale": 2.5}
   assert configure.build(c, 1).mopd.loss_args.scale == 2.5
+  c.mopd.loss_args.scaled_mopd.scale = 0.5  # what --config.mopd.loss_args.scaled_mopd.scale sets
+  assert configure.build(c, 1).mopd.loss_args.scale == 0.5
 
 
 @pytest.mark.parametrize("change, match", [
-    (lambda c: setattr(c.mopd, "loss_args", {"scal": 2.0}), r"mopd\.loss_args\.scal"),
-    (lambda c: setattr(c.mopd, "loss_args", {"scale": -1.0}), r"mopd\.loss_args: scale must"),
-    (lambda c: (setattr(c.mopd, "loss", "mopd"), setattr(c.mopd, "loss_args", {"scale": 2.0})),
-     r"loss 'mopd' takes no arguments"),
+    (lambda c: setattr(c.mopd.loss_args, "scaled_mopd", {"scal": 2.0}),
+     r"mopd\.loss_args\.scaled_mopd\.scal"),
+    (lambda c: setattr(c.mopd.loss_args, "scaled_mopd", {"scale": -1.0}),
+     r"mopd\.loss_args\.scaled_mopd: scale must"),
+    (lambda c: (setattr(c.mopd, "loss", "mopd"),
+                setattr(c.mopd.loss_args, "scaled_mopd", {"scale": 2.0})),
+     r"mopd\.loss_args\.scaled_mopd sets \{'scale': 2\.0\}, but mopd\.loss='mopd'"),
+    (lambda c: setattr(c.mopd.loss_args, "mopd", {"scale": 2.0}),
+     r"mopd\.loss_args\.mopd sets \['scale'\], but loss 'mopd' takes no arguments"),
     (lambda c: setattr(c, "plugins", "plugin_examples.no_such_module"),
      r"plugins: cannot import 'plugin_examples.no_such_module'"),
     (lambda c: setattr(c.mopd, "loss", "pmd"), r"mopd\.loss='pmd'; expected one of"),
@@ -76,20 +83,22 @@ def test_the_plugin_loss_reads_its_args_through_the_step():
   cfg = step.LossConfig(kind="scaled_mopd", args=scaled_loss.ScaledArgs(scale=3.0))
   got, _ = registry.loss_from_stats(cfg, st, batch)
   assert math.isclose(float(got), 3.0 * float(want), rel_tol=1e-6)
+  assert step.LossConfig(kind="scaled_mopd").args == scaled_loss.ScaledArgs()  # None: defaults
   with pytest.raises(ValueError, match="takes args of type"):
-    step.LossConfig(kind="scaled_mopd")  # its args are required
+    step.LossConfig(kind="scaled_mopd", args=registry.VocabKLArgs())
   with pytest.raises(ValueError, match="already registered"):
     registry.register_loss("scaled_mopd", separable=True)(lambda *a: None)
 
 
 def test_the_plugin_domain_generates_and_verifies():
-  from mopd_jax.tasks import base
+  """The verifier contract every package task meets (tests/test_tasks.py), on `par`; and
+  the TFDS builder takes a domain registered after it loaded."""
+  from mopd_jax.tasks import base, datasets
   import plugin_examples.parity_domain  # noqa: F401  (registers `par`)
-  task = base.get_task("par")
-  for ex in task.generate(seed=0, n=20):
-    for style in base.STYLES:
-      assert task.verify(ex, ex.solutions[style]) == 1.0, (ex.prompt, style)
-    assert task.verify(ex, "#" + str(1 - int(ex.answer))) == 0.0
+  from test_tasks import check_verifier_contract
+  check_verifier_contract(base.get_task("par"), base.get_task("par").generate(seed=0, n=20))
+  assert "par" not in {c.name for c in datasets.MopdTasks.BUILDER_CONFIGS}
+  assert datasets.make_builder("par", "/nonexistent").builder_config.name == "par"
 
 
 def test_a_plugin_domain_takes_its_options_from_its_task_block(tmp_path):

@@ -28,7 +28,8 @@ import pytest
 from mopd_jax import models
 from mopd_jax.io import checkpoint
 from mopd_jax.runtime import sharding
-from mopd_jax.tasks import grid as grid_mod, TOY_DOMAINS
+from mopd_jax.tasks import grid as grid_mod
+from toy_grid import DOMAINS as TOY_DOMAINS, NAMES as TOY_NAMES
 from mopd_jax.teachers import bank as teachers
 from mopd_jax.training import step as train
 import suite_cli
@@ -248,7 +249,7 @@ def test_teacher_manifest_validation(tmp_path):
   check = lambda m: teachers.validate_manifest(m, "m.json", grid, student_cfg=student)
   sig = teachers.model_signature(student)
   entries = {}
-  for name in teachers.DEFAULT_NAMES:
+  for name in TOY_NAMES:
     os.makedirs(tmp_path / name.replace("/", "_"))
     entries[name] = {"path": str(tmp_path / name.replace("/", "_")), "model": dict(sig)}
   check({"teachers": entries})  # consistent: no error

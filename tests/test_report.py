@@ -8,7 +8,7 @@ def test_report_checks_evaluate_the_bars():
   """Each bar is computed from the cells, the KL curve and the wall times; a missing policy
   leaves its checks undecided (None) rather than failed."""
   from mopd_jax.evaluation import report
-  from mopd_jax.tasks import TOY_DOMAINS
+  from toy_grid import DOMAINS as TOY_DOMAINS
   lengths = {"low": 3.0, "high": 9.0, "max": 19.0}
   cells = []
   for d in TOY_DOMAINS:
@@ -144,7 +144,7 @@ def test_outside_teacher_accuracy_is_compared_with_the_teacher_it_replaces():
 
 
 def _seed_report(acc: float, ok: bool):
-  from mopd_jax.tasks import TOY_DOMAINS
+  from toy_grid import DOMAINS as TOY_DOMAINS
   grid = {"domains": list(TOY_DOMAINS[:1]), "efforts": [["low", 0.3], ["max", 1.5]]}
   cells = [{"policy": p, "domain": "gen", "effort": e, "accuracy": acc, "mean_length": 10.0,
             "over_budget_rate": 0.0, "n": 8} for p in ("sft", "teacher") for e in ("low", "max")]

@@ -220,17 +220,18 @@ def test_mopd_step_scored_by_the_server_equals_in_process():
   equals the update with the in-process co-located scorer."""
   from mopd_jax.rollout import turns as rollout
   from mopd_jax.runtime import sharding
-  from mopd_jax.tasks import get_task, TOY_DOMAINS
+  from mopd_jax.tasks import get_task
+  import toy_grid
   from mopd_jax.teachers import placement
   from mopd_jax.training import mopd, step as train
   cfg = models.ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=1, num_heads=4,
                            num_kv_heads=2, head_dim=8, mlp_dim=64, max_seq_len=128)
-  names = teachers.DEFAULT_NAMES
+  names = toy_grid.NAMES
   bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(20 + k))
                                    for k in range(len(names))], names=names)
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
   trainer = train.Trainer(cfg, train.LossConfig(kind="mopd"), train.OptimConfig(lr=1e-2), mesh=mesh)
-  tasks = {d: get_task(d) for d in TOY_DOMAINS}
+  tasks = {d: get_task(d) for d in toy_grid.DOMAINS}
   cells = [tuple(n.split("/")) for n in names]
   per_cell = [tasks[d].generate(seed=i, n=2) for i, (d, _) in enumerate(cells)]
   engine = rollout.RolloutEngine(cfg, TOK, max_response_tokens=10, max_turns=1)

@@ -10,6 +10,7 @@ from configs import toy
 from mopd_jax import tasks
 from mopd_jax.io.tokenizer import CharTokenizer
 from mopd_jax.tasks import base, cod, datasets, jsonl, sandbox
+import toy_grid
 
 TOK = CharTokenizer()
 N = 400  # examples per domain in the generator tests
@@ -18,7 +19,7 @@ TAUS = {name: block.tau for name, block in toy.get_config().effort.items()}  # t
 MAX_PROMPT, MAX_LEN = 64, dict(full=90, brief=56, direct=15)
 
 
-@pytest.fixture(scope="module", params=tasks.TOY_DOMAINS)
+@pytest.fixture(scope="module", params=toy_grid.DOMAINS)
 def domain_examples(request):
   task = tasks.get_task(request.param)
   return task, task.generate(seed=0, n=N)
@@ -28,26 +29,33 @@ def ntok(text):
   return len(TOK.encode(text))
 
 
-def wrong_response(ex):
-  """A response with the right shape and a wrong final answer."""
-  if ex.domain == "gen":
-    return ex.solutions["full"].rsplit("#", 1)[0] + "#" + str(int(ex.answer) + 1)
-  if ex.domain == "agt":
-    other = next(n for n in sorted(ex.meta["boss"]) if n != ex.answer)
-    return ex.solutions["full"].rsplit("#", 1)[0] + "#" + other
-  a, b = ex.meta["a"], ex.meta["b"]
-  return "#" + cod.canonical_expr(a, b + 1)
+def check_verifier_contract(task, examples):
+  """What every generated task's verifier owes: each reference style scores 1, the task's
+  own `wrong_response` (the right shape, a wrong final answer) and answerless text score 0,
+  the answer is read after the last `#`, and nothing raises."""
+  for ex in examples:
+    wrong = task.wrong_response(ex)
+    for style in tasks.STYLES:
+      assert task.verify(ex, ex.solutions[style]) == 1.0, (style, ex.solutions[style])
+    assert task.verify(ex, wrong) == 0.0, wrong
+    assert task.verify(ex, "") == 0.0
+    assert task.verify(ex, "no answer marker " + ex.answer) == 0.0
+    # The answer is parsed from the last `#`; an EOS and what follows are ignored.
+    assert task.verify(ex, ex.solutions["direct"] + "<eos><pad><pad>") == 1.0
+    assert task.verify(ex, wrong + "\n" + ex.solutions["direct"]) == 1.0
+    assert task.verify(ex, ex.solutions["direct"] + "\n" + wrong) == 0.0
+  assert task.num_verify_errors == 0
 
 
 # --- the interface ----------------------------------------------------------------------------
 def test_registry_and_names():
-  for d in tasks.TOY_DOMAINS:
+  for d in toy_grid.DOMAINS:
     t = tasks.get_task(d)
     assert t.name == d and (t.environment is not None) == (d == "agt")
   assert tasks.get_task("gen") is not tasks.get_task("gen")  # fresh counters per instance
   with pytest.raises(ValueError, match=r"unknown task 'math'; registered: \['agt', 'cod', "):
     tasks.get_task("math")
-  assert set(tasks.TOY_DOMAINS) <= set(tasks.registered())
+  assert set(toy_grid.DOMAINS) <= set(tasks.registered())
   relabelled = tasks.get_task("gen", domain="arith").generate(0, 2)
   assert all(ex.domain == "arith" and ex.uid.startswith("arith-") for ex in relabelled)
   with pytest.raises(ValueError, match="not a valid domain name"):
@@ -89,18 +97,7 @@ def test_examples_are_json_and_fit_the_toy_model(domain_examples):
 
 def test_every_style_verifies_and_wrong_answers_do_not(domain_examples):
   task, exs = domain_examples
-  sub = exs[:60]
-  for ex in sub:
-    for style in tasks.STYLES:
-      assert task.verify(ex, ex.solutions[style]) == 1.0, (style, ex.solutions[style])
-    assert task.verify(ex, wrong_response(ex)) == 0.0, wrong_response(ex)
-    assert task.verify(ex, "") == 0.0
-    assert task.verify(ex, "no answer marker " + ex.answer) == 0.0
-    # The answer is parsed from the last `#`; an EOS and what follows are ignored.
-    assert task.verify(ex, ex.solutions["direct"] + "<eos><pad><pad>") == 1.0
-    assert task.verify(ex, wrong_response(ex) + "\n" + ex.solutions["direct"]) == 1.0
-    assert task.verify(ex, ex.solutions["direct"] + "\n" + wrong_response(ex)) == 0.0
-  assert task.num_verify_errors == 0
+  check_verifier_contract(task, exs[:60])
   if task.name == "cod":
     assert task.num_sandbox_runs == 0  # every generated or wrong response took the fast path
 
@@ -167,7 +164,7 @@ def test_bad_examples_are_refused():
 
 
 def test_prompt_length_error_or_counted_skip():
-  exs = [e for d in tasks.TOY_DOMAINS for e in tasks.get_task(d).generate(0, 10)]
+  exs = [e for d in toy_grid.DOMAINS for e in tasks.get_task(d).generate(0, 10)]
   cap = max(len(e.prompt) for e in exs) - 1
   with pytest.raises(tasks.DataError, match="over the maximum"):
     tasks.check_prompt_length(exs, cap, on_too_long="error")
@@ -375,7 +372,7 @@ SIZES = (300, 60, 60)
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   d = tmp_path_factory.mktemp("tfds")
-  for domain in tasks.TOY_DOMAINS:
+  for domain in toy_grid.DOMAINS:
     datasets.prepare(domain, str(d), seed=0, sizes=SIZES)
   return str(d)
 
@@ -385,7 +382,7 @@ def test_tfds_builds_without_tensorflow(data_dir):
   assert "tensorflow" not in sys.modules
 
 
-@pytest.mark.parametrize("domain", tasks.TOY_DOMAINS)
+@pytest.mark.parametrize("domain", toy_grid.DOMAINS)
 def test_tfds_splits_are_disjoint_and_match_the_generator(data_dir, domain):
   splits = {s: datasets.load_split(domain, s, data_dir, sizes=SIZES) for s in datasets.SPLITS}
   assert [len(splits[s]) for s in datasets.SPLITS] == list(SIZES)
@@ -406,7 +403,7 @@ def test_tfds_splits_are_disjoint_and_match_the_generator(data_dir, domain):
   assert [train[i] for i in range(5)] == tasks.get_task(domain).generate(0, 5)  # in order
 
 
-@pytest.mark.parametrize("domain", tasks.TOY_DOMAINS)
+@pytest.mark.parametrize("domain", toy_grid.DOMAINS)
 def test_problem_keys_ignore_what_does_not_change_the_answer(domain):
   """Examples with one problem key have one answer, and the generators do repeat problems
   under other prompts (a memo, a comment), which is why splits exclude keys, not prompts."""

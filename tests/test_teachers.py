@@ -7,6 +7,7 @@ import pytest
 from mopd_jax import models
 from mopd_jax.models import logprobs
 from mopd_jax.teachers import bank as teachers
+import toy_grid
 
 CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
                          head_dim=16, mlp_dim=64, max_seq_len=64)
@@ -19,12 +20,12 @@ def bank():
   # Nine distinct teachers made cheaply: one init, each leaf scaled per teacher.
   base = models.init_params(CFG, jax.random.PRNGKey(0))
   plist = [jax.tree.map(lambda x, i=i: x * (1.0 + 0.1 * i), base) for i in range(9)]
-  return teachers.build_bank(CFG, plist, student_cfg=CFG), plist
+  return teachers.build_bank(CFG, plist, names=toy_grid.NAMES, student_cfg=CFG), plist
 
 
-def test_router_default_names(bank):
+def test_router_names(bank):
   b, _ = bank
-  assert b.router.names == teachers.DEFAULT_NAMES and b.num_teachers == 9
+  assert b.router.names == toy_grid.NAMES and b.num_teachers == 9
   assert b.router.index("gen", "low") == 0 and b.router.index("cod", "max") == 8
   np.testing.assert_array_equal(b.router.route(["agt", "gen"], ["high", "max"]), [4, 2])
   with pytest.raises(ValueError, match="no teacher for"):
@@ -37,6 +38,8 @@ def test_any_names_allowed():
            "b/y": models.init_params(CFG, jax.random.PRNGKey(1))}
   b = teachers.build_bank(CFG, plist)
   assert b.router.index("b", "y") == 1
+  with pytest.raises(ValueError, match="needs their names"):
+    teachers.build_bank(CFG, list(plist.values()))
 
 
 def test_vocab_mismatch_names_both_sizes():

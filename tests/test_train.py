@@ -21,9 +21,11 @@ from mopd_jax.io import hf
 from mopd_jax.io.tokenizer import CharTokenizer, DEFAULT_EFFORTS as EFFORTS
 from mopd_jax.rollout import turns as rollout
 from mopd_jax.runtime import sharding
-from mopd_jax.tasks import get_task, TOY_DOMAINS as DOMAINS
+from mopd_jax.tasks import get_task
 from mopd_jax.teachers import bank as teachers, placement
 from mopd_jax.training import mopd, registry as loss_kinds, step as train
+import toy_grid
+from toy_grid import DOMAINS
 
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("none", "int8", "int4")
@@ -146,7 +148,7 @@ def test_bf16_qwen3_mopd_step_end_to_end():
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
   student = models.init_params(cfg, jax.random.PRNGKey(0))
   bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(1 + i))
-                                   for i in range(9)], names=teachers.DEFAULT_NAMES)
+                                   for i in range(9)], names=toy_grid.NAMES)
   scorer = placement.TeacherScorer(bank, mesh, mesh)
   trainer = train.Trainer(cfg, train.LossConfig(kind="mopd"),
                           train.OptimConfig(lr=1e-2, warmup_steps=0), mesh=mesh)
@@ -162,7 +164,7 @@ def test_bf16_qwen3_mopd_step_end_to_end():
   m = rec.metrics
   assert m["finite"] == 1.0 and np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])
   assert m["kl"] != 0.0  # nine different teachers: the reward is not trivially zero
-  assert set(rec.cells) == set(teachers.DEFAULT_NAMES)
+  assert set(rec.cells) == set(toy_grid.NAMES)
   for p, q in zip(jax.tree.leaves(state.params), jax.tree.leaves(student)):
     assert p.dtype == jnp.bfloat16 and p.shape == q.shape
 

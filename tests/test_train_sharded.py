@@ -11,7 +11,7 @@ from mopd_jax.models import logprobs
 from mopd_jax.rollout import sampling
 from mopd_jax.runtime import sharding
 from mopd_jax.teachers import bank as teachers
-from mopd_jax.training import length_groups, losses, step as train
+from mopd_jax.training import length_groups, losses, registry, step as train
 
 CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2,
                          head_dim=8, mlp_dim=64, max_seq_len=64, qk_norm=True)
@@ -121,7 +121,8 @@ def test_pg_step_matches_mopd_step_on_policy(params):
   batch = batch.replace(sampler_logprobs=lp)
   grads = {}
   for kind in ("mopd", "pg"):
-    lc = train.LossConfig(kind=kind, eps_low=0.2, eps_high=0.2)
+    args = registry.RatioClip(eps_low=0.2, eps_high=0.2) if kind == "pg" else None
+    lc = train.LossConfig(kind=kind, args=args)
     # Jitted: op-by-op, every primitive of the forward and backward compiles on its own.
     grads[kind] = jax.jit(jax.grad(lambda p, b: train.compute_loss(CFG, lc, p, batch=b)[0]))(
         params, batch)

@@ -3,6 +3,7 @@ the whole vocabulary, on the student's rollouts, with every teacher in one progr
 import numpy as np
 import pytest
 from mopd_jax import configure
+from mopd_jax.training import registry
 
 
 def _setup(effort_free=True):
@@ -157,7 +158,8 @@ def test_future_kl_term_on_the_teachers_layout_matches_the_students_layout():
   def loss(fk):
     return vocab_kl.vocab_kl_loss(s_cfg, student, bank.model_cfg, teacher_params_K=bank.params,
                                   arrays=arrays, batch=batch,
-                                  loss_cfg=train.LossConfig(kind="vocab_kl", future_kl=fk))
+                                  loss_cfg=train.LossConfig(
+                                      kind="vocab_kl", args=registry.VocabKLArgs(future_kl=fk)))
   (l0, _), (l1, m1) = loss(0.0), loss(1.0)
   kl = jnp.asarray(vocab_kl.exact_kl_rows(s_cfg, student, bank, sampled=sampled))
   lp = logprobs.token_logprobs(s_cfg, student, jnp.asarray(sampled.arr["tokens"]),
@@ -169,7 +171,8 @@ def test_future_kl_term_on_the_teachers_layout_matches_the_students_layout():
   np.testing.assert_allclose(float(m1["future_kl_mean"]), float(m_want["future_kl_mean"]),
                              rtol=1e-4)
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-  trainer = train.Trainer(s_cfg, train.LossConfig(kind="vocab_kl", future_kl=1.0),
+  lc = train.LossConfig(kind="vocab_kl", args=registry.VocabKLArgs(future_kl=1.0))
+  trainer = train.Trainer(s_cfg, lc,
                           train.OptimConfig(lr=3e-3, warmup_steps=0, total_steps=2), mesh=mesh)
   state, m = vocab_kl.VocabKLStep.of(trainer).step(trainer.init(student), batch, bank=bank,
                                                    sampled=sampled)

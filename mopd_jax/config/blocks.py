@@ -90,6 +90,7 @@ class SftConfig:
 @dataclasses.dataclass(frozen=True)
 class RlConfig:
   loss: str = _f(Str())  # a loss registered for the rl stage (checked by configure)
+  loss_args: Any = _f(Raw())  # {loss: its hyperparameters}; configure keeps the trained loss's
   steps_per_effort: int = _f(Int())
   prompts_per_step: int = _f(Int())
   group_size: int = _f(Int())
@@ -104,7 +105,6 @@ class RlConfig:
   anneal_steps: int = _f(Int(0))
   plateau_window: int = _f(Int(0))
   plateau_delta: float = _f(Num())
-  token_clip: float = _f(Num())
   temperature: float = _f(Num())
   validation_examples: int = _f(Int(0))
   lane_processes: int = _f(Int())
@@ -125,10 +125,8 @@ class MopdConfig:
   r_max: float = _f(Num(strict=True))
   teacher_temperature: float = _f(Num(strict=True))
   loss: str = _f(Str())  # a loss registered for the mopd stage (checked by configure)
-  loss_args: Any = _f(Raw())  # the loss's own hyperparameters (its LossKind.args, built by configure)
-  top_k: int = _f(Int())
+  loss_args: Any = _f(Raw())  # {loss: its hyperparameters}; configure keeps the trained loss's
   alpha: float = _f(Num())
-  future_kl: float = _f(Num())  # vocab_kl's future-KL term (mopd_jax/training/vocab_kl.py); 0 = off
   staleness: int = _f(OneOf((0, 1)))
   is_bounds: tuple = _f(Seq(Num(), 2))
   init: str = _f(OneOf(("sft", "teacher_sft")))

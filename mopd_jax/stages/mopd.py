@@ -109,7 +109,7 @@ def run(inp: Inputs) -> None:
   c = inp.cfg
   pool = partial.RolloutPool(c.partial_rollout_tokens) if c.partial_rollout_tokens else None
   weighted = c.staleness or (pool is not None and c.partial_mode == "importance")
-  loss_cfg = train.LossConfig(kind=c.loss, r_max=c.r_max, future_kl=c.future_kl,
+  loss_cfg = train.LossConfig(kind=c.loss, r_max=c.r_max,
                               is_bounds=tuple(c.is_bounds) if weighted else None,
                               args=c.loss_args)
   trainer = train.Trainer(inp.model_cfg, loss_cfg,

@@ -196,7 +196,7 @@ def trainer_for(inp: Inputs, ph: dict, trainers: dict) -> train.Trainer:
   key = (ph["lr"], ph["tau_kl"], ph["steps"])
   if key not in trainers:
     loss_cfg = train.LossConfig(kind=c.loss, group_size=c.group_size, tau_kl=ph["tau_kl"],
-                                token_clip=c.token_clip or None)
+                                args=c.loss_args)
     trainers[key] = train.Trainer(
         inp.model_cfg, loss_cfg,
         train.OptimConfig(lr=ph["lr"], warmup_steps=0, total_steps=ph["steps"],

@@ -62,7 +62,7 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
   c, grid = ctx.config.mopd, ctx.grid
   served = bool(ctx.config.teacher.endpoints)
   colocated = ctx.config.placement.teachers == "colocated"
-  top_k = c.top_k if loss_kinds.LOSS_KINDS[c.loss].topk else 0
+  top_k = c.loss_args.k if loss_kinds.LOSS_KINDS[c.loss].topk else 0
   # With teacher servers this process reads the teachers' params only for what runs here:
   # the teacher-SFT init's rollouts and the exact-KL diagnostic.
   if served and c.init != "teacher_sft" and not (c.exact_kl_every and colocated):

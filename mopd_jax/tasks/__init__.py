@@ -13,10 +13,10 @@ files run the `records` task (`mopd_jax.tasks.records`). Beside the tasks: the r
 grid (`grid`), what each party's prompt shows of the effort (`views`) and the length
 budgets measured from samples (`budgets`).
 """
-from mopd_jax.tasks.base import (B0_MARGIN, STYLES, TOY_DOMAINS, DataError, Example, Task,
-                                 budget, check_prompt_length, check_text, compute_b0,
-                                 effort_budget, final_answer, get_task, num_tokens, register,
-                                 registered, validate_domain)
+from mopd_jax.tasks.base import (B0_MARGIN, STYLES, DataError, Example, Task, budget,
+                                 check_prompt_length, check_text, compute_b0, effort_budget,
+                                 final_answer, get_task, num_tokens, register, registered,
+                                 validate_domain)
 from mopd_jax.tasks import agt, cod, gen  # noqa: E402,F401  (the toy tasks register themselves)
 from mopd_jax.tasks import records  # noqa: E402,F401  (the task of record files registers itself)
 

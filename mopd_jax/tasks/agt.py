@@ -155,3 +155,8 @@ class AgtTask(base.Task):
   def _verify(self, example: base.Example, response: str) -> float:
     got = base.final_answer(response)
     return float(got is not None and got == example.answer)
+
+  def wrong_response(self, example: base.Example) -> str:
+    """The full trace ending at another name of the boss table."""
+    other = next(n for n in sorted(example.meta["boss"]) if n != example.answer)
+    return example.solutions["full"].rsplit("#", 1)[0] + "#" + other

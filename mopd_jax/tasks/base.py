@@ -24,7 +24,6 @@ from typing import Any, Callable, Iterable, Sequence
 from mopd_jax.config import choices
 from mopd_jax.io.tokenizer import CharTokenizer
 
-TOY_DOMAINS = ("gen", "agt", "cod")  # the toy's registered tasks (configs/toy.py runs these)
 STYLES = ("full", "brief", "direct")  # reasoning styles of the reference solutions, longest first
 B0_MARGIN = 1.1  # b0 = ceil(B0_MARGIN * (full-response tokens + 1 EOS))
 ON_TOO_LONG = choices.ON_TOO_LONG
@@ -234,11 +233,14 @@ class Task:
   Subclasses set `name` and implement `_stream(seed)` (an endless iterator of examples) and
   `_verify(example, response) -> float`. `environment` is None except for tool-using domains,
   whose class names the four markers (call, call end, observation, observation end) of its
-  tool calls in `tool_markers`: what the run's tokenizer must have.
+  tool calls in `tool_markers`: what the run's tokenizer must have. `generated`: its
+  examples come from `generate` (False for a task of record files, `records`), so the data
+  stage can build its TFDS config from the domain's name alone.
   """
   name: str = ""
   environment = None
   tool_markers: tuple = ()
+  generated: bool = True
 
   @classmethod
   def run_options(cls, config, tokenizer) -> dict:
@@ -257,6 +259,11 @@ class Task:
   # generation
   def _stream(self, seed: int):
     raise NotImplementedError
+
+  def wrong_response(self, example: Example) -> str:
+    """A response in this task's format whose final answer is wrong: one `verify` must
+    score 0 (the verifier contract tests of tests/test_tasks.py ask it of every task)."""
+    raise NotImplementedError(f"task {self.name!r} gives no wrong_response")
 
   def problem_key(self, example: Example):
     """The example's underlying problem: examples with the same key have the same answer

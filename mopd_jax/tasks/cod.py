@@ -212,6 +212,10 @@ class CodTask(base.Task):
   def _limits(self) -> sandbox.Limits:
     return sandbox.Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb)
 
+  def wrong_response(self, example: base.Example) -> str:
+    """The program of another problem: b one larger."""
+    return "#" + canonical_expr(example.meta["a"], example.meta["b"] + 1)
+
   def _verify(self, example: base.Example, response: str) -> float:
     r, job = self._plan(example, response)
     if job is None:

@@ -107,6 +107,11 @@ class GenTask(base.Task):
     got = base.parse_int(base.final_answer(response))
     return float(got is not None and got == int(example.answer))
 
+  def wrong_response(self, example: base.Example) -> str:
+    """The full trace with the answer one off."""
+    trace = example.solutions["full"].rsplit("#", 1)[0]
+    return f"{trace}#{int(example.answer) + 1}"
+
 
 @base.register("gen_pairs")
 class GenPairsTask(GenTask):

@@ -232,6 +232,7 @@ class RecordsTask(base.Task):
   (`meta["verifier"]`, mopd_jax.tasks.verifiers) on `meta["record"]`. Code verifiers run
   in the configured sandbox; a batch is verified on `workers` threads. The environment runs
   the tool calls of records that define `tools` (mopd_jax/tasks/tools.py)."""
+  generated = False
 
   @classmethod
   def run_options(cls, config, tokenizer) -> dict:

@@ -17,7 +17,6 @@ Two scoring layouts:
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Mapping, Optional, Sequence
 
 import flax.struct
@@ -27,14 +26,7 @@ import numpy as np
 
 from mopd_jax import models
 from mopd_jax.io import checkpoint, storage
-from mopd_jax.io.tokenizer import DEFAULT_EFFORTS
 from mopd_jax.models import logprobs
-from mopd_jax.tasks.base import TOY_DOMAINS
-
-# The toy grid's teacher names (gen/low, gen/high, gen/max, agt/low, ...); a run's own names
-# are its grid's (`grid.Grid.names`).
-DEFAULT_NAMES = tuple(f"{d}/{e}"
-                      for d, e in itertools.product(TOY_DOMAINS, DEFAULT_EFFORTS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +85,8 @@ def build_bank(teacher_cfg: models.ModelConfig, teachers: Mapping[str, dict] | S
                names: Optional[Sequence[str]] = None,
                *, student_cfg: Optional[models.ModelConfig] = None,
                sharding=None) -> TeacherBank:
-  """Stack K param pytrees into a bank. `teachers`: {name: params} or a list with `names`.
+  """Stack K param pytrees into a bank. `teachers`: {name: params} or a list with `names`
+  ("domain/effort" each; a run's are its grid's, `grid.Grid.names`).
 
   `sharding`: optional pytree of shardings for the stacked params (see
   `sharding.param_shardings(..., leading_axes=("teacher",))`).
@@ -102,7 +95,9 @@ def build_bank(teacher_cfg: models.ModelConfig, teachers: Mapping[str, dict] | S
     names, plist = tuple(teachers), list(teachers.values())
   else:
     plist = list(teachers)
-    names = tuple(DEFAULT_NAMES if names is None else names)
+    if names is None:
+      raise ValueError("a list of teacher params needs their names ('domain/effort' each)")
+    names = tuple(names)
   if len(plist) != len(names):
     raise ValueError(f"{len(plist)} teacher param trees but {len(names)} names")
   if not plist:

@@ -2,9 +2,10 @@
 `fn(loss_cfg, stats, batch) -> (loss, metrics)` over the student's per-token stats, with the
 properties the train step, the stages and the config's checks ask of it (`LossKind`). A
 loss from outside the package registers itself the same way in its own module, which the
-run names in `config.plugins` (docs/walkthrough.md); its hyperparameters are its own frozen
-dataclass (`args`), set in the config's `mopd.loss_args` block and read as
-`loss_cfg.args`."""
+run names in `config.plugins` (docs/walkthrough.md). A loss's hyperparameters are its own
+frozen dataclass (`args`), set in the config's `<stage>.loss_args.<loss name>` block and read
+as `loss_cfg.args`; what every loss of a stage shares (eq. 15's reward clip `r_max`, the RL
+phase's `tau_kl`, the chunking, the importance-weight bounds) is `train.LossConfig`'s."""
 from __future__ import annotations
 
 import dataclasses
@@ -36,8 +37,8 @@ class LossKind:
     never called, the MOPD stage runs `vocab_kl.VocabKLStep` instead.
   stage: the stage whose `loss` field may name it ("mopd", "rl" or "sft").
   args: a frozen dataclass of the loss's own hyperparameters (None: it has none): the
-    config's `mopd.loss_args` block builds it, checked, and the step reads it as
-    `loss_cfg.args`.
+    config's `<stage>.loss_args.<name>` block builds it, checked, and the step reads it as
+    `loss_cfg.args`. A `topk` loss's args carry `k`, the teacher tokens per position.
   importance_weights: takes truncated importance weights on a stale or partial batch
     (`LossConfig.is_bounds`; `mopd.staleness=1`, `mopd.partial_mode='importance'`).
   fixed_reference: an RL loss that may hold a fixed reference policy for an effort phase
@@ -66,6 +67,9 @@ class LossKind:
     if self.args is not None and not (dataclasses.is_dataclass(self.args) and
                                       self.args.__dataclass_params__.frozen):
       raise ValueError(f"LossKind.args must be a frozen dataclass, got {self.args!r}")
+    if self.topk and (self.args is None or
+                      "k" not in {f.name for f in dataclasses.fields(self.args)}):
+      raise ValueError("a topk loss's args must have the field k (teacher tokens per position)")
 
 
 STAGES = ("mopd", "rl", "sft")
@@ -89,6 +93,12 @@ def register_loss(name: str, **properties):
 def names(stage: str) -> tuple:
   """The registered losses a stage's `loss` field may name, sorted."""
   return tuple(sorted(n for n, k in LOSS_KINDS.items() if k.stage == stage))
+
+
+def default_args(kind_name: str):
+  """Loss `kind_name`'s args at their defaults (None for a loss without args)."""
+  kind = LOSS_KINDS[kind_name]
+  return None if kind.args is None else kind.args()
 
 
 def loss_args(kind_name: str, given, field: str):
@@ -137,18 +147,34 @@ def _mopd_loss(loss_cfg, st, batch):
   if w is not None:
     m = {**m, "is_weight_mean": jax.lax.stop_gradient(
         jnp.sum(w) / jnp.maximum(jnp.sum(batch.loss_mask), 1))}
-  return loss + _outcome_term(lp, batch, loss_cfg), m
+  return loss + _outcome_term(lp, batch), m
 
 
-@register_loss("pg", separable=True)
+@dataclasses.dataclass(frozen=True)
+class RatioClip:
+  """The clipped-ratio policy gradient's own settings (`pg`, `grpo`): the ratio's clip
+  [1 - eps_low, 1 + eps_high] (asymmetric, "clip-higher") and the log-ratio's clip."""
+  eps_low: float = 0.2
+  eps_high: float = 0.28
+  log_ratio_clip: float = 20.0
+
+  def __post_init__(self):
+    for name in ("eps_low", "eps_high", "log_ratio_clip"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ValueError(f"{name} must be a number > 0, got {v!r}")
+
+
+@register_loss("pg", separable=True, args=RatioClip)
 def _pg_loss(loss_cfg, st, batch):
   lp = st.logprobs
   adv = losses.mopd_reward(lp, batch.teacher_logprobs, batch.loss_mask, r_max=loss_cfg.r_max)
   if batch.advantages is not None:
     adv = adv + jnp.where(batch.loss_mask, batch.advantages, 0.0)
+  a = loss_cfg.args
   loss, m = rl_losses.pg_loss(lp, batch.sampler_logprobs, adv, loss_mask=batch.loss_mask,
-                           eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
-                           log_ratio_clip=loss_cfg.log_ratio_clip)
+                              eps_low=a.eps_low, eps_high=a.eps_high,
+                              log_ratio_clip=a.log_ratio_clip)
   _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, r_max=loss_cfg.r_max)
   return loss, {**m, "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
 
@@ -161,9 +187,22 @@ def _groups(loss_cfg, batch):
   return b, k
 
 
+@dataclasses.dataclass(frozen=True)
+class PMDArgs:
+  """PMD's own setting: a per-token clip of the log-ratio to the sampling policy (the K2.5
+  regulariser); 0 = off. Its weight tau_kl is the RL phase's (`rl.tau_kl`, annealed by the
+  stage's schedule), `LossConfig.tau_kl`."""
+  token_clip: float = 0.0
+
+  def __post_init__(self):
+    v = self.token_clip
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+      raise ValueError(f"token_clip must be a number >= 0 (0 = off), got {v!r}")
+
+
 # PMD pools log-probs over a sequence: not token-separable.
 @register_loss("pmd", separable=False, weighting="groups", groups=True, stage="rl",
-               fixed_reference=True,
+               fixed_reference=True, args=PMDArgs,
                group_mean_metrics=("log_ratio_mean", "reward_mean", "advantage_abs_mean"))
 def _pmd_loss(loss_cfg, st, batch):
   (b, k), t = _groups(loss_cfg, batch), batch.tokens.shape[1]
@@ -171,21 +210,33 @@ def _pmd_loss(loss_cfg, st, batch):
                          batch.sampler_logprobs.reshape(b // k, k, t),
                          batch.rewards.reshape(b // k, k), tau_kl=loss_cfg.tau_kl,
                          loss_mask=batch.loss_mask.reshape(b // k, k, t),
-                         token_clip=loss_cfg.token_clip)
+                         token_clip=loss_cfg.args.token_clip or None)
 
 
-@register_loss("grpo", separable=True, groups=True, stage="rl")
+@register_loss("grpo", separable=True, groups=True, stage="rl", args=RatioClip)
 def _grpo_loss(loss_cfg, st, batch):
   (b, k), t = _groups(loss_cfg, batch), batch.tokens.shape[1]
   adv = rl_losses.grpo_advantages(batch.rewards.reshape(b // k, k)).reshape(b)
+  a = loss_cfg.args
   return rl_losses.pg_loss(st.logprobs, batch.sampler_logprobs,
-                        jnp.broadcast_to(adv[:, None], (b, t)), loss_mask=batch.loss_mask,
-                        eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
-                        log_ratio_clip=loss_cfg.log_ratio_clip)
+                           jnp.broadcast_to(adv[:, None], (b, t)), loss_mask=batch.loss_mask,
+                           eps_low=a.eps_low, eps_high=a.eps_high,
+                           log_ratio_clip=a.log_ratio_clip)
+
+
+@dataclasses.dataclass(frozen=True)
+class TopkArgs:
+  """The top-k loss's own setting: how many of the routed teacher's most likely tokens each
+  position scores (the scorer returns them)."""
+  k: int = 8
+
+  def __post_init__(self):
+    if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+      raise ValueError(f"k must be an int >= 1, got {self.k!r}")
 
 
 # Top-k needs more than the sampled token's stats: not fused.
-@register_loss("topk", separable=False, topk=True)
+@register_loss("topk", separable=False, topk=True, args=TopkArgs)
 def _topk_loss(loss_cfg, st, batch):
   lp = st.logprobs
   loss, m = losses.topk_kl_loss(st.topk_logprobs, batch.teacher_topk_logprobs, batch.loss_mask)
@@ -194,7 +245,7 @@ def _topk_loss(loss_cfg, st, batch):
     # across the ablation); the truncated top-k KL that is optimised is `topk_kl`.
     _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, r_max=loss_cfg.r_max)
     m = {**m, "topk_kl": m["kl"], "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
-  return loss + _outcome_term(lp, batch, loss_cfg), m
+  return loss + _outcome_term(lp, batch), m
 
 
 # RL on the student with the tasks' verifiable rewards in MOPD's place (the ablation's RL
@@ -206,11 +257,24 @@ def _outcome_loss(loss_cfg, st, batch):
     raise ValueError("the outcome loss needs the rollouts' outcome advantages (mopd.alpha > 0)")
   _, m = losses.mopd_loss(st.logprobs, batch.teacher_logprobs, batch.loss_mask,
                           r_max=loss_cfg.r_max)
-  return _outcome_term(st.logprobs, batch, loss_cfg), {
+  return _outcome_term(st.logprobs, batch), {
       k: m[k] for k in ("kl", "reward_mean", "num_tokens", "num_rows")}
 
 
-@register_loss("vocab_kl", separable=False, teachers_in_step=True)
+@dataclasses.dataclass(frozen=True)
+class VocabKLArgs:
+  """The vocab_kl loss's own setting: the weight of its future-KL term (each sampled token's
+  log-probability gradient times the exact KL of the rest of its rollout,
+  `vocab_kl.future_kl_term`); 0 = off."""
+  future_kl: float = 0.0
+
+  def __post_init__(self):
+    v = self.future_kl
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+      raise ValueError(f"future_kl must be a number >= 0 (0 = off), got {v!r}")
+
+
+@register_loss("vocab_kl", separable=False, teachers_in_step=True, args=VocabKLArgs)
 def _vocab_kl_loss(loss_cfg, st, batch):
   del loss_cfg, st, batch
   raise ValueError("the vocab_kl loss reads the routed teachers' whole next-token "
@@ -218,12 +282,12 @@ def _vocab_kl_loss(loss_cfg, st, batch):
                    "MOPD stage does), not from the student's stats")
 
 
-def _outcome_term(lp, batch, loss_cfg):
+def _outcome_term(lp, batch):
   """alpha * A_outcome on every generated token, plain REINFORCE (ratio 1 at the current
   params); 0 when the batch carries no advantages (alpha = 0)."""
   if batch.advantages is None:
     return 0.0
+  # The ratio is 1 at the current params, inside any clip: the clip's bounds do not bind.
   extra, _ = rl_losses.pg_loss(lp, jax.lax.stop_gradient(lp), batch.advantages,
-                            loss_mask=batch.loss_mask,
-                            eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high)
+                               loss_mask=batch.loss_mask, eps_low=0.2, eps_high=0.28)
   return extra

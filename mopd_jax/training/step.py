@@ -65,30 +65,36 @@ def _to_device(x):
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
+  """What the train step needs of its loss: the loss (`kind`) and its own hyperparameters
+  (`args`, an instance of its `LossKind.args`), and what every loss of a stage shares: eq.
+  15's per-token reward clip (the MOPD stage's reward, which its losses optimise or report),
+  the RL phase's log-ratio weight (set by the stage's schedule), the chunking, the group
+  size and the importance-weight bounds of a stale or partial batch."""
   kind: str = "mopd"  # a name of LOSS_KINDS
   r_max: float = 5.0  # MOPD reward clip
-  eps_low: float = 0.2  # PG ratio clip, lower
-  eps_high: float = 0.28  # PG ratio clip, upper (asymmetric, "clip-higher")
-  log_ratio_clip: float = 20.0
   chunk_size: int = 64  # sequence chunk of the log-prob scan
   # Token-separable kinds backpropagate through the head inside each chunk (`logprobs.
   # fused_token_loss`): the scan's loss and gradient with one vocabulary projection fewer.
   fused_head: bool = True
   group_size: int = 1  # RL: K samples per prompt (rows [p*K:(p+1)*K] share a prompt)
-  tau_kl: float = 0.5  # PMD: weight of the log-ratio to the sampling policy
-  token_clip: Optional[float] = None  # PMD: per-token log-ratio clip (K2.5 style); None = off
+  tau_kl: float = 0.5  # RL phase: weight of the log-ratio to the sampling policy (PMD)
   # MOPD on a stale batch (asynchronous teacher scoring): truncated importance weights
   # clip(pi_theta / pi_sampler, low, high) on each token; None = on-policy, no weights.
   is_bounds: Optional[tuple] = None
-  future_kl: float = 0.0  # vocab_kl: weight of `vocab_kl.future_kl_term` (0 = off)
   # The loss's own hyperparameters: an instance of its `LossKind.args` (a frozen dataclass,
-  # so hashable: the loss config is a static argument of the jitted step), or None.
+  # so hashable: the loss config is a static argument of the jitted step); None = the
+  # dataclass's defaults (None for a loss without args).
   args: Optional[object] = None
 
   def __post_init__(self):
     if self.kind not in LOSS_KINDS:
       raise ValueError(f"unknown loss kind {self.kind!r}; known: {tuple(LOSS_KINDS)}")
     want = LOSS_KINDS[self.kind].args
+    if self.args is None and want is not None:
+      try:
+        object.__setattr__(self, "args", want())
+      except TypeError as e:
+        raise ValueError(f"loss {self.kind!r} needs its args ({want.__name__}): {e}") from e
     if (self.args is None) != (want is None) or (want is not None and
                                                  not isinstance(self.args, want)):
       raise ValueError(f"loss {self.kind!r} takes args of type {want}, got {self.args!r}")

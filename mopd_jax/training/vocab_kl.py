@@ -149,11 +149,12 @@ def vocab_kl_loss(student_cfg: models.ModelConfig, student_params,
                   batch: train.TrainBatch, loss_cfg: train.LossConfig):
   """(loss, metrics): the mean over rows of each row's mean exact KL(student || its routed
   teacher) over its generated tokens (eq. 15's 1/|y| and row weights), plus
-  `loss_cfg.future_kl` x `future_kl_term` when it is not 0 (`loss_cfg.r_max` clips eq. 15's
-  metrics, `loss_cfg.chunk_size` chunks the vocabulary projections). Metrics: `kl_vocab` (the token mean of the optimised
-  KL), and eq. 15's own `kl`, `reward_mean`, `clip_frac` from the batch's sampled-token
-  log-probs, so that curves compare across losses."""
-  future_kl, chunk_size = loss_cfg.future_kl, loss_cfg.chunk_size
+  `loss_cfg.args.future_kl` x `future_kl_term` when it is not 0 (`loss_cfg.r_max` clips eq.
+  15's metrics, `loss_cfg.chunk_size` chunks the vocabulary projections). Metrics:
+  `kl_vocab` (the token mean of the optimised KL), and eq. 15's own `kl`, `reward_mean`,
+  `clip_frac` from the batch's sampled-token log-probs, so that curves compare across
+  losses."""
+  future_kl, chunk_size = loss_cfg.args.future_kl, loss_cfg.chunk_size
   out = stratified_kl(student_cfg, student_params, teacher_cfg,
                       teacher_params_K=teacher_params_K, arrays=arrays,
                       chunk_size=chunk_size, with_logprobs=bool(future_kl))

@@ -43,3 +43,6 @@ class ParityTask(base.Task):
   def _verify(self, example: base.Example, response: str) -> float:
     got = base.parse_int(base.final_answer(response))
     return float(got is not None and got == int(example.answer))
+
+  def wrong_response(self, example: base.Example) -> str:
+    return "#" + str(1 - int(example.answer))

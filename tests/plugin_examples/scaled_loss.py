@@ -4,8 +4,8 @@ own hyperparameter block.
     --config.plugins=plugin_examples.scaled_loss --config.mopd.loss=scaled_mopd
 
 Its arguments are a frozen dataclass (`ScaledArgs`) that the registry builds from the run
-config's `mopd.loss_args` block (absent fields keep their defaults) and the train step hands
-to the loss as `loss_cfg.args`."""
+config's `mopd.loss_args.scaled_mopd` block (absent fields keep their defaults) and the train
+step hands to the loss as `loss_cfg.args`."""
 from __future__ import annotations
 
 import dataclasses
