@@ -79,10 +79,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.teacher.endpoints = ""
   c.teacher.endpoint_timeout_s = 60.0  # per scoring request
   c.teacher.endpoint_retries = 4  # tries after the first (backoff, failover), then the run stops
-  # The parity probe at start (mopd_jax/teachers/parity.py): where the run also holds the
-  # teachers' params, each cell's server must score a probe set within this mean |delta log p|
-  # per token of the in-process teacher, or the run stops before its first step.
+  # The parity probe at start (mopd_jax/teachers/parity.py): each replica of each cell's
+  # server must score a probe set within this mean |delta log p| per token of the in-process
+  # teacher (where the run holds the teachers' params; else of the cell's first replica), or
+  # the run stops before its first step.
   c.teacher.parity_tolerance = 0.01
+  # The probe again every this many MOPD steps, every replica of every cell against the
+  # probe's reference at start: a drifting server stops the run after a checkpoint (one
+  # `teacher error:` line, exit 3); each probe's gaps are in the step's metrics. 0 = at
+  # start only.
+  c.teacher.probe_every = 20
+  # An environment variable holding the servers' API key, sent as "Authorization: Bearer
+  # <key>" (vllm serve --api-key; python -m mopd_jax.serve --api_key_env); "" = none.
+  c.teacher.api_key_env = ""
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1  # mesh axis sizes; their product must equal the device count

@@ -58,17 +58,26 @@ def main(argv=None) -> None:
   batch_invariant = flags.DEFINE_bool(
       "batch_invariant", True, "Score each row in a program of its own shape, so that its "
       "answer does not depend on the requests batched with it (bitwise reproducible runs).")
+  api_key_env = flags.DEFINE_string(
+      "api_key_env", "", "An environment variable holding the API key every /v1 request "
+      "must carry as 'Authorization: Bearer <key>' (as vllm serve --api-key); '' = none.")
 
   def run(_):
     import logging  # pylint: disable=g-import-not-at-top
     logging.getLogger("tornado.access").setLevel(logging.WARNING)  # not a line per request
+    api_key = None
+    if api_key_env.value:
+      api_key = os.environ.get(api_key_env.value)
+      if not api_key:
+        raise SystemExit(f"--api_key_env={api_key_env.value}: that environment variable is "
+                         "unset or empty")
     bank, tok = bank_from_config(config.value, teachers_path=teachers_path.value,
                                  hf_path=hf_path.value, cell=cell.value)
     server = TeacherServer(bank, tok, temperature=config.value.mopd.teacher_temperature,
                            max_batch_rows=max_batch_rows.value,
                            max_wait_s=max_wait_ms.value / 1000,
                            max_logprobs=max_logprobs.value,
-                           batch_invariant=batch_invariant.value)
+                           batch_invariant=batch_invariant.value, api_key=api_key)
     print(f"[serve] {len(server.cells)} cell(s) {list(server.cells)} on "
           f"{jax.device_count()} {jax.default_backend()} device(s)", flush=True)
     server.serve(host.value, port.value)

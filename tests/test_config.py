@@ -275,3 +275,17 @@ def test_a_mesh_for_other_devices_is_refused_after_the_build():
   with pytest.raises(config.ConfigError, match="has 1 devices but 4 are available"):
     config.check_devices(rc, 4)
 
+
+
+def test_the_teacher_api_key_comes_from_the_environment_variable_named(monkeypatch):
+  from configs import toy
+  c = toy.get_config("fast")
+  assert configure.build(c, 1).teacher.api_key() is None  # none named: no header sent
+  c.teacher.api_key_env = "MOPD_TEST_TEACHER_KEY"
+  rc = configure.build(c, 1)
+  monkeypatch.delenv("MOPD_TEST_TEACHER_KEY", raising=False)
+  with pytest.raises(ValueError, match="teacher.api_key_env='MOPD_TEST_TEACHER_KEY', but that "
+                     "environment variable is unset or empty"):
+    rc.teacher.api_key()
+  monkeypatch.setenv("MOPD_TEST_TEACHER_KEY", "s3cret")
+  assert rc.teacher.api_key() == "s3cret"

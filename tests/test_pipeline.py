@@ -207,9 +207,11 @@ def test_mopd_stage_with_partial_rollouts_resumes_exactly(workdir, tmp_path):
 
 class _FailingProxy:
   """A loopback proxy to a teacher server that forwards `forward` scoring requests, then
-  answers every later one with 503 (a server gone away); other requests always pass."""
+  answers every later one with 503 (a server gone away), or, `perturb`, with the server's
+  answer every log-prob of which is lowered by `perturb` nats (a teacher that drifted);
+  other requests always pass."""
 
-  def __init__(self, target: str, forward: int):
+  def __init__(self, target: str, forward: int, perturb: float = 0.0):
     import http.server
     import threading
     import urllib.error
@@ -224,13 +226,24 @@ class _FailingProxy:
         if body is not None and self.path == "/v1/completions":
           with lock:
             count[0] += 1
-            if count[0] > forward:
-              return self.answer(503, b'{"object": "error", "message": "gone", "code": 503}')
+            late = count[0] > forward
+          if late and not perturb:
+            return self.answer(503, b'{"object": "error", "message": "gone", "code": 503}')
+        else:
+          late = False
         req = urllib.request.Request(target + self.path, data=body,
                                      headers={"Content-Type": "application/json"})
         try:
           with urllib.request.urlopen(req, timeout=60) as r:
-            self.answer(r.status, r.read())
+            data = r.read()
+            if late:
+              answer = json.loads(data)
+              for choice in answer["choices"]:
+                for entry in choice["prompt_logprobs"][1:]:
+                  for v in entry.values():
+                    v["logprob"] -= perturb
+              data = json.dumps(answer).encode()
+            self.answer(r.status, data)
         except urllib.error.HTTPError as e:
           self.answer(e.code, e.read())
 
@@ -298,13 +311,14 @@ def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
             assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-4), (key, a, b)
       else:
         assert all("is_weight_mean" in h for h in served)
-    # The server goes away after the parity probe's 36 requests (4 rows of each of 9 cells)
-    # and step 0's 9: the run stops with step 1 saved (checkpoints otherwise every 10 steps),
-    # and the same command, the server back, resumes.
+    # The server goes away after the start-up check's 9 scoring requests (one per cell), the
+    # parity probe's 36 (4 rows of each of 9 cells) and step 0's 9: the run stops with step 1
+    # saved (checkpoints otherwise every 10 steps), and the same command, the server back,
+    # resumes.
     wd = str(tmp_path / "interrupted")
     shutil.copytree(workdir, wd)
     shutil.rmtree(os.path.join(wd, "mopd"))
-    proxy = _FailingProxy(url, forward=36 + 9)
+    proxy = _FailingProxy(url, forward=9 + 36 + 9)
     cut = ",".join(f"{cell}={proxy.url}" for cell in manifest["teachers"])
     args = ("--config.stages=mopd", "--config.checkpoint.every=10",
             "--config.teacher.endpoint_retries=1")
@@ -318,6 +332,23 @@ def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
     proc = _run_cli(wd, *args, f"--config.teacher.endpoints={endpoints}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming from checkpoint step 1" in proc.stdout + proc.stderr
+    # A teacher whose log-probs drift mid-run is caught at the next probe (one every step
+    # here): the start-up check's 9, the probe's 36, step 0's 9, the probe after it, step
+    # 1's 9 pass; the probe after step 1 sees every log-prob 0.5 nats lower.
+    drift = str(tmp_path / "drift")
+    shutil.copytree(workdir, drift)
+    shutil.rmtree(os.path.join(drift, "mopd"))
+    proxy = _FailingProxy(url, forward=9 + 36 + 9 + 36 + 9, perturb=0.5)
+    drifting = ",".join(f"{cell}={proxy.url}" for cell in manifest["teachers"])
+    try:
+      proc = _run_cli(drift, *args, f"--config.teacher.endpoints={drifting}",
+                      "--config.teacher.probe_every=1")
+    finally:
+      proxy.close()
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("teacher error:")]
+    assert proc.returncode == 3 and len(lines) == 1, proc.stderr[-3000:]
+    assert ("after step 1 (steps 1-1 trained on these scores), teacher parity probe" in lines[0]
+            and "last checkpoint: step 2" in lines[0]), lines[0]
     resumed = json.load(open(os.path.join(wd, "mopd", "history.json")))
     assert resumed == runs[0]  # bitwise: every float of every step
     served0 = _params(tmp_path / "served0" / "mopd" / "params")

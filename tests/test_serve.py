@@ -126,14 +126,56 @@ def test_endpoints_and_refusals(server):
   assert meta["temperature"] == 0.7 and meta["model_config"]["d_model"] == 32
   status, body = _post(server.url + "/v1/completions",
                        {"model": "cod/low", "prompt": [1, 2], "prompt_logprobs": 0})
-  assert status == 404 and "gen/low" in body["message"] and body["object"] == "error"
-  for bad, what in [({"max_tokens": 5}, "max_tokens"), ({"prompt": []}, "prompt"),
+  # vLLM's current error body: the error nested under "error".
+  assert status == 404 and "gen/low" in body["error"]["message"]
+  assert body["error"]["type"] == "NotFoundError" and body["error"]["code"] == 404
+  # What vLLM refuses: streaming, no completion token, a prompt that leaves no room for the
+  # completion token (64 = max_seq_len), past the logprob cap; and what this server cannot do.
+  for bad, what in [({"max_tokens": 5}, "does not generate"), ({"prompt": []}, "prompt"),
+                    ({"max_tokens": 0}, "max_tokens"), ({"stream": True}, "stream"),
                     ({"prompt": [1, CFG.vocab_size]}, "outside the vocabulary"),
-                    ({"prompt": list(range(1, 66))}, "max_model_len"),
+                    ({"prompt": list(range(1, 65))}, "maximum context length is 64"),
                     ({"prompt_logprobs": 50}, "max_logprobs")]:
     status, body = _post(server.url + "/v1/completions",
                          {"model": "gen/low", "prompt": [1, 2], "prompt_logprobs": 0, **bad})
-    assert status == 400 and what in body["message"], (bad, body)
+    assert status == 400 and what in body["error"]["message"], (bad, body)
+  status, _ = _post(server.url + "/v1/completions",
+                    {"model": "gen/low", "prompt": list(range(1, 64)), "prompt_logprobs": 0})
+  assert status == 200
+
+
+def test_what_vllm_accepts_is_accepted(server):
+  """Several prompts in one request (one choice each, in order), `model` omitted (the first
+  cell), and the request's temperature, which shapes no prompt log-prob."""
+  a, b = [1, 5, 9, 13], [2, 7, 4]
+  url = server.url + "/v1/completions"
+  one = [_post(url, {"model": "gen/max", "prompt": p, "prompt_logprobs": 1})[1] for p in (a, b)]
+  status, both = _post(url, {"model": "gen/max", "prompt": [a, b], "prompt_logprobs": 1,
+                             "temperature": 0.3})
+  assert status == 200 and [c["index"] for c in both["choices"]] == [0, 1]
+  for i, o in enumerate(one):
+    assert both["choices"][i]["prompt_logprobs"] == o["choices"][0]["prompt_logprobs"]
+    assert both["choices"][i]["prompt_token_ids"] == (a, b)[i]
+  status, default = _post(url, {"prompt": a, "prompt_logprobs": 1})
+  assert status == 200 and default["model"] == NAMES[0]
+
+
+def test_an_api_key_guards_the_v1_routes():
+  srv = serve.TeacherServer(_bank(), TOK, api_key="s3cret")
+  srv.start()
+  try:
+    assert _get(srv.url + "/health")[0] == 200  # as vLLM: health needs no key
+    status, body = _post(srv.url + "/v1/completions", {"prompt": [1, 2], "prompt_logprobs": 0})
+    assert status == 401 and body == {"error": "Unauthorized"}
+    sc = teacher_client.EndpointScorer(NAMES, {n: srv.url for n in NAMES}, api_key="s3cret")
+    lp, _, _ = sc.score_row("gen/low", [1, 2, 3])
+    assert lp.shape == (3,) and lp[1] < 0
+    with pytest.raises(teacher_client.TeacherRequestError, match="HTTP 401"):
+      teacher_client.EndpointScorer(NAMES, {n: srv.url for n in NAMES}).score_row(
+          "gen/low", [1, 2, 3])
+    sc.close()
+  finally:
+    srv.stop()
 
 
 def test_concurrent_requests_share_prefills(server, monkeypatch):
@@ -267,7 +309,8 @@ def test_mopd_step_scored_by_the_server_equals_in_process():
 
 def test_the_mopd_stage_checks_its_servers_at_start(tmp_path):
   """The stage's client (`teacher.endpoints` of a tiny toy config) accepts a server of the
-  run's tokenizer and vocabulary and refuses one whose tokenizer differs, naming both."""
+  run's tokenizer and vocabulary and refuses one whose tokenizer differs, naming both, and
+  one whose max_model_len leaves no room for the run's longest row."""
   import dataclasses
   from configs import toy
   from mopd_jax.stages import context, wiring
@@ -277,24 +320,31 @@ def test_the_mopd_stage_checks_its_servers_at_start(tmp_path):
   # Nothing in this process needs the teachers' params (no trained teachers here).
   c.mopd.init, c.mopd.exact_kl_every = "sft", 0
   ctx = context.Run(configure.build(c, jax.device_count()), str(tmp_path))
-  cfg = dataclasses.replace(CFG, vocab_size=ctx.model_cfg.vocab_size)
+  cfg = dataclasses.replace(CFG, vocab_size=ctx.model_cfg.vocab_size,
+                            max_seq_len=ctx.model_cfg.max_seq_len)
   bank = teachers.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(0))] *
                              len(ctx.grid.names), names=ctx.grid.names)
   other = tokenizer.CharTokenizer(charset=tokenizer.CHARSET[:-1] + "@")  # same size
-  servers = [serve.TeacherServer(bank, tok, temperature=c.mopd.teacher_temperature)
-             for tok in (ctx.tok, other)]
+  short = bank.replace(model_cfg=CFG)  # max_model_len 64: shorter than the run's rows
+  servers = [serve.TeacherServer(b, tok, temperature=c.mopd.teacher_temperature)
+             for b, tok in ((bank, ctx.tok), (bank, other), (short, ctx.tok))]
   try:
-    for srv, ok in zip(servers, (True, False)):
+    from mopd_jax.config.schema import ConfigError
+    longest = wiring.longest_row(ctx)
+    assert 64 < longest + 1 <= ctx.model_cfg.max_seq_len
+    refusals = (None, lambda url: f"{url} has tokenizer fingerprint "
+                f"{tokenizer.fingerprint(other)} but the student's is "
+                f"{tokenizer.fingerprint(ctx.tok)}",
+                lambda url: rf"{url} \(cells .*\) has max_model_len 64, but the run's rows "
+                rf"reach {longest} tokens")
+    for srv, refusal in zip(servers, refusals):
       url = srv.start()
       c.teacher.endpoints = ",".join(f"{n}={url}" for n in ctx.grid.names)
       run = context.Run(configure.build(c, jax.device_count()), str(tmp_path))
-      if ok:
+      if refusal is None:
         wiring.mopd_inputs(run).scorer.close()
         continue
-      from mopd_jax.config.schema import ConfigError
-      with pytest.raises(ConfigError, match=f"{srv.url} has tokenizer fingerprint "
-                         f"{tokenizer.fingerprint(other)} but the student's is "
-                         f"{tokenizer.fingerprint(ctx.tok)}"):
+      with pytest.raises(ConfigError, match=refusal(url)):
         wiring.mopd_inputs(run)
   finally:
     for srv in servers:
@@ -372,7 +422,9 @@ def test_every_teacher_source_answers_the_same_interface(server):
     assert (a.kind, b.kind) == ("colocated", "endpoint") and a.cells == b.cells == NAMES
     assert a.vocab_size == b.vocab_size == CFG.vocab_size
     assert a.tokenizer_hash == b.tokenizer_hash == tokenizer.fingerprint(TOK)
-    assert a.max_sequence == b.max_sequence == CFG.max_seq_len
+    # A server scores rows one token shorter than its max_model_len: every request asks for
+    # one completion token, as vLLM counts it.
+    assert a.max_sequence == CFG.max_seq_len and b.max_sequence == CFG.max_seq_len - 1
     assert b.max_logprobs == server.max_logprobs and a.max_logprobs == CFG.vocab_size
     probe = source.Probe.of({"gen/low": [TOK.encode("1+2 mod 3"), TOK.encode("#0")],
                              "agt/max": [TOK.encode("boss(x)")]})
@@ -403,9 +455,10 @@ def test_the_parity_probe_flags_a_teacher_that_is_not_the_runs(server):
   whole = parity.probe_from_examples(exs, tok=TOK, view=views.PromptView(False))
   assert all(r[0] == TOK.bos_id and r[-1] == TOK.eos_id for rs in whole.rows.values()
              for r in rs)
+  # The servers' longest row: max_model_len less the completion token a request asks.
   probe = parity.probe_from_examples(exs, tok=TOK, view=views.PromptView(False),
-                                     max_len=CFG.max_seq_len)  # the servers' longest
-  assert max(len(r) for rs in probe.rows.values() for r in rs) == CFG.max_seq_len
+                                     max_len=CFG.max_seq_len - 1)
+  assert max(len(r) for rs in probe.rows.values() for r in rs) == CFG.max_seq_len - 1
   remote = teacher_client.EndpointScorer(NAMES, {n: server.url for n in NAMES})
   try:
     same = parity.gaps(reference, remote, probe)

@@ -1,22 +1,19 @@
 """The teacher client (mopd_jax/teachers/client.py) against loopback stand-ins: it reads vLLM's
-`prompt_logprobs` answers (a recorded one and a stand-in answering in vLLM's shape), checks
-servers at start, and handles faults: timeouts, retries with backoff, replica failover, a
-server down (one line naming cell and URL), and never hands out a partial batch."""
+`prompt_logprobs` answers (a recorded one and a stand-in answering as vLLM does,
+tests/engine_standins.py), checks servers at start, and handles faults: timeouts, retries with
+backoff, replica failover, a server down (one line naming cell and URL), and never hands out
+a partial batch."""
 import dataclasses
-import http.server
 import json
 import random
 import socket
-import threading
 import time
 
 import numpy as np
 import pytest
 
+from engine_standins import Behaviour, fake_scores, NAMES, V, VllmStandIn
 from mopd_jax.teachers import async_scoring, client as teacher_client, wire as score_protocol
-
-V = 50
-NAMES = ("gen/low", "gen/max")
 
 # A vLLM answer as its OpenAI-compatible server returns it (`prompt_logprobs=2`, prompt ids
 # [9, 31, 4]): null first, then dicts keyed by token-id strings, the given token with its
@@ -45,109 +42,6 @@ def test_reads_a_recorded_vllm_answer():
     body = json.loads(RECORDED)
     body["choices"][0]["prompt_logprobs"].pop()
     score_protocol.read_response(body, [9, 31, 4])
-
-
-def fake_scores(model, ids, k):
-  """The stand-in's log-probs: a fixed function of (model, position, token)."""
-  off = NAMES.index(model) if model in NAMES else 0
-  lp = np.asarray([0.0] + [-0.01 * (i + 1) - 0.1 * off - 0.001 * t
-                           for t, i in enumerate(ids) if t], np.float32)
-  tk_ids = np.asarray([[(t * 3 + j + off) % V for j in range(k)] for t in range(len(ids))],
-                      np.int32).reshape(len(ids), k)
-  tk_lp = np.asarray([[-0.05 * (j + 1) - 0.001 * t for j in range(k)]
-                      for t in range(len(ids))], np.float32).reshape(len(ids), k)
-  tk_ids[0], tk_lp[0] = 0, 0
-  for t in range(1, len(ids)):  # a given token among the top k has its top-k log-prob
-    hit = np.flatnonzero(tk_ids[t] == ids[t])
-    if hit.size:
-      lp[t] = tk_lp[t, hit[0]]
-  return lp, tk_lp, tk_ids
-
-
-@dataclasses.dataclass
-class Behaviour:
-  fail_first: int = 0  # answer 503 to this many completion requests first
-  status: int = 0  # answer every completion request with this status (0 = normal)
-  delay_s: float = 0.0
-  metadata: dict = None  # None = no /v1/metadata (a vLLM server)
-  tokenize: list = None  # what /tokenize answers
-  served: tuple = NAMES
-  requests: int = 0
-
-
-class VllmStandIn:
-  """A loopback server answering like vLLM's OpenAI-compatible server (hand-written JSON, not
-  mopd_jax's own encoder)."""
-
-  def __init__(self, behaviour=None):
-    self.b = behaviour or Behaviour()
-    lock, b = threading.Lock(), self.b
-
-    class H(http.server.BaseHTTPRequestHandler):
-      def log_message(self, *a):
-        pass
-
-      def reply(self, status, body):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-      def do_GET(self):
-        if self.path == "/v1/models":
-          return self.reply(200, {"object": "list", "data": [
-              {"id": m, "object": "model", "created": 1733151000, "owned_by": "vllm",
-               "root": "/models/x", "parent": None, "max_model_len": 4096,
-               "permission": []} for m in b.served]})
-        if self.path == "/v1/metadata" and b.metadata is not None:
-          return self.reply(200, b.metadata)
-        self.reply(404, {"detail": "Not Found"})
-
-      def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self.path == "/tokenize":
-          return self.reply(200, {"count": len(b.tokenize), "max_model_len": 4096,
-                                  "tokens": b.tokenize, "token_strs": None})
-        with lock:
-          b.requests += 1
-          n = b.requests
-        if b.delay_s:
-          time.sleep(b.delay_s)
-        if b.status or n <= b.fail_first:
-          status = b.status or 503
-          return self.reply(status, {"object": "error", "message": f"stand-in {status}",
-                                     "type": "BadRequestError", "param": None, "code": status})
-        ids, k = body["prompt"], body["prompt_logprobs"]
-        lp, tk_lp, tk_ids = fake_scores(body["model"], ids, k)
-        plp = [None]
-        for t in range(1, len(ids)):
-          entry = {str(int(i)): {"logprob": float(x), "rank": j + 1, "decoded_token": "?"}
-                   for j, (i, x) in enumerate(zip(tk_ids[t], tk_lp[t]))}
-          if str(ids[t]) not in entry:
-            entry[str(ids[t])] = {"logprob": float(lp[t]), "rank": k + 1 + ids[t] % 5,
-                                  "decoded_token": "?"}
-          plp.append(entry)
-        self.reply(200, {"id": "cmpl-1", "object": "text_completion", "created": 1,
-                         "model": body["model"], "choices": [{
-                             "index": 0, "text": "!", "logprobs": None,
-                             "finish_reason": "length", "stop_reason": None,
-                             "prompt_logprobs": plp}],
-                         "usage": {"prompt_tokens": len(ids), "total_tokens": len(ids) + 1,
-                                   "completion_tokens": 1, "prompt_tokens_details": None},
-                         "service_tier": None, "system_fingerprint": None,
-                         "kv_transfer_params": None})
-
-    self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    self.httpd.daemon_threads = True
-    self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-    self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-    self.thread.start()
-
-  def close(self):
-    self.httpd.shutdown()
-    self.httpd.server_close()
 
 
 @pytest.fixture
@@ -193,6 +87,16 @@ def expected(tokens, mask, k=0):
   return lp, tk_lp, tk_ids
 
 
+def assert_scores(got, tokens, mask, k):
+  """A scorer's answer for the stratified batch equals the stand-ins' scores (and top-k)."""
+  lp, tk_lp, tk_ids = expected(tokens, mask, k)
+  if k:
+    got, got_tk_lp, got_tk_ids = got
+    np.testing.assert_array_equal(got_tk_ids, tk_ids)
+    np.testing.assert_allclose(got_tk_lp, tk_lp, atol=1e-7)
+  np.testing.assert_allclose(got, lp, atol=1e-7)
+
+
 FAST = teacher_client.RetryPolicy(timeout_s=5.0, retries=3, backoff_s=0.01, down_s=60)
 
 
@@ -201,13 +105,7 @@ def test_reads_vllm_answers_stratified(standin, k):
   s = standin()
   scorer = teacher_client.EndpointScorer(NAMES, {n: s.url for n in NAMES}, top_k=k)
   tokens, mask = batch()
-  got = scorer(tokens, mask)
-  lp, tk_lp, tk_ids = expected(tokens, mask, k)
-  if k:
-    got, got_tk_lp, got_tk_ids = got
-    np.testing.assert_array_equal(got_tk_ids, tk_ids)
-    np.testing.assert_allclose(got_tk_lp, tk_lp, atol=1e-7)
-  np.testing.assert_allclose(got, lp, atol=1e-7)
+  assert_scores(scorer(tokens, mask), tokens, mask, k)
   assert s.b.requests == int((mask.sum(-1) > 0).sum())  # one request per real row
   scorer.close()
 
@@ -344,3 +242,209 @@ def test_async_scoring_overlaps_requests_with_sampling(standin, staleness):
   assert state.params == 3 and times.steps == 3
   for (tokens, mask), got in seen:
     np.testing.assert_allclose(got, expected(tokens, mask)[0], atol=1e-7)
+
+
+# --- vLLM as it behaves (tests/engine_standins.py) -----------------------------------------
+def _vllm_check(s, *, top_k=0, api_key=None, **kw):
+  sc = teacher_client.EndpointScorer(NAMES, {n: s.url for n in NAMES}, policy=FAST,
+                                     top_k=top_k, api_key=api_key, sleep=lambda s: None)
+  try:
+    return sc.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), **kw)
+  finally:
+    sc.close()
+
+
+def test_an_api_key_is_sent_as_a_bearer_token(standin):
+  s = standin(tokenize=[5, 6, 7], api_key="s3cret")
+  with pytest.raises(ValueError, match=r"HTTP 401: Unauthorized \(it wants an API key: name "
+                     r"the environment variable holding it in teacher.api_key_env\)"):
+    _vllm_check(s)
+  with pytest.raises(ValueError, match="HTTP 401: Unauthorized .the key teacher.api_key_env "
+                     "names was refused"):
+    _vllm_check(s, api_key="wrong")
+  assert _vllm_check(s, api_key="s3cret")[s.url]["cells"] == sorted(NAMES)
+  sc = teacher_client.EndpointScorer(NAMES, {n: s.url for n in NAMES}, api_key="s3cret")
+  tokens, mask = batch()
+  np.testing.assert_allclose(sc(tokens, mask), expected(tokens, mask)[0], atol=1e-7)
+  sc.close()
+
+
+def test_two_cells_served_by_one_model_are_refused(standin):
+  s = standin(tokenize=[5, 6, 7], roots={"gen/low": "/m/qwen", "gen/max": "/m/qwen"})
+  with pytest.raises(ValueError, match=r"serves the cells 'gen/low' and 'gen/max' from one "
+                     r"model \(/m/qwen\)"):
+    _vllm_check(s)
+
+
+def test_max_model_len_and_the_logprob_cap_are_checked_at_start(standin):
+  s = standin(tokenize=[5, 6, 7], max_model_len=64)
+  assert _vllm_check(s, max_len=63)[s.url]["max_model_len"] == 64
+  with pytest.raises(ValueError, match=r"max_model_len 64, but the run's rows reach 64 tokens"):
+    _vllm_check(s, max_len=64)
+  s2 = standin(tokenize=[5, 6, 7], max_logprobs=5)
+  _vllm_check(s2, top_k=5)
+  with pytest.raises(ValueError, match="HTTP 400: Requested prompt logprobs of 8, which is "
+                     "greater than max allowed: 5"):
+    _vllm_check(s2, top_k=8)
+
+
+def test_a_scoring_temperature_is_accepted_only_where_the_parity_probe_checks_it(standin):
+  s = standin(tokenize=[5, 6, 7])
+  _vllm_check(s, temperature=1.0)
+  with pytest.raises(ValueError, match="raw logits whatever the request's temperature, so "
+                     "mopd.teacher_temperature=0.5 is accepted only where the parity probe"):
+    _vllm_check(s, temperature=0.5)
+  _vllm_check(s, temperature=0.5, parity=True)  # the probe, after this check, decides
+
+
+def test_a_server_without_prompt_logprobs_is_refused_at_start(standin):
+  """An OpenAI-compatible server that ignores prompt_logprobs (SGLang's /v1/completions)
+  passes the model and tokenizer checks; the scoring request at start catches it."""
+  s = standin(tokenize=[5, 6, 7], no_prompt_logprobs=True)
+  with pytest.raises(ValueError, match=r"does not answer scoring requests in vLLM's "
+                     r"prompt_logprobs schema: the answer has no choices\[0\].prompt_logprobs"):
+    _vllm_check(s)
+
+
+def test_early_v1_null_prompt_logprobs_and_error_bodies(standin):
+  s = standin(tokenize=[5, 6, 7], null_k0=True)
+  _vllm_check(s)  # the client asks for the top-1 at least
+  assert {b["prompt_logprobs"] for b in s.b.bodies} == {1}
+  with pytest.raises(score_protocol.ProtocolError, match="early vLLM V1 answers null"):
+    score_protocol.read_response({"choices": [{"prompt_logprobs": None}]}, [1, 2])
+  flat = standin(status=400, flat_errors=True)
+  with pytest.raises(teacher_client.TeacherRequestError, match="HTTP 400: stand-in 400"):
+    teacher_client.EndpointScorer(NAMES, {n: flat.url for n in NAMES}).score_row("gen/low", [1])
+  msg = score_protocol.error_message
+  assert msg({"error": {"message": "a", "type": "BadRequestError", "code": 400}}) == "a"
+  assert msg({"object": "error", "message": "b", "code": 400}) == "b"
+  assert msg({"error": "Unauthorized"}) == "Unauthorized"
+  assert msg({"detail": "Not Found"}) == "Not Found"
+  unknown = standin(served=("other",))
+  with pytest.raises(teacher_client.TeacherRequestError, match="HTTP 404: The model `gen/low` "
+                     "does not exist"):
+    teacher_client.EndpointScorer(NAMES, {n: unknown.url for n in NAMES}).score_row(
+        "gen/low", [1, 2])
+  assert unknown.b.requests == 1  # a refusal is not retried
+
+
+# --- the parity monitor during a run (mopd_jax/teachers/parity.py) ---------------------------
+def test_the_parity_monitor_catches_a_drifting_replica(standin):
+  """Every replica is probed on its own: a replica whose log-probs move mid-run is caught at
+  the next probe even when the cell's other replica still scores as the reference."""
+  from mopd_jax.teachers import parity, source
+  good, drifting = standin(), standin()
+  sc = teacher_client.EndpointScorer(NAMES, {"gen/low": good.url,
+                                             "gen/max": [good.url, drifting.url]}, policy=FAST)
+  probe = source.Probe.of({n: [[1, 4, 9, 16], [2, 3]] for n in NAMES})
+  first = sc.score_probe_replicas(probe)
+  assert set(first) == {("gen/low", good.url), ("gen/max", good.url),
+                        ("gen/max", drifting.url)}
+  reference = {n: first[(n, good.url)] for n in NAMES}
+  monitor = parity.Monitor(probe, reference, tolerance=0.01, every=2)
+  assert [s for s in range(6) if monitor.due(s)] == [1, 3, 5]
+  assert monitor.measure(sc) == {"gen/low": 0.0, "gen/max": 0.0}
+  monitor.check(monitor.measure(sc), step=1, what="the stand-ins")
+  drifting.b.scores = lambda model, ids, k: tuple(
+      x - 0.05 if i < 2 else x for i, x in enumerate(fake_scores(model, ids, k)))
+  gaps = monitor.measure(sc)
+  assert gaps["gen/low"] == 0.0 and gaps["gen/max"] == pytest.approx(0.05, abs=1e-6)
+  with pytest.raises(parity.ParityError, match=r"after step 3 \(steps 2-3 trained on these "
+                     r"scores\), teacher parity probe: the stand-ins scores the probe set "
+                     r"gen/max: 0.05"):
+    monitor.check(gaps, step=3, what="the stand-ins")
+  sc.close()
+
+
+def test_the_mopd_stage_probes_after_its_steps_and_stops_on_drift():
+  """`StepRecord` (what follows each MOPD step) runs the monitor when due: the gaps go into
+  the step's record and metric log, and a drift stops the run after the step is kept (the
+  stage saves `latest` and prints one `teacher error:` line)."""
+  import types
+  from mopd_jax.stages import mopd as stage
+  from mopd_jax.teachers import parity, source
+  probe = source.Probe.of({"gen/low": [[1, 2, 3]]})
+  scores = {"lp": [np.asarray([0.0, -1.0, -2.0], np.float32)]}
+
+  class Scorer:
+    urls = ["http://teacher"]
+
+    def score_probe_replicas(self, p):
+      assert p is probe
+      return {("gen/low", "http://teacher"): scores["lp"]}
+
+  monitor = parity.Monitor(probe, {"gen/low": list(scores["lp"])}, tolerance=0.01, every=2)
+  records, logged = [], []
+  inp = types.SimpleNamespace(parity_monitor=monitor, served=True, scorer=Scorer())
+  dist = types.SimpleNamespace(inp=inp, last_step=None, drawn_at={})
+  step_record = stage.StepRecord(
+      dist, loop=types.SimpleNamespace(end_step=lambda s, st, m, record: records.append(record)),
+      bar=types.SimpleNamespace(update=lambda *a, **k: None),
+      log=types.SimpleNamespace(scalars=lambda step, values, prefix="": logged.append(prefix)))
+  for step in range(3):
+    step_record(step, f"state{step}", types.SimpleNamespace(metrics={"loss": 1.0}, cells={}))
+  assert ["parity_gaps" in r for r in records] == [False, True, False]
+  assert records[1]["parity_gaps"] == {"gen/low": 0.0} and records[1]["parity_gap"] == 0.0
+  assert "parity_gap/" in logged
+  scores["lp"] = [np.asarray([0.0, -1.5, -2.0], np.float32)]  # the server drifts
+  with pytest.raises(parity.ParityError, match=r"after step 3 \(steps 2-3 trained on these "
+                     r"scores\).*gen/low: 0.25"):
+    step_record(3, "state3", types.SimpleNamespace(metrics={"loss": 1.0}, cells={}))
+  assert records[-1]["parity_gaps"] == {"gen/low": 0.25}  # recorded before the stop
+  assert step_record.latest == {"done": 4, "state": "state3"}
+
+
+def test_the_report_shows_each_probe_of_a_served_run():
+  from mopd_jax.teachers import parity
+  assert parity.report_entries(None, [{"step": 0}]) == {} and parity.report_lines({}) == []
+  start = {"tolerance": 0.01, "gaps": {"gen/low": 1e-6, "gen/max": 2e-6}}
+  history = [{"step": 0}, {"step": 1, "parity_gaps": {"gen/low": 3e-6, "gen/max": 0.4}}]
+  rep = parity.report_entries(start, history)
+  assert rep["teacher_parity"]["probes"] == [[1, {"gen/low": 3e-6, "gen/max": 0.4}]]
+  assert parity.report_lines(rep)[1] == (
+      "Teacher parity probe, largest mean |delta log p| per token (tolerance 0.01): at start "
+      "2e-06 (gen/max); after step 1 0.4 (gen/max).")
+
+
+# --- SGLang through its native /generate --------------------------------------------------
+@pytest.mark.parametrize("k", [0, 3])
+def test_sglang_servers_are_detected_and_scored_through_generate(k):
+  from engine_standins import SglangStandIn
+  servers = {n: SglangStandIn(n, api_key="s3cret") for n in NAMES}
+  sc = teacher_client.EndpointScorer(NAMES, {n: s.url for n, s in servers.items()}, top_k=k,
+                                     api_key="s3cret", policy=FAST)
+  try:
+    meta = sc.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), max_len=100)
+    assert set(sc.engines.values()) == {"sglang"}
+    assert meta[servers["gen/low"].url]["model_path"] == "/models/gen/low"
+    tokens, mask = batch()
+    assert_scores(sc(tokens, mask), tokens, mask, k)
+    body = servers["gen/max"].bodies[-1]
+    assert body["return_logprob"] and body["logprob_start_len"] == 0
+    assert body.get("top_logprobs_num", 0) == k
+  finally:
+    sc.close()
+    for s in servers.values():
+      s.close()
+
+
+def test_sglang_start_up_refusals():
+  from engine_standins import SglangStandIn
+  s = SglangStandIn("gen/low", max_model_len=64)
+  try:
+    both = teacher_client.EndpointScorer(NAMES, {n: s.url for n in NAMES}, policy=FAST)
+    with pytest.raises(ValueError, match=r"is SGLang, which serves one model, but "
+                       r"teacher.endpoints maps the cells \['gen/low', 'gen/max'\] to it"):
+      both.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]))
+    one = teacher_client.EndpointScorer(("gen/low",), {"gen/low": s.url}, policy=FAST)
+    with pytest.raises(ValueError, match=r"max_model_len 64, but the run's rows reach 64"):
+      one.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), max_len=64)
+    with pytest.raises(ValueError, match="is SGLang: its input log-probs are not shown to "
+                       "apply mopd.teacher_temperature=0.5"):
+      one.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), temperature=0.5)
+    one.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), temperature=0.5,
+              parity=True)
+    with pytest.raises(score_protocol.ProtocolError, match="no meta_info.input_token_logprobs"):
+      score_protocol.read_sglang_response({"text": "!", "meta_info": {}}, [1, 2])
+  finally:
+    s.close()

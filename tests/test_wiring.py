@@ -2,6 +2,7 @@
 (`stages/sources.py`), never holding the run context or a method of it; a stage runs from
 inputs a test builds itself, without a `Run`."""
 import dataclasses
+import json
 import types
 
 import jax
@@ -105,9 +106,12 @@ def test_the_parity_probe_at_start(tiny_workdir, tmp_path, server_temperature, p
     scorer.check(vocab_size=run.model_cfg.vocab_size,
                  tokenizer_hash=tokenizer.fingerprint(run.tok))  # temperature not compared
     if passes:
-      gaps = wiring.parity_probe(run, scoring, scorer)
+      monitor = wiring.parity_probe(run, scoring, scorer)
+      written = json.loads((wd / "teacher_parity.json").read_text())
+      gaps = written["gaps"]
       assert set(gaps) == set(run.grid.names) and max(gaps.values()) < 1e-4
-      assert (wd / "teacher_parity.json").exists()
+      assert written["against"] == "the run's own teachers"
+      assert monitor.every == c.teacher.probe_every and monitor.measure(scorer) == gaps
     else:
       with pytest.raises(schema.ConfigError, match=r"teacher parity probe: .* nats per token"):
         wiring.parity_probe(run, scoring, scorer)

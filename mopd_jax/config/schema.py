@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from typing import Mapping, Optional
 
 import ml_collections
@@ -108,10 +109,23 @@ class TeacherSpec:
   endpoint_timeout_s: float  # per scoring request
   endpoint_retries: int  # tries after the first, with backoff, before the run stops
   parity_tolerance: float  # the parity probe's largest mean |delta log p| per token
+  api_key_env: str  # environment variable holding the servers' API key ("" = none)
+  probe_every: int  # MOPD steps between parity probes of the servers (0 = at start only)
   model: dict  # preset and ModelConfig overrides of Hugging Face teachers
 
   def mapping(self) -> dict:
     return dict(self.model)
+
+  def api_key(self) -> Optional[str]:
+    """The servers' API key from the environment variable `api_key_env` names (None when
+    none is named); ValueError when the variable is unset or empty."""
+    if not self.api_key_env:
+      return None
+    key = os.environ.get(self.api_key_env, "")
+    if not key:
+      raise ValueError(f"teacher.api_key_env={self.api_key_env!r}, but that environment "
+                       "variable is unset or empty")
+    return key
 
   def retry_policy(self) -> endpoints.RetryPolicy:
     return endpoints.RetryPolicy(timeout_s=self.endpoint_timeout_s,
@@ -126,7 +140,8 @@ _MODEL_CHECKS = {"preset": Str(), "hf_path": Str(), "tokenizer_path": Str(),
 _TEACHER_CHECKS = {"hf_paths": HfPaths(), "outside_cell": Str(), "outside_seed": Int(0),
                    "effort_in_prompt": Bool(), "endpoints": Endpoints(),
                    "endpoint_timeout_s": Num(strict=True), "endpoint_retries": Int(0),
-                   "parity_tolerance": Num(strict=True)}
+                   "parity_tolerance": Num(strict=True), "api_key_env": Str(),
+                   "probe_every": Int(0)}
 
 
 def _split(value, name: str, checks: Mapping) -> tuple:

@@ -10,6 +10,7 @@ import numpy as np
 from mopd_jax.evaluation import agreement, report_plots
 from mopd_jax.io import checkpoint, profiling, storage
 from mopd_jax.tasks.grid import Grid
+from mopd_jax.teachers import parity
 from mopd_jax.training import diagnostics
 
 POLICIES = ("sft", "teacher", "student")
@@ -39,7 +40,7 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, *, grid: Grid) ->
                 for c in ev["cells"]],
       "kl": {"initial": curve[0][1] if curve else None,
              "final": curve[-1][1] if curve else None, "curve": curve,
-             **initial_kl_byfind_cell(workdir, history)},
+             **initial_kl_by_cell(workdir, history)},
       # The exact full-vocabulary KL, on the steps that measured it (mopd.exact_kl_every).
       "kl_exact_curve": [[h["step"], h["kl_exact"]] for h in history if "kl_exact" in h],
       # pi_SFT's and the student's exact KL on held-out prompts (eval.kl_rollouts), if any.
@@ -49,7 +50,7 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, *, grid: Grid) ->
           start := storage.join(workdir, "mopd", "start.json")) else None),
       "kl_exact_per_cell": exact_per_cell,
       # Each cell's exact KL, first over last tenth of its measured steps (informational).
-      "kl_exact_drop_per_cell": kl_drop_perfind_cell(exact_per_cell),
+      "kl_exact_drop_per_cell": kl_drop_per_cell(exact_per_cell),
       # Effort sensitivity and loss shares on the steps that measured them (diagnostics.py).
       **diagnostics.report_entries(history),
       "reward_curve": [[h["step"], h["reward_mean"]] for h in history],
@@ -58,6 +59,8 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, *, grid: Grid) ->
       "kl_per_cell": {name: [[h["step"], h["cells"][name]["kl"]] for h in history
                              if name in h["cells"]]
                       for name in (history[0]["cells"] if history else {})},
+      **parity.report_entries(checkpoint.read_json(parity_path) if storage.exists(
+          parity_path := storage.join(workdir, "teacher_parity.json")) else None, history),
       "wall_seconds": wall_seconds,
       "config": config_json,
   }
@@ -195,7 +198,7 @@ def kl_drop(rep: dict) -> tuple:
   return (first / last if last > 0 else None), source
 
 
-def kl_drop_perfind_cell(per_cell: dict) -> dict:
+def kl_drop_per_cell(per_cell: dict) -> dict:
   """{cell: {first, last, n, drop}} of each cell's [[step, KL], ...] curve, reduced as
   `kl_drop` reduces the run's: the means over the first and the last tenth of its steps
   (n points in the last), and their ratio (None when the last tenth's mean is at or below 0)."""
@@ -243,7 +246,7 @@ def teachers_like_sft(rep: dict) -> list:
   return out
 
 
-def initial_kl_byfind_cell(workdir: str, history: list) -> dict:
+def initial_kl_by_cell(workdir: str, history: list) -> dict:
   """Per-token KL student vs routed teacher at the first MOPD step, per cell, with the
   teacher's origin ("same": trained from the student's own pi_SFT; "outside": from another
   SFT, see `teacher.outside_cell`), and its mean over the cells of each origin."""
@@ -354,6 +357,7 @@ def markdown(rep: dict) -> str:
     lines += ["", f"Reward clipped at +-r_max on {100 * sum(clip) / len(clip):.2f}% of the "
               f"generated tokens (mean over the {len(clip)} MOPD steps; largest step "
               f"{100 * max(clip):.2f}%)."]
+  lines += parity.report_lines(rep)
   if kl.get("initial_by_cell"):
     lines += ["", "Initial per-token KL (first MOPD step) per routed teacher; origin `same` = "
               "trained from the student's pi_SFT, `outside` = from another SFT "

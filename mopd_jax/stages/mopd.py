@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Optional, Union
 
 import jax
 import numpy as np
@@ -34,7 +34,8 @@ from mopd_jax.io import checkpoint, tokenizer
 from mopd_jax.rollout import partial, turns as rollout
 from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import base as task_base, grid as grid_mod, views
-from mopd_jax.teachers import async_scoring, bank as teachers, client as teacher_client, placement
+from mopd_jax.teachers import (async_scoring, bank as teachers, client as teacher_client, parity,
+                               placement)
 from mopd_jax.training import diagnostics, mopd, step as train, vocab_kl
 
 IN_FLIGHT = "_in_flight"  # the data state's entry of the partial-rollout pool (not a domain)
@@ -79,6 +80,8 @@ class Inputs:
   policies: sources.Policies
   files: loops.Workdir
   loops: loops.Loops
+  # Served teachers: the parity probe every `teacher.probe_every` steps (teachers/parity.py).
+  parity_monitor: Optional[parity.Monitor] = None
 
   @property
   def served(self) -> bool:
@@ -88,17 +91,21 @@ class Inputs:
     return task_base.effort_budgets(examples, effort, self.grid.taus)
 
 
-def endpoint_scorer(cells, endpoints: str, *, policy, top_k: int, student: dict):
+def endpoint_scorer(cells, endpoints: str, *, policy, top_k: int, student: dict,
+                    api_key=None, parity: bool = False):
   """The client of `teacher.endpoints` (`cells` -> URLs), its servers checked against the
-  `student`: {vocab_size, tokenizer, temperature}."""
+  `student`: {vocab_size, tokenizer, temperature, max_len (its longest row)}. `parity`: the
+  parity probe will compare the servers with the run's own teachers."""
   if jax.process_count() > 1:
     raise ValueError("teacher.endpoints scores from a single process; run the trainer as one "
                      "process or use placement.teachers")
-  scorer = teacher_client.EndpointScorer(cells, endpoints, policy=policy, top_k=top_k)
+  scorer = teacher_client.EndpointScorer(cells, endpoints, policy=policy, top_k=top_k,
+                                         api_key=api_key)
   tok = student["tokenizer"]
   try:
     scorer.check(vocab_size=student["vocab_size"], tokenizer_hash=tokenizer.fingerprint(tok),
-                 temperature=student["temperature"], probe=(PROBE_TEXT, tok.encode(PROBE_TEXT)))
+                 temperature=student["temperature"], probe=(PROBE_TEXT, tok.encode(PROBE_TEXT)),
+                 max_len=student.get("max_len", 0), parity=parity)
   except ValueError as e:  # a server for another student: one `config error:` line
     scorer.close()
     raise config_mod.ConfigError(str(e)) from e
@@ -128,9 +135,10 @@ def run(inp: Inputs) -> None:
       state, _, times = async_scoring.run(state, c.steps, sample=dist.sample, submit=dist.submit,
                                           train=dist.train, staleness=c.staleness,
                                           on_step=record, start_step=loop.start_step)
-    except teacher_client.TeacherUnavailable as e:
-      # The failed step never trained; the last finished one is kept, so the same command
-      # continues once the server is back.
+    except (teacher_client.TeacherUnavailable, parity.ParityError) as e:
+      # The failed step never trained (or, a probe failing, trained on scores the probe
+      # before it vouched for); the last finished one is kept, so the same command continues
+      # once the servers are back or fixed.
       if record.latest:
         loop.save(record.latest["done"], record.latest["state"])
       raise teacher_client.TeacherUnavailable(
@@ -300,13 +308,25 @@ class StepRecord:
   def __call__(self, step: int, state, rec) -> None:
     self.dist.last_step = step
     self.dist.drawn_at.pop(step, None)
+    inp, extra, gaps = self.dist.inp, {}, None
+    monitor = inp.parity_monitor
+    if monitor is not None and inp.served and monitor.due(step):
+      gaps = monitor.measure(inp.scorer)
+      extra = {"parity_gaps": gaps}
+      rec.metrics["parity_gap"] = max(gaps.values())
     self.loop.end_step(step, state, rec.metrics, record={"step": step, **rec.metrics,
-                                                         "cells": rec.cells})
+                                                         "cells": rec.cells, **extra})
     self.bar.update(rec.metrics, keys=("loss", "kl", "accuracy", "length"))
     self.log.scalars(step, rec.metrics)
     for name, cm in rec.cells.items():
       self.log.scalars(step, cm, prefix=f"{name}/")
+    if gaps is not None:
+      self.log.scalars(step, gaps, prefix="parity_gap/")
+    # A probe that fails keeps this step as the last one (saved by `run`); the error names
+    # the step, and the steps since the last passed probe trained on the drifting scores.
     self.latest.update(done=step + 1, state=state)
+    if gaps is not None:
+      monitor.check(gaps, step=step, what=f"teacher.endpoints={list(inp.scorer.urls)}")
 
 
 def teacher_sft_init(inp: Inputs, student):

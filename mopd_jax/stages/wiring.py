@@ -69,14 +69,14 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
     bank = ctx.teachers.router_only()
   else:
     bank = ctx.teachers.load_bank()
-  scoring, scorer = teacher_scorer(ctx, bank, top_k=top_k)
+  scoring, scorer, monitor = teacher_scorer(ctx, bank, top_k=top_k)
   return mopd.Inputs(
       cfg=c, sft=ctx.config.sft, seed=ctx.config.seed, grid=grid, view=ctx.view, tok=ctx.tok,
       model_cfg=ctx.model_cfg, mesh=ctx.mesh, tasks={d: ctx.task(d) for d in grid.domains},
       engine=ctx.engines.student,
       teacher_engine=ctx.engines.make(ctx.teachers.model_cfg, c.teacher_temperature),
       bank=bank, scoring=scoring, scorer=scorer, colocated=colocated, data=ctx.data,
-      policies=ctx.policies, files=ctx.files, loops=ctx.loops)
+      policies=ctx.policies, files=ctx.files, loops=ctx.loops, parity_monitor=monitor)
 
 
 def scoring_bank(ctx: Run, bank: teachers.TeacherBank) -> teachers.TeacherBank:
@@ -88,21 +88,41 @@ def scoring_bank(ctx: Run, bank: teachers.TeacherBank) -> teachers.TeacherBank:
 
 
 def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> tuple:
-  """(the bank at its scoring temperature, the scorer of stratified batches) that MOPD and
-  eval share: the `teacher.endpoints` servers' client, checked against the student at start,
-  or the bank in this process (co-located or on its disaggregated slice)."""
+  """(the bank at its scoring temperature, the scorer of stratified batches, the parity
+  monitor or None) that MOPD and eval share: the `teacher.endpoints` servers' client,
+  checked against the student and parity-probed at start, or the bank in this process
+  (co-located or on its disaggregated slice)."""
   c = ctx.config.mopd
   scoring = scoring_bank(ctx, bank)
   if ctx.config.teacher.endpoints:
+    try:
+      api_key = ctx.config.teacher.api_key()
+    except ValueError as e:
+      raise config_mod.ConfigError(str(e)) from e
     scorer = mopd.endpoint_scorer(
         ctx.grid.names, ctx.config.teacher.endpoints, policy=ctx.config.teacher.retry_policy(),
         top_k=top_k, student={"vocab_size": ctx.model_cfg.vocab_size, "tokenizer": ctx.tok,
-                              "temperature": c.teacher_temperature})
-    if scoring.params:  # the run holds the teachers too: the servers must score as they do
-      parity_probe(ctx, scoring, scorer)
-    return scoring, scorer
+                              "temperature": c.teacher_temperature,
+                              "max_len": longest_row(ctx)},
+        api_key=api_key, parity=bool(scoring.params))
+    return scoring, scorer, parity_probe(ctx, scoring, scorer)
   # Co-located or disaggregated: log-probs come back on the student mesh.
-  return scoring, placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k)
+  return (scoring, placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k),
+          None)
+
+
+def longest_row(ctx: Run) -> int:
+  """The longest row the run can send a teacher: its grid's longest prompt (every split, the
+  student's view at every effort, the longer one) plus the rollout's response cap."""
+  longest = 0
+  for d in ctx.grid.domains:
+    for split in ("train", "validation", "test"):
+      source = ctx.data.split(d, split)
+      for i in range(len(source)):
+        prompt = source[i].prompt
+        longest = max(longest, *(len(ctx.tok.encode_prompt(prompt, ctx.view.student(e)))
+                                 for e in ctx.grid.effort_names))
+  return longest + ctx.config.rollout.max_response_tokens
 
 
 def parity_probe_set(ctx: Run, *, rows: int, max_len: int = 0):
@@ -115,27 +135,42 @@ def parity_probe_set(ctx: Run, *, rows: int, max_len: int = 0):
   return parity.probe_from_examples(examples, tok=ctx.tok, view=ctx.view, max_len=max_len)
 
 
-def parity_probe(ctx: Run, scoring: teachers.TeacherBank, scorer, *, rows: int = 4) -> dict:
-  """Each cell's parity gap (mopd_jax/teachers/parity.py) between the servers (`scorer`) and
-  the in-process `scoring` bank on the first `rows` validation examples of the cell's domain;
-  written to <workdir>/teacher_parity.json. ConfigError (the servers closed) when a gap
-  exceeds `teacher.parity_tolerance`."""
-  local = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh,
-                                  tokenizer_hash=tokenizer.fingerprint(ctx.tok))
-  longest = [n for n in (local.info().max_sequence, scorer.info().max_sequence) if n]
-  probe = parity_probe_set(ctx, rows=rows, max_len=min(longest, default=0))
-  measured = parity.gaps(local, scorer, probe)
+def parity_probe(ctx: Run, scoring: teachers.TeacherBank, scorer, *,
+                 rows: int = 4) -> parity.Monitor:
+  """The parity probe at start (mopd_jax/teachers/parity.py): every replica of every cell
+  scores the first `rows` validation examples of the cell's domain, compared with the
+  in-process `scoring` bank where the run holds the teachers' params, else with the cell's
+  first replica (replicas must agree). The gaps go to <workdir>/teacher_parity.json;
+  ConfigError (the servers closed) when one exceeds `teacher.parity_tolerance`. Returns the
+  monitor that probes again every `teacher.probe_every` MOPD steps."""
+  local = None
+  longest = [scorer.info().max_sequence]
+  if scoring.params:
+    local = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh,
+                                    tokenizer_hash=tokenizer.fingerprint(ctx.tok))
+    longest.append(local.info().max_sequence)
+  probe = parity_probe_set(ctx, rows=rows, max_len=min((n for n in longest if n), default=0))
+  replicas = scorer.score_probe_replicas(probe)
+  if local is not None:
+    reference, against = local.score_probe(probe), "the run's own teachers"
+  else:
+    reference = {cell: replicas[(cell, scorer.endpoints[cell][0])] for cell in probe.rows}
+    against = "each cell's first replica"
   tol = ctx.config.teacher.parity_tolerance
-  print(f"[teachers] parity probe ({len(probe.rows)} cells, {rows} rows each): largest gap "
-        f"{max(measured.values()):.3g} nats per token (tolerance {tol})")
+  monitor = parity.Monitor(probe, reference, tolerance=tol,
+                           every=ctx.config.teacher.probe_every)
+  measured = monitor.gaps_of(replicas)
+  print(f"[teachers] parity probe against {against} ({len(probe.rows)} cells, {rows} rows "
+        f"each): largest gap {max(measured.values()):.3g} nats per token (tolerance {tol})")
   if distributed.is_main():
-    checkpoint.write_json(ctx.path("teacher_parity.json"), {"tolerance": tol, "gaps": measured})
+    checkpoint.write_json(ctx.path("teacher_parity.json"),
+                          {"tolerance": tol, "against": against, "gaps": measured})
   try:
     parity.check(measured, tol, what=f"teacher.endpoints={ctx.config.teacher.endpoints!r}")
   except ValueError as e:
     scorer.close()
     raise config_mod.ConfigError(str(e)) from e
-  return measured
+  return monitor
 
 
 def eval_inputs(ctx: Run) -> eval_stage.Inputs:

@@ -1,5 +1,5 @@
-"""Scoring against teacher servers: `mopd_jax.teachers.server`, or any server speaking vLLM's
-`/v1/completions` with `prompt_logprobs` (`mopd_jax/teachers/wire.py`).
+"""Scoring against teacher servers: `mopd_jax.teachers.server` or vLLM (any server speaking
+`/v1/completions` with `prompt_logprobs`), and SGLang (`/generate`); mopd_jax/teachers/wire.py.
 
 `teacher.endpoints` maps each cell to one URL or several (replicas of that cell); one server
 may hold many cells. `EndpointScorer` has the interface of `placement.TeacherScorer`, so the
@@ -18,20 +18,20 @@ skipped for `down_s`, or until every replica of the cell is). Past the retries `
 partial batch of scores. A 4xx other than those, or an answer out of schema, is not retried:
 it is a mistake (an unknown cell, a prompt too long), raised as `TeacherRequestError`.
 
-At start, `check` refuses a server whose vocabulary size or tokenizer fingerprint differs from
-the student's (or whose temperature differs from `mopd.teacher_temperature`), naming both,
-and a server that does not hold a cell mapped to it. A server without `mopd_jax.teachers.server`'s
-metadata endpoint (vLLM) is checked by tokenizing a probe text through its `/tokenize`.
+At start, `check` detects each server's engine (this package's server answers
+`/v1/metadata`, SGLang `/get_model_info`, anything else is read as vLLM) and refuses, one
+line each, what would give wrong scores or fail mid-run: another vocabulary, tokenizer or
+temperature, a cell the server does not hold or shares with another cell, a model length
+short of the run's rows, a refused or unreadable scoring request (see `check`). Scoring
+speaks each engine's protocol: `/v1/completions` with `prompt_logprobs` (ours, vLLM) or
+SGLang's native `/generate` (`mopd_jax/teachers/wire.py`). `api_key` goes with every
+request as a Bearer token.
 """
 from __future__ import annotations
 
-import json
 import random
-import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent import futures
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -39,95 +39,9 @@ import numpy as np
 
 from mopd_jax.config.endpoints import parse_endpoints, RetryPolicy
 from mopd_jax.teachers import source, wire as proto
-
-
-class TeacherUnavailable(RuntimeError):
-  """A cell's servers did not answer within the retry budget."""
-
-
-class TeacherRequestError(RuntimeError):
-  """A server refused a request (4xx) or answered out of schema: not retried."""
-
-
-class _Transient(Exception):
-  """A failure worth retrying elsewhere: timeout, refused connection, 5xx, 408, 429."""
-
-
-class Replicas:
-  """Which URL serves a cell next: round robin over its replicas not marked down; when all
-  are down, the one whose mark ends first. Thread-safe."""
-
-  def __init__(self, endpoints: Mapping[str, Sequence[str]], down_s: float,
-               clock: Callable[[], float] = time.monotonic):
-    self.endpoints = {c: tuple(u) for c, u in endpoints.items()}
-    self.down_s, self.clock = down_s, clock
-    self._down_until = {}
-    self._next = {c: 0 for c in self.endpoints}
-    self._lock = threading.Lock()
-
-  def pick(self, cell: str, avoid: Optional[str] = None) -> str:
-    urls = self.endpoints[cell]
-    with self._lock:
-      now = self.clock()
-      up = [u for u in urls if self._down_until.get(u, 0) <= now]
-      if avoid is not None and len(up) > 1:
-        up = [u for u in up if u != avoid]
-      if not up:  # every replica is marked down: the first to come back
-        return min(urls, key=lambda u: self._down_until.get(u, 0))
-      i = self._next[cell] % len(up)
-      self._next[cell] = i + 1
-      return up[i]
-
-  def mark_down(self, url: str) -> None:
-    with self._lock:
-      self._down_until[url] = self.clock() + self.down_s
-
-  def mark_up(self, url: str) -> None:
-    with self._lock:
-      self._down_until.pop(url, None)
-
-  def is_down(self, url: str) -> bool:
-    with self._lock:
-      return self._down_until.get(url, 0) > self.clock()
-
-
-class _NotFound(TeacherRequestError):
-  """A 404: a path the server does not have (vLLM has no metadata endpoint), or a cell it
-  does not hold."""
-
-
-def http_json(url: str, body: Optional[dict] = None, timeout_s: float = 60.0):
-  """GET (body None) or POST a JSON body; the decoded JSON answer. Raises _Transient for what
-  is worth retrying, TeacherRequestError for a refusal, and `_NotFound` for a 404."""
-  data = None if body is None else json.dumps(body).encode()
-  req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
-                               headers={"Content-Type": "application/json"})
-  try:
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:
-      raw = r.read()
-  except urllib.error.HTTPError as e:
-    detail = _error_message(e)
-    if e.code >= 500 or e.code in (408, 429):
-      raise _Transient(f"HTTP {e.code}: {detail}") from None
-    if e.code == 404:
-      raise _NotFound(f"HTTP 404: {detail}") from None
-    raise TeacherRequestError(f"{url} refused the request: HTTP {e.code}: {detail}") from None
-  except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError, OSError) as e:
-    reason = getattr(e, "reason", e)
-    raise _Transient(f"{type(reason).__name__}: {reason}") from None
-  try:
-    return json.loads(raw)
-  except ValueError:
-    raise TeacherRequestError(f"{url} answered with something other than JSON: "
-                              f"{raw[:80]!r}") from None
-
-
-def _error_message(e) -> str:
-  try:
-    body = json.loads(e.read())
-    return str(body.get("message") or body.get("error") or body)
-  except Exception:  # pylint: disable=broad-except  (any unreadable error body)
-    return str(e.reason)
+# The transport's names, re-exported: callers catch teacher_client.TeacherUnavailable.
+from mopd_jax.teachers.transport import (_NotFound, _Transient, http_json, Replicas,
+                                         TeacherRequestError, TeacherUnavailable)
 
 
 class PendingScores:
@@ -161,6 +75,26 @@ class PendingScores:
     return lp if not self.top_k else (lp, tk_lp, tk_ids)
 
 
+def _check_ours(url: str, cells, meta: dict, *, vocab_size: int, tokenizer_hash: str,
+                temperature: Optional[float]) -> None:
+  """A `mopd_jax.teachers.server`'s metadata against the student's (see `check`)."""
+  if meta.get("vocab_size") != vocab_size:
+    raise ValueError(f"teacher server {url} has vocabulary size {meta.get('vocab_size')} "
+                     f"but the student's is {vocab_size}")
+  if meta.get("tokenizer_hash") != tokenizer_hash:
+    raise ValueError(f"teacher server {url} has tokenizer fingerprint "
+                     f"{meta.get('tokenizer_hash')} but the student's is "
+                     f"{tokenizer_hash}: the token ids would mean different things")
+  if temperature is not None and meta.get("temperature") != temperature:
+    raise ValueError(f"teacher server {url} scores at temperature "
+                     f"{meta.get('temperature')} but mopd.teacher_temperature is "
+                     f"{temperature}")
+  lacking = [c for c in cells if c not in meta.get("cells", ())]
+  if lacking:
+    raise ValueError(f"teacher server {url} holds the cells {meta.get('cells')}, not "
+                     f"{lacking} that teacher.endpoints maps to it")
+
+
 class EndpointScorer:
   """Stratified batches scored by teacher servers; see the module docstring.
 
@@ -171,7 +105,8 @@ class EndpointScorer:
 
   def __init__(self, names: Sequence[str], endpoints: Mapping[str, Sequence[str]], *,
                policy: RetryPolicy = RetryPolicy(), top_k: int = 0, workers: int = 32,
-               seed: Optional[int] = None, sleep: Callable[[float], None] = time.sleep):
+               seed: Optional[int] = None, sleep: Callable[[float], None] = time.sleep,
+               api_key: Optional[str] = None):
     self.names = tuple(names)
     endpoints = parse_endpoints(dict(endpoints))
     missing = [n for n in self.names if n not in endpoints]
@@ -180,12 +115,16 @@ class EndpointScorer:
                        f"cell of {list(self.names)} needs one")
     self.endpoints = {n: endpoints[n] for n in self.names}
     self.policy, self.top_k, self.sleep = policy, int(top_k), sleep
+    self.api_key = api_key or None
     self.replicas = Replicas(self.endpoints, policy.down_s)
     self._rng = random.Random(seed)
     self._rng_lock = threading.Lock()
     self._pool = futures.ThreadPoolExecutor(max_workers=workers,
                                             thread_name_prefix="teacher-client")
     self._checked = None  # {url: metadata} once `check` has run
+    # url -> "mopd" | "vllm" | "sglang" (detected by `check`; before it, every server is
+    # spoken to through /v1/completions, which ours and vLLM's answer alike).
+    self.engines = {}
 
   @property
   def urls(self) -> list:
@@ -193,53 +132,123 @@ class EndpointScorer:
 
   # --- the start-up check -------------------------------------------------------------------
   def check(self, *, vocab_size: int, tokenizer_hash: str, temperature: Optional[float] = None,
-            probe: Optional[tuple] = None) -> dict:
-    """Every server's metadata against the student's; returns {url: metadata}. Raises
-    ValueError naming the server's and the student's values. `probe`: (text, ids) of the
-    student's tokenizer, checked through `/tokenize` on a server without metadata."""
+            probe: Optional[tuple] = None, max_len: int = 0, parity: bool = False) -> dict:
+    """Every server against the student before the first step; returns {url: metadata}.
+    Raises ValueError, one line naming the server, the cell and both values, for: another
+    vocabulary or tokenizer; a cell the server does not hold, or two cells one model of a
+    vLLM server (the same `root` in `/v1/models`: `--served-model-name a b` aliases one
+    model); a `max_model_len` that leaves no room for the run's longest row (`max_len`
+    tokens) and its one completion token; a scoring temperature the server cannot be shown
+    to apply (ours reports it; vLLM scores prompt log-probs from the raw logits, so a
+    `temperature` other than 1 is accepted only where the parity probe will check it,
+    `parity`); a refusal of a scoring request of `probe` ((text, ids) of the student's
+    tokenizer, also checked through `/tokenize` on a vLLM server) at the run's top-k, or
+    an answer out of schema (a server that does not speak `prompt_logprobs`)."""
     out = {}
-    for url in self.urls:
-      cells = [c for c, us in self.endpoints.items() if url in us]
-      meta = self._get(url, proto.METADATA, cells)
-      if meta is None:  # not mopd_jax.teachers.server: a vLLM-compatible server
-        out[url] = self._check_vllm(url, cells, probe)
-        continue
-      if meta.get("vocab_size") != vocab_size:
-        raise ValueError(f"teacher server {url} has vocabulary size {meta.get('vocab_size')} "
-                         f"but the student's is {vocab_size}")
-      if meta.get("tokenizer_hash") != tokenizer_hash:
-        raise ValueError(f"teacher server {url} has tokenizer fingerprint "
-                         f"{meta.get('tokenizer_hash')} but the student's is "
-                         f"{tokenizer_hash}: the token ids would mean different things")
-      if temperature is not None and meta.get("temperature") != temperature:
-        raise ValueError(f"teacher server {url} scores at temperature "
-                         f"{meta.get('temperature')} but mopd.teacher_temperature is "
-                         f"{temperature}")
-      lacking = [c for c in cells if c not in meta.get("cells", ())]
-      if lacking:
-        raise ValueError(f"teacher server {url} holds the cells {meta.get('cells')}, not "
-                         f"{lacking} that teacher.endpoints maps to it")
-      out[url] = meta
+    try:
+      for url in self.urls:
+        cells = [c for c, us in self.endpoints.items() if url in us]
+        meta = self._get(url, proto.METADATA, cells)
+        info = None if meta is not None else self._get(url, proto.SGLANG_MODEL_INFO, cells)
+        if meta is not None:
+          _check_ours(url, cells, meta, vocab_size=vocab_size, tokenizer_hash=tokenizer_hash,
+                      temperature=temperature)
+          self.engines[url] = "mopd"
+        elif isinstance(info, dict) and "model_path" in info:
+          meta = self._check_sglang(url, cells, info, temperature=temperature, parity=parity)
+          self.engines[url] = "sglang"
+        else:  # a vLLM-compatible server
+          meta = self._check_vllm(url, cells, probe, temperature=temperature, parity=parity)
+          self.engines[url] = "vllm"
+        limit = int(meta.get("max_model_len") or 0)
+        if max_len and limit and max_len + 1 > limit:
+          raise ValueError(f"teacher server {url} (cells {cells}) has max_model_len {limit}, "
+                           f"but the run's rows reach {max_len} tokens (+1 for the completion "
+                           "token every scoring request asks)")
+        if probe is not None:
+          for cell in cells:  # one scoring request per cell, as the run sends them
+            self._probe_score(url, cell, probe[1])
+        out[url] = meta
+    except TeacherRequestError as e:  # a refusal at start: the config's mistake, one line
+      raise ValueError(str(e)) from None
     self._checked = out
     return out
 
+  def _probe_score(self, url: str, cell: str, ids) -> None:
+    path, body = self._scoring_request(url, cell, ids, top_k=self.top_k)
+    answer = self._get(url, path, [cell], body=body)
+    if answer is None:
+      raise ValueError(f"teacher server {url} answered 404 to a scoring request for cell "
+                       f"{cell!r}")
+    try:
+      self._read(url, answer, ids, top_k=self.top_k)
+    except proto.ProtocolError as e:
+      schema = ("SGLang's /generate input logprobs" if self.engines.get(url) == "sglang"
+                else "vLLM's prompt_logprobs schema")
+      raise ValueError(f"teacher server {url} (cell {cell!r}) does not answer scoring "
+                       f"requests in {schema}: {e}") from None
+
+  def _scoring_request(self, url: str, cell: str, ids, *, top_k: int) -> tuple:
+    """(path, body) of a request scoring `ids` as `cell` in the engine's own protocol."""
+    if self.engines.get(url) == "sglang":
+      return proto.SGLANG_GENERATE, proto.sglang_request(ids, top_k)
+    return proto.COMPLETIONS, proto.completion_request(cell, ids, top_k)
+
+  def _read(self, url: str, answer, ids, *, top_k: int) -> tuple:
+    if self.engines.get(url) == "sglang":
+      return proto.read_sglang_response(answer, ids, top_k)
+    return proto.read_response(answer, ids, top_k)
+
+  def _check_sglang(self, url: str, cells, info: dict, *, temperature, parity: bool) -> dict:
+    """An SGLang server (it answers /get_model_info): one model, so one cell; its scoring
+    temperature and tokenizer cannot be read, so a temperature other than 1 needs the
+    parity probe, as for vLLM."""
+    if len(cells) != 1:
+      raise ValueError(f"teacher server {url} is SGLang, which serves one model, but "
+                       f"teacher.endpoints maps the cells {cells} to it: each cell needs its "
+                       "own teacher")
+    if temperature is not None and temperature != 1.0 and not parity:
+      raise ValueError(f"teacher server {url} is SGLang: its input log-probs are not shown "
+                       f"to apply mopd.teacher_temperature={temperature}, which is accepted "
+                       "only where the parity probe checks it (the run must hold the "
+                       "teachers' params); otherwise score at 1")
+    models = self._get(url, proto.MODELS, cells)
+    cards = proto.model_cards(models) if models is not None else {}
+    limits = [int(c.get("max_model_len") or 0) for c in cards.values()]
+    return {"cells": list(cells), "engine": "sglang", "model_path": info.get("model_path"),
+            "max_model_len": min((x for x in limits if x), default=0)}
+
   def _get(self, url: str, path: str, cells, *, body=None):
     try:
-      return http_json(url + path, body, self.policy.timeout_s)
+      return http_json(url + path, body, self.policy.timeout_s, api_key=self.api_key)
     except _NotFound:
       return None
     except _Transient as e:
       raise TeacherUnavailable(f"teacher server {url} (cells {cells}) does not answer: "
                                f"{e}") from None
 
-  def _check_vllm(self, url: str, cells, probe) -> dict:
+  def _check_vllm(self, url: str, cells, probe, *, temperature, parity: bool) -> dict:
     models = self._get(url, proto.MODELS, cells)
-    served = proto.model_names(models) if models is not None else []
-    lacking = [c for c in cells if c not in served]
+    cards = proto.model_cards(models) if models is not None else {}
+    lacking = [c for c in cells if c not in cards]
     if lacking:
-      raise ValueError(f"teacher server {url} serves the models {served}, not {lacking} "
-                       "that teacher.endpoints maps to it (start vLLM with "
+      raise ValueError(f"teacher server {url} serves the models {sorted(cards)}, not "
+                       f"{lacking} that teacher.endpoints maps to it (start vLLM with "
                        "--served-model-name naming the cells)")
+    roots = {}
+    for c in cells:
+      root = cards[c].get("root")
+      if root and root in roots:
+        raise ValueError(f"teacher server {url} serves the cells {roots[root]!r} and {c!r} "
+                         f"from one model ({root}): each cell needs its own teacher")
+      roots.setdefault(root, c)
+    if temperature is not None and temperature != 1.0 and not parity:
+      raise ValueError(f"teacher server {url} is not mopd_jax.teachers.server: vLLM scores "
+                       "prompt log-probs from the raw logits whatever the request's "
+                       f"temperature, so mopd.teacher_temperature={temperature} is accepted "
+                       "only where the parity probe checks it (the run must hold the "
+                       "teachers' params), or serve teachers exported with the temperature "
+                       "in their weights and score at 1")
     if probe is None:
       raise ValueError(f"teacher server {url} has no {proto.METADATA}; checking it needs a "
                        "probe text of the student's tokenizer")
@@ -250,13 +259,14 @@ class EndpointScorer:
       raise ValueError(f"teacher server {url} tokenizes the probe {text!r} as "
                        f"{None if got is None else got.get('tokens')} but the student's "
                        f"tokenizer gives {list(ids)}")
-    return {"cells": served, "tokenize_probe": list(ids)}
+    limits = [int(cards[c].get("max_model_len") or 0) for c in cells]
+    return {"cells": sorted(cards), "tokenize_probe": list(ids),
+            "max_model_len": min((x for x in limits if x), default=0)}
 
   # --- scoring -----------------------------------------------------------------------------
   def score_row(self, cell: str, ids: Sequence[int]) -> tuple:
     """One row's (log-probs [n], top-k log-probs [n, k] or None, ids or None), with the
     retries of the module docstring."""
-    body = proto.completion_request(cell, ids, self.top_k)
     tried, url = [], None
     for attempt in range(self.policy.retries + 1):
       if attempt:
@@ -264,15 +274,16 @@ class EndpointScorer:
           wait = self.policy.wait_s(attempt, self._rng)
         self.sleep(wait)
       url = self.replicas.pick(cell, avoid=url)
+      path, body = self._scoring_request(url, cell, ids, top_k=self.top_k)
       try:
-        answer = http_json(url + proto.COMPLETIONS, body, self.policy.timeout_s)
+        answer = http_json(url + path, body, self.policy.timeout_s, api_key=self.api_key)
       except _Transient as e:
         self.replicas.mark_down(url)
         tried.append(f"{url} ({e})")
         continue
       self.replicas.mark_up(url)
       try:
-        return proto.read_response(answer, ids, self.top_k)
+        return self._read(url, answer, ids, top_k=self.top_k)
       except proto.ProtocolError as e:
         raise TeacherRequestError(f"teacher {cell!r} at {url}: {e}") from None
     raise TeacherUnavailable(
@@ -309,8 +320,10 @@ class EndpointScorer:
 
   # --- the teacher-source interface (mopd_jax/teachers/source.py) ---------------------------
   def info(self) -> source.SourceInfo:
-    """What the servers are, from the metadata `check` read (their smallest limits; a vLLM
-    server's are unknown, 0). RuntimeError before `check`."""
+    """What the servers are, from what `check` read: their smallest limits (the longest row
+    a server scores is its `max_model_len` less the one completion token a request asks;
+    a vLLM server's vocabulary and logprob cap are unknown, 0). RuntimeError before
+    `check`."""
     if self._checked is None:
       raise RuntimeError("EndpointScorer.info() reads the servers' metadata: call check() "
                          "first")
@@ -320,7 +333,8 @@ class EndpointScorer:
     return source.SourceInfo(
         kind="endpoint", cells=self.names, vocab_size=int(first.get("vocab_size", 0)),
         tokenizer_hash=str(first.get("tokenizer_hash", "")),
-        max_sequence=min((int(m["max_model_len"]) for m in known), default=0),
+        max_sequence=min((int(m["max_model_len"]) - 1 for m in metas
+                          if m.get("max_model_len")), default=0),
         max_logprobs=min((int(m["max_logprobs"]) for m in known), default=0))
 
   def score_probe(self, probe: source.Probe) -> dict:
@@ -329,6 +343,28 @@ class EndpointScorer:
     source.check_cells(probe, self.names)
     return {cell: [np.asarray(self.score_row(cell, row)[0], np.float32) for row in rows]
             for cell, rows in probe.rows.items()}
+
+  def score_probe_replicas(self, probe: source.Probe) -> dict:
+    """{(cell, url): each probe row's log-probs}: every replica of every cell scores the
+    probe on its own (one try each; a replica that does not answer is TeacherUnavailable),
+    so that the parity monitor compares replicas, not the round robin's pick."""
+    source.check_cells(probe, self.names)
+    out = {}
+    for cell, rows in probe.rows.items():
+      for url in self.endpoints[cell]:
+        scored = []
+        for row in rows:
+          path, body = self._scoring_request(url, cell, row, top_k=0)
+          try:
+            answer = http_json(url + path, body, self.policy.timeout_s, api_key=self.api_key)
+            scored.append(np.asarray(self._read(url, answer, row, top_k=0)[0], np.float32))
+          except _Transient as e:
+            raise TeacherUnavailable(f"teacher {cell!r} at {url} does not answer the parity "
+                                     f"probe: {e}") from None
+          except proto.ProtocolError as e:
+            raise TeacherRequestError(f"teacher {cell!r} at {url}: {e}") from None
+        out[(cell, url)] = scored
+    return out
 
   def close(self) -> None:
     self._pool.shutdown(wait=False, cancel_futures=True)

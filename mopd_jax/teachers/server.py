@@ -25,7 +25,10 @@ one [K, b, T] prefill.
 
 Endpoints: `POST /v1/completions`; `GET /health` (200 while serving, 503 once stopping);
 `GET /v1/models` (one model per cell); `GET /v1/metadata` (cells, vocabulary size, tokenizer
-fingerprint, temperature, model config: what the client checks at start). SIGTERM (or
+fingerprint, temperature, model config: what the client checks at start). A request is
+accepted or refused as vLLM would (`mopd_jax/teachers/wire.py`): one prompt or several,
+`model` optional, a prompt plus its one completion token within `max_model_len`, errors in
+vLLM's nested body, the API key (`--api_key_env`) as `vllm serve --api-key` checks it. SIGTERM (or
 SIGINT) stops accepting connections, answers every request already received, then exits.
 
 Built on tornado: an asyncio HTTP/1.1 server with keep-alive, one event loop (no locks
@@ -55,6 +58,7 @@ from mopd_jax.models import logprobs
 from mopd_jax.teachers import bank as teachers, wire as proto
 
 MIN_BUCKET = 16  # the shortest padded length; longer ones are powers of two
+CHUNK_SIZE = 64  # the sequence chunk of the scoring scan (`logprobs.token_stats`)
 
 
 def bucket(n: int, lo: int = 1) -> int:
@@ -139,16 +143,19 @@ class TeacherServer:
   `temperature`: the scoring temperature (`mopd.teacher_temperature`), applied to the bank's
   params once. `max_batch_rows`: most requests in one round of prefills; `max_wait_s`: how
   long the first request of a round waits for company; `max_logprobs`: the largest
-  `prompt_logprobs` accepted (vLLM's default is 20); `batch_invariant`: see `score_cells`."""
+  `prompt_logprobs` accepted (vLLM's default is 20); `batch_invariant`: see `score_cells`;
+  `api_key`: when given, every `/v1` request must carry it as `Authorization: Bearer <key>`
+  (401 otherwise, as `vllm serve --api-key` answers)."""
 
   def __init__(self, bank: teachers.TeacherBank, tok, *, temperature: float = 1.0,
                max_batch_rows: int = 256, max_wait_s: float = 0.01, max_logprobs: int = 20,
-               chunk_size: int = 64, batch_invariant: bool = True):
+               batch_invariant: bool = True, api_key: Optional[str] = None):
     self.bank = bank.replace(params=models.with_temperature(bank.params, temperature))
     self.tok, self.temperature = tok, float(temperature)
     self.max_batch_rows, self.max_wait_s = int(max_batch_rows), float(max_wait_s)
-    self.max_logprobs, self.chunk_size = int(max_logprobs), int(chunk_size)
+    self.max_logprobs, self.chunk_size = int(max_logprobs), CHUNK_SIZE
     self.batch_invariant = bool(batch_invariant)
+    self.api_key = api_key or None
     self.cells = {n: i for i, n in enumerate(bank.router.names)}
     self.created = int(time.time())
     self._fingerprint = tokenizer_mod.fingerprint(tok)
@@ -177,18 +184,25 @@ class TeacherServer:
       self._decoded[token_id] = text
     return text
 
-  def check(self, model: str, ids: list, k: int) -> tuple:
-    """(cell index, None) or (None, (status, message)) for a parsed request."""
+  def check(self, model: Optional[str], rows: list, k: int, *, max_tokens: int = 1) -> tuple:
+    """(cell index, None) or (None, (status, message)) for a parsed request (`model` None:
+    the first cell, as vLLM takes its first served model)."""
+    model = next(iter(self.cells)) if model is None else model
     if model not in self.cells:
       return None, (404, f"The model `{model}` does not exist; this server holds the cells "
                          f"{list(self.cells)}")
+    if max_tokens != 1:
+      return None, (400, f"max_tokens must be 1: this server scores prompts and does not "
+                         f"generate, got {max_tokens}")
     cfg = self.bank.model_cfg
-    if len(ids) > cfg.max_seq_len:
-      return None, (400, f"the prompt has {len(ids)} tokens; the teachers' max_model_len is "
-                         f"{cfg.max_seq_len}")
-    bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
-    if bad:
-      return None, (400, f"token id {bad[0]} outside the vocabulary [0, {cfg.vocab_size})")
+    for ids in rows:
+      if len(ids) + max_tokens > cfg.max_seq_len:
+        return None, (400, f"This model's maximum context length is {cfg.max_seq_len} "
+                           f"tokens. However, you requested {len(ids) + max_tokens} tokens "
+                           f"({len(ids)} in the prompt, {max_tokens} in the completion)")
+      bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
+      if bad:
+        return None, (400, f"token id {bad[0]} outside the vocabulary [0, {cfg.vocab_size})")
     if k > self.max_logprobs:
       return None, (400, f"prompt_logprobs={k} exceeds this server's max_logprobs "
                          f"{self.max_logprobs}")
@@ -312,6 +326,13 @@ def _application(server: TeacherServer):
     def write_error(self, status_code, **kwargs):
       self.reply(proto.error_body(self._reason, status_code), status_code)
 
+    def prepare(self):
+      # `vllm serve --api-key`: every /v1 route needs the key; /health does not.
+      key = self.server.api_key
+      if (key and self.request.path.startswith("/v1") and
+          self.request.headers.get("Authorization", "") != f"Bearer {key}"):
+        self.reply({"error": "Unauthorized"}, 401)
+
   class Health(Handler):
     def get(self):
       self.set_status(503 if self.server.stopping else 200)
@@ -333,18 +354,20 @@ def _application(server: TeacherServer):
       if s.stopping:
         return self.reply(proto.error_body("the server is shutting down", 503), 503)
       try:
-        model, ids, k = proto.read_request(json.loads(self.request.body or b"null"))
+        model, rows, k, max_tokens = proto.read_request(
+            json.loads(self.request.body or b"null"))
       except ValueError as e:  # malformed JSON or schema
         return self.reply(proto.error_body(str(e), 400), 400)
-      cell, err = s.check(model, ids, k)
+      cell, err = s.check(model, rows, k, max_tokens=max_tokens)
       if err is not None:
         return self.reply(proto.error_body(err[1], err[0]), err[0])
-      lp, rank, tk_lp, tk_ids = await s.submit(cell, ids, k)
-      entries = proto.prompt_logprobs_entries(ids, lp, rank, topk_logprobs_TxK=tk_lp,
-                                              topk_ids_TxK=tk_ids, decode=s.decode)
-      self.reply(proto.completion_response(model, entries,
+      scored = await asyncio.gather(*(s.submit(cell, ids, k) for ids in rows))
+      entries = [proto.prompt_logprobs_entries(ids, lp, rank, topk_logprobs_TxK=tk_lp,
+                                               topk_ids_TxK=tk_ids, decode=s.decode)
+                 for ids, (lp, rank, tk_lp, tk_ids) in zip(rows, scored)]
+      self.reply(proto.completion_response(list(s.cells)[cell], entries,
                                            request_id=f"cmpl-{uuid.uuid4().hex}",
-                                           created=int(time.time())))
+                                           created=int(time.time()), prompt_token_ids=rows))
 
   args = dict(server=server)
   return tornado.web.Application([
