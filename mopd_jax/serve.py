@@ -3,6 +3,8 @@ by `mopd_jax.teachers.server` (what it serves and how: documented there).
 
     python -m mopd_jax.serve --config configs/toy.py --teachers WORKDIR/teachers.json
     python -m mopd_jax.serve --config configs/qwen3_mopd.py --hf_path DIR --cell gen/max
+    python -m mopd_jax.serve --config configs/toy.py --teachers WORKDIR/teachers.json \
+        --export_dir DIR   # for vLLM or SGLang: each cell's checkpoint, temperature folded in
 
 It builds the bank through the run context (`stages.context.Run`: the same checks as the
 trainer's bank), so it sits above the stages, beside the pipeline.
@@ -14,7 +16,7 @@ import sys
 
 import jax
 
-from mopd_jax import configure
+from mopd_jax import configure, models
 from mopd_jax.io import hf, storage
 from mopd_jax.runtime import allocator
 from mopd_jax.stages.context import Run
@@ -41,6 +43,22 @@ def bank_from_config(config, *, teachers_path: str = "", hf_path: str = "",
   return teachers.build_bank(cfg, [params], names=[cell]), ctx.tok
 
 
+def export_teachers(bank: teachers.TeacherBank, tok, *, temperature: float,
+                    out_dir: str) -> dict:
+  """{cell: directory}: each cell's teacher with the scoring `temperature` folded into its
+  weights (`models.with_temperature`), written as a Hugging Face checkpoint
+  `out_dir/<domain>_<effort>`, so that an engine scoring prompts from the raw logits (vLLM,
+  SGLang) scores at that temperature."""
+  params = models.with_temperature(bank.params, temperature)
+  out = {}
+  for k, cell in enumerate(bank.router.names):
+    path = os.path.join(out_dir, cell.replace("/", "_"))
+    hf.save_checkpoint(bank.model_cfg, jax.tree.map(lambda x, k=k: x[k], params), path,
+                       extra_config={"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id})
+    out[cell] = path
+  return out
+
+
 def main(argv=None) -> None:
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
@@ -61,6 +79,10 @@ def main(argv=None) -> None:
   api_key_env = flags.DEFINE_string(
       "api_key_env", "", "An environment variable holding the API key every /v1 request "
       "must carry as 'Authorization: Bearer <key>' (as vllm serve --api-key); '' = none.")
+  export_dir = flags.DEFINE_string(
+      "export_dir", "", "Instead of serving: write each cell's teacher, the config's "
+      "mopd.teacher_temperature folded into its weights, as a Hugging Face checkpoint "
+      "DIR/<domain>_<effort> for vLLM or SGLang, and print their launch lines.")
 
   def run(_):
     import logging  # pylint: disable=g-import-not-at-top
@@ -73,6 +95,13 @@ def main(argv=None) -> None:
                          "unset or empty")
     bank, tok = bank_from_config(config.value, teachers_path=teachers_path.value,
                                  hf_path=hf_path.value, cell=cell.value)
+    if export_dir.value:
+      dirs = export_teachers(bank, tok, temperature=config.value.mopd.teacher_temperature,
+                             out_dir=export_dir.value)
+      for number, (name, path) in enumerate(dirs.items(), 8001):
+        print(f"vllm serve {path} --served-model-name {name} --dtype float32 "
+              f"--skip-tokenizer-init --max-logprobs 20 --port {number}", flush=True)
+      return
     server = TeacherServer(bank, tok, temperature=config.value.mopd.teacher_temperature,
                            max_batch_rows=max_batch_rows.value,
                            max_wait_s=max_wait_ms.value / 1000,

@@ -91,7 +91,7 @@ class Behaviour:
   status: int = 0  # answer every completion request with this status (0 = normal)
   delay_s: float = 0.0
   metadata: dict = None  # None = no /v1/metadata (a vLLM server)
-  tokenize: list = None  # what /tokenize answers
+  tokenize: list = None  # what /tokenize answers; None: 400 (--skip-tokenizer-init)
   served: tuple = NAMES
   roots: dict = None  # served name -> its model path; None = each its own
   api_key: Optional[str] = None  # vllm serve --api-key
@@ -147,6 +147,9 @@ class VllmStandIn:
           return None
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/tokenize":
+          if b.tokenize is None:  # --skip-tokenizer-init: no tokenizer to answer with
+            return self.reply(400, error(400, "Unable to get tokenizer because "
+                                         "skip_tokenizer_init is True", "BadRequestError"))
           return self.reply(200, {"count": len(b.tokenize), "max_model_len": b.max_model_len,
                                   "tokens": b.tokenize, "token_strs": None})
         with lock:
@@ -296,3 +299,80 @@ class SglangStandIn:
   def close(self):
     self.httpd.shutdown()
     self.httpd.server_close()
+
+
+def model_scores(cfg, params) -> Callable:
+  """The `scores` of a real model: every prompt position's log-prob from the raw logits
+  (temperature 1, float32, as vLLM and SGLang score prompts) and its top k."""
+  import jax
+  import jax.numpy as jnp
+  from mopd_jax import models
+
+  @jax.jit
+  def logsm(tokens):
+    return jax.nn.log_softmax(models.forward(cfg, params, tokens)[0].astype(jnp.float32), -1)
+
+  def scores(model, ids, k):
+    del model
+    n = len(ids)
+    width = max(16, 1 << (n - 1).bit_length())  # a few shapes, each compiled once
+    full = np.asarray(logsm(jnp.asarray([list(ids) + [0] * (width - n)], jnp.int32)))[:n]
+    lp = np.zeros(n, np.float32)
+    lp[1:] = full[np.arange(n - 1), np.asarray(ids[1:])]
+    order = np.argsort(-full, axis=-1, kind="stable")[:, :k]
+    tk_ids = np.zeros((n, k), np.int32)
+    tk_lp = np.zeros((n, k), np.float32)
+    tk_ids[1:] = order[:-1]
+    tk_lp[1:] = np.take_along_axis(full, order, axis=-1)[:-1]
+    return lp, tk_lp, tk_ids
+  return scores
+
+
+def main(argv=None) -> None:
+  """Serves a Hugging Face checkpoint as the engines' command lines would, for the tests
+  that launch a run against them:
+
+      python tests/engine_standins.py vllm serve DIR --served-model-name gen/max \
+          --dtype float32 --skip-tokenizer-init [--max-model-len N] [--max-logprobs 20] \
+          [--api-key KEY] --port 0
+      python tests/engine_standins.py sglang --model-path DIR --served-model-name gen/max \
+          [--api-key KEY] --port 0
+
+  Prints `listening on URL` and serves until killed."""
+  import argparse
+  import sys
+  argv = sys.argv[1:] if argv is None else argv
+  engine, rest = argv[0], argv[1:]
+  p = argparse.ArgumentParser()
+  if engine == "vllm":
+    p.add_argument("serve")
+    p.add_argument("model")
+    p.add_argument("--served-model-name", nargs="+")
+    p.add_argument("--max-model-len", type=int, default=0)
+    p.add_argument("--max-logprobs", type=int, default=20)
+    p.add_argument("--skip-tokenizer-init", action="store_true")
+    p.add_argument("--dtype", default="auto")
+  else:
+    p.add_argument("--model-path", dest="model")
+    p.add_argument("--served-model-name")
+  p.add_argument("--api-key")
+  p.add_argument("--port", type=int, default=0)
+  a = p.parse_args(rest)
+  from mopd_jax.io import hf
+  cfg, params = hf.load_checkpoint(a.model, dtype="float32")
+  scores = model_scores(cfg, params)
+  if engine == "vllm":
+    names = tuple(a.served_model_name or (a.model,))
+    s = VllmStandIn(Behaviour(served=names, roots={n: a.model for n in names},
+                              api_key=a.api_key, scores=scores,
+                              max_model_len=a.max_model_len or cfg.max_seq_len,
+                              max_logprobs=a.max_logprobs))
+  else:
+    s = SglangStandIn(a.served_model_name or a.model, api_key=a.api_key,
+                      max_model_len=cfg.max_seq_len, scores=scores)
+  print(f"listening on {s.url}", flush=True)
+  threading.Event().wait()
+
+
+if __name__ == "__main__":
+  main()

@@ -382,6 +382,56 @@ def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
     assert server.wait(timeout=60) == 0
 
 
+@pytest.mark.slow
+def test_mopd_stage_scored_by_vllm_and_sglang_stand_ins(workdir, tmp_path):
+  """The teachers exported for the engines (`python -m mopd_jax.serve --export_dir`, the
+  scoring temperature folded into the weights) and served by the faithful vLLM and SGLang
+  stand-ins launched with the docs' command lines (raw-logit prompt log-probs, no
+  tokenizer): the start-up checks and the parity probe pass and the MOPD stage follows the
+  co-located run's history to float rounding."""
+  import sys
+  export = str(tmp_path / "export")
+  proc = subprocess.run(
+      [sys.executable, "-m", "mopd_jax.serve", "--config", "configs/toy.py:tiny",
+       "--teachers", os.path.join(workdir, "teachers.json"), "--export_dir", export],
+      cwd=suite_cli.ROOT, env=suite_cli.env(), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  launch = [x.split() for x in proc.stdout.splitlines() if x.startswith("vllm serve ")]
+  manifest = json.load(open(os.path.join(workdir, "teachers.json")))
+  assert len(launch) == len(manifest["teachers"])
+  servers, endpoints = [], {}
+  try:
+    for i, line in enumerate(launch):  # the last cell on SGLang, the others on vLLM
+      path, cell = line[2], line[line.index("--served-model-name") + 1]
+      args = (["vllm"] + line[1:-2] if i < len(launch) - 1 else
+              ["sglang", "--model-path", path, "--served-model-name", cell])
+      servers.append(subprocess.Popen(
+          [sys.executable, "tests/engine_standins.py", *args, "--port", "0"],
+          cwd=suite_cli.ROOT, env=suite_cli.env(), stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT, text=True))
+      out = servers[-1].stdout.readline()
+      while out and "listening on" not in out:
+        out = servers[-1].stdout.readline()
+      endpoints[cell] = out.split("listening on")[1].strip()
+    wd = str(tmp_path / "engines")
+    shutil.copytree(workdir, wd)
+    shutil.rmtree(os.path.join(wd, "mopd"))
+    proc = _run_cli(wd, "--config.stages=mopd", "--config.teacher.endpoints=" + ",".join(
+        f"{c}={u}" for c, u in endpoints.items()))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  finally:
+    for srv in servers:
+      srv.kill()
+  gaps = json.load(open(os.path.join(wd, "teacher_parity.json")))["gaps"]
+  assert set(gaps) == set(manifest["teachers"]) and max(gaps.values()) < 1e-4, gaps
+  sync = json.load(open(os.path.join(workdir, "mopd", "history.json")))
+  served = json.load(open(os.path.join(wd, "mopd", "history.json")))
+  assert len(served) == len(sync)
+  for a, b in zip(served, sync):
+    for key in ("loss", "kl", "accuracy", "length"):
+      assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-4), (key, a, b)
+
+
 def test_unknown_stage_is_an_error(workdir):
   proc = _run_cli(workdir, "--config.stages=sft,distill")
   assert proc.returncode == 2 and "config error: unknown stage(s) ['distill']" in proc.stderr

@@ -474,3 +474,25 @@ def test_the_parity_probe_flags_a_teacher_that_is_not_the_runs(server):
     assert min(gaps.values()) > 10 * tol, gaps
     with pytest.raises(ValueError, match=r"teacher parity probe: .*gen/low: .*parity_tolerance"):
       parity.check(gaps, tol, what="a stand-in")
+
+
+def test_exported_teachers_score_at_the_run_temperature_from_raw_logits(tmp_path):
+  """`serve.export_teachers` folds the scoring temperature into each cell's checkpoint: an
+  engine scoring its raw logits (the stand-ins' `model_scores`, as vLLM and SGLang do)
+  gives the in-process teacher's log-probs at that temperature."""
+  from engine_standins import model_scores
+  from mopd_jax import serve as serve_cli
+  from mopd_jax.io import hf
+  bank = _bank()
+  dirs = serve_cli.export_teachers(bank, TOK, temperature=0.5, out_dir=str(tmp_path))
+  assert list(dirs) == list(NAMES) and dirs["gen/max"].endswith("gen_max")
+  hot = bank.replace(params=models.with_temperature(bank.params, 0.5))
+  ids = [TOK.bos_id] + TOK.encode("12+3=15")
+  tokens = np.zeros((K, 1, len(ids)), np.int32)
+  tokens[:, 0] = ids
+  want = np.asarray(teachers.score_stratified(hot, tokens, np.ones_like(tokens, bool)))
+  for k, cell in enumerate(NAMES):
+    cfg, params = hf.load_checkpoint(dirs[cell], dtype="float32")
+    lp, tk_lp, tk_ids = model_scores(cfg, params)(cell, ids, 3)
+    np.testing.assert_allclose(lp, want[k, 0], atol=2e-5)
+    assert tk_lp.shape == (len(ids), 3) and (tk_lp[1:, 0] >= tk_lp[1:, 1]).all()

@@ -448,3 +448,14 @@ def test_sglang_start_up_refusals():
       score_protocol.read_sglang_response({"text": "!", "meta_info": {}}, [1, 2])
   finally:
     s.close()
+
+
+def test_a_server_without_a_tokenizer_needs_the_parity_probe(standin):
+  """vllm serve --skip-tokenizer-init (a checkpoint without a tokenizer.json, as the toy's
+  character tokenizer exports): /tokenize is refused, so only the parity probe can vouch
+  for its token ids."""
+  s = standin(tokenize=None)
+  with pytest.raises(ValueError, match="does not tokenize .* accepted only where the parity "
+                     "probe checks it"):
+    _vllm_check(s)
+  assert _vllm_check(s, parity=True)[s.url]["tokenize_probe"] is None

@@ -253,14 +253,24 @@ class EndpointScorer:
       raise ValueError(f"teacher server {url} has no {proto.METADATA}; checking it needs a "
                        "probe text of the student's tokenizer")
     text, ids = probe
-    got = self._get(url, "/tokenize", cells,
-                    body={"model": cells[0], "prompt": text, "add_special_tokens": False})
-    if got is None or list(got.get("tokens", ())) != list(ids):
+    try:
+      got = self._get(url, "/tokenize", cells,
+                      body={"model": cells[0], "prompt": text, "add_special_tokens": False})
+    except TeacherRequestError:  # refused: no tokenizer (vllm serve --skip-tokenizer-init)
+      got = None
+    if got is None:
+      # Without a tokenizer the parity probe, scoring the run's own rows against its own
+      # teachers, is what vouches for the token ids.
+      if not parity:
+        raise ValueError(f"teacher server {url} does not tokenize (no /tokenize, or "
+                         "--skip-tokenizer-init), so its token ids cannot be checked against "
+                         "the student's tokenizer; it is accepted only where the parity "
+                         "probe checks it (the run must hold the teachers' params)")
+    elif list(got.get("tokens", ())) != list(ids):
       raise ValueError(f"teacher server {url} tokenizes the probe {text!r} as "
-                       f"{None if got is None else got.get('tokens')} but the student's "
-                       f"tokenizer gives {list(ids)}")
+                       f"{got.get('tokens')} but the student's tokenizer gives {list(ids)}")
     limits = [int(cards[c].get("max_model_len") or 0) for c in cells]
-    return {"cells": sorted(cards), "tokenize_probe": list(ids),
+    return {"cells": sorted(cards), "tokenize_probe": None if got is None else list(ids),
             "max_model_len": min((x for x in limits if x), default=0)}
 
   # --- scoring -----------------------------------------------------------------------------
