@@ -83,7 +83,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # server must score a probe set within this mean |delta log p| per token of the in-process
   # teacher (where the run holds the teachers' params; else of the cell's first replica), or
   # the run stops before its first step.
-  c.teacher.parity_tolerance = 0.01
+  # 0 = the default of the servers' compute dtype (`server_dtype`: float32 0.01, bfloat16
+  # 0.2; mopd_jax/config/schema.py PARITY_TOLERANCE, measured in docs/teacher_server.md).
+  c.teacher.parity_tolerance = 0.0
+  c.teacher.server_dtype = "float32"
   # The probe again every this many MOPD steps, every replica of every cell against the
   # probe's reference at start: a drifting server stops the run after a checkpoint (one
   # `teacher error:` line, exit 3); each probe's gaps are in the step's metrics. 0 = at

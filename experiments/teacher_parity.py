@@ -7,7 +7,8 @@
 Rows of the printed table, each cell's mean |delta log p| per token (max and mean over the
 cells): a teacher server in this process's loopback (`mopd_jax.teachers.server`, batch-
 invariant float32 scoring, the same params and temperature: float rounding alone); the same
-teachers at temperature 1 (a vLLM-style engine that ignores the request's temperature); the
+teachers computing in bfloat16 (the rounding gap of a bf16 engine); the same teachers at
+temperature 1 (a vLLM-style engine that ignores the request's temperature); the
 teachers with their cells rotated (a server serving another cell's checkpoint under a name);
 and a uniform teacher (all-zero params).
 """
@@ -25,7 +26,9 @@ _ROWS = flags.DEFINE_integer("rows", 4, "Validation examples per cell in the pro
 
 def measure(ctx, *, rows: int) -> dict:
   """{source name: {cell: gap}} against the in-process teachers at the scoring temperature."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from mopd_jax.io import tokenizer  # pylint: disable=g-import-not-at-top
   from mopd_jax.stages import wiring  # pylint: disable=g-import-not-at-top
   from mopd_jax.teachers import client, parity, placement, server  # pylint: disable=g-import-not-at-top
@@ -48,6 +51,11 @@ def measure(ctx, *, rows: int) -> dict:
   finally:
     remote.close()
     srv.stop()
+  low = dataclasses.replace(scoring.model_cfg, param_dtype="bfloat16", dtype="bfloat16")
+  bf16 = scoring.replace(model_cfg=low, params=jax.tree.map(lambda x: x.astype(jnp.bfloat16),
+                                                            scoring.params))
+  out["the same teachers in bfloat16 (params and compute)"] = parity.gaps(reference,
+                                                                          local(bf16), probe)
   out["the same teachers at temperature 1"] = parity.gaps(reference, local(bank), probe)
   rotated = bank.replace(params=jax.tree.map(lambda x: np.roll(np.asarray(x), 1, axis=0),
                                              scoring.params))

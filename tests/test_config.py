@@ -289,3 +289,17 @@ def test_the_teacher_api_key_comes_from_the_environment_variable_named(monkeypat
     rc.teacher.api_key()
   monkeypatch.setenv("MOPD_TEST_TEACHER_KEY", "s3cret")
   assert rc.teacher.api_key() == "s3cret"
+
+
+def test_the_parity_tolerance_defaults_by_the_servers_dtype():
+  from configs import toy
+  from mopd_jax.config import schema
+  c = toy.get_config("fast")
+  assert configure.build(c, 1).teacher.tolerance() == schema.PARITY_TOLERANCE["float32"]
+  c.teacher.server_dtype = "bfloat16"
+  assert configure.build(c, 1).teacher.tolerance() == schema.PARITY_TOLERANCE["bfloat16"]
+  c.teacher.parity_tolerance = 0.05  # set: wins over the dtype's default
+  assert configure.build(c, 1).teacher.tolerance() == 0.05
+  c.teacher.server_dtype = "float16"
+  with pytest.raises(ValueError, match="teacher.server_dtype"):
+    configure.build(c, 1)

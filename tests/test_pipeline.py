@@ -537,6 +537,8 @@ def test_teacher_parity_measures_each_source_against_the_run(workdir):
   out = _run_experiment("teacher_parity", workdir, "--rows=2").stdout
   rows = {line.split("|")[1].strip(): float(line.split("|")[2])
           for line in out.splitlines() if line.startswith("| ") and "source" not in line}
-  assert len(rows) == 4, out
+  assert len(rows) == 5, out
   server = rows.pop("server, same params and temperature")
+  bf16 = rows.pop("the same teachers in bfloat16 (params and compute)")
   assert server < 1e-4 and all(v > 100 * max(server, 1e-6) for v in rows.values()), out
+  assert server < bf16 < min(rows.values()), out  # bfloat16 rounding: between the two

@@ -448,7 +448,9 @@ def test_the_parity_probe_flags_a_teacher_that_is_not_the_runs(server):
   from mopd_jax.runtime import sharding
   from mopd_jax.tasks import get_task, views
   from mopd_jax.teachers import parity, placement
-  tol = base.get_config().teacher.parity_tolerance
+  from mopd_jax.config import schema
+  assert base.get_config().teacher.parity_tolerance == 0  # the servers' dtype's default
+  tol = schema.PARITY_TOLERANCE[base.get_config().teacher.server_dtype]
   mesh = sharding.make_mesh({"data": jax.device_count()})
   reference = placement.TeacherScorer(server.bank, mesh, mesh)  # the server's temperature
   exs = {n: get_task(n.split("/")[0]).generate(seed=1, n=2) for n in NAMES}

@@ -15,27 +15,30 @@ import pytest
 from engine_standins import Behaviour, fake_scores, NAMES, V, VllmStandIn
 from mopd_jax.teachers import async_scoring, client as teacher_client, wire as score_protocol
 
-# A vLLM answer as its OpenAI-compatible server returns it (`prompt_logprobs=2`, prompt ids
-# [9, 31, 4]): null first, then dicts keyed by token-id strings, the given token with its
-# own rank beside the top 2.
-RECORDED = """{"id":"cmpl-6a1f0c2e9b8d4c55a3f1","object":"text_completion","created":1733151010,
-"model":"gen/max","choices":[{"index":0,"text":" the","logprobs":null,"finish_reason":"length",
-"stop_reason":null,"prompt_logprobs":[null,
-{"31":{"logprob":-4.251953125,"rank":7,"decoded_token":"ab"},
-"12":{"logprob":-0.6044921875,"rank":1,"decoded_token":" x"},
-"40":{"logprob":-1.9169921875,"rank":2,"decoded_token":"=="}},
-{"4":{"logprob":-0.12451171875,"rank":1,"decoded_token":"."},
-"17":{"logprob":-2.6748046875,"rank":2,"decoded_token":"\\n"}}]}],
+# A vLLM answer in the shape vLLM 0.11's OpenAI-compatible server sends (`prompt_logprobs=2`,
+# prompt ids [9, 31, 4]; written from its response schema, the values a float32 model's):
+# null first, then dicts keyed by token-id strings, the given token with its own rank beside
+# the top 2 (k + 1 keys when it is not among them, k when it is); the choice's `token_ids`
+# and `prompt_token_ids` null unless `return_token_ids` is asked.
+RECORDED = """{"id":"cmpl-8e3b2f6c1d0a4b7e9f25c6a1d3e4b5f6","object":"text_completion",
+"created":1764921601,"model":"gen/max","choices":[{"index":0,"text":" the","logprobs":null,
+"finish_reason":"length","stop_reason":null,"token_ids":null,"prompt_logprobs":[null,
+{"31":{"logprob":-4.2519617080688477,"rank":7,"decoded_token":"ab"},
+"12":{"logprob":-0.60449409484863281,"rank":1,"decoded_token":" x"},
+"40":{"logprob":-1.9169883728027344,"rank":2,"decoded_token":"=="}},
+{"4":{"logprob":-0.12451028823852539,"rank":1,"decoded_token":"."},
+"17":{"logprob":-2.6748104095458984,"rank":2,"decoded_token":"\\n"}}],
+"prompt_token_ids":null}],"service_tier":null,"system_fingerprint":null,
 "usage":{"prompt_tokens":3,"total_tokens":4,"completion_tokens":1,"prompt_tokens_details":null},
-"service_tier":null,"system_fingerprint":null,"kv_transfer_params":null}"""
+"kv_transfer_params":null}"""
 
 
 def test_reads_a_recorded_vllm_answer():
   lp, tk_lp, tk_ids = score_protocol.read_response(json.loads(RECORDED), [9, 31, 4], top_k=2)
-  np.testing.assert_allclose(lp, [0.0, -4.251953125, -0.12451171875])
+  np.testing.assert_allclose(lp, [0.0, -4.2519617080688477, -0.12451028823852539])
   np.testing.assert_array_equal(tk_ids, [[0, 0], [12, 40], [4, 17]])
-  np.testing.assert_allclose(tk_lp[1:], [[-0.6044921875, -1.9169921875],
-                                         [-0.12451171875, -2.6748046875]])
+  np.testing.assert_allclose(tk_lp[1:], [[-0.60449409484863281, -1.9169883728027344],
+                                         [-0.12451028823852539, -2.6748104095458984]])
   with pytest.raises(score_protocol.ProtocolError, match="lacks the given token 5"):
     score_protocol.read_response(json.loads(RECORDED), [9, 31, 5])
   with pytest.raises(score_protocol.ProtocolError, match="2 entries for a prompt of 3"):

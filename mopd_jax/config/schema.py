@@ -95,6 +95,14 @@ class ModelSpec:
         self.overrides)
 
 
+# The parity probe's default tolerance by the servers' compute dtype: each sits between the
+# rounding gap of the same teachers in that dtype and the smallest mismatch measured (seed 0's
+# toy teachers at T=0.5, `python -m experiments.teacher_parity`, docs/teacher_server.md):
+# float32 rounding 8.3e-07 at most, bfloat16's 0.086 at most; the nearest mismatch (another
+# cell's teacher) 0.53 at least.
+PARITY_TOLERANCE = {"float32": 0.01, "bfloat16": 0.2}
+
+
 @dataclasses.dataclass(frozen=True)
 class TeacherSpec:
   """The `teacher` block: Hugging Face teachers ("domain/effort" -> checkpoint directory,
@@ -108,13 +116,19 @@ class TeacherSpec:
   endpoints: dict  # "domain/effort" -> (url, ...): replicas of that cell's teacher server
   endpoint_timeout_s: float  # per scoring request
   endpoint_retries: int  # tries after the first, with backoff, before the run stops
-  parity_tolerance: float  # the parity probe's largest mean |delta log p| per token
+  parity_tolerance: float  # the parity probe's largest mean |delta log p| per token; 0: by dtype
+  server_dtype: str  # what the teacher servers compute in: picks the default tolerance
   api_key_env: str  # environment variable holding the servers' API key ("" = none)
   probe_every: int  # MOPD steps between parity probes of the servers (0 = at start only)
   model: dict  # preset and ModelConfig overrides of Hugging Face teachers
 
   def mapping(self) -> dict:
     return dict(self.model)
+
+  def tolerance(self) -> float:
+    """The parity probe's tolerance: `parity_tolerance`, or (0) the default of the servers'
+    compute dtype (`PARITY_TOLERANCE`)."""
+    return self.parity_tolerance or PARITY_TOLERANCE[self.server_dtype]
 
   def api_key(self) -> Optional[str]:
     """The servers' API key from the environment variable `api_key_env` names (None when
@@ -140,7 +154,8 @@ _MODEL_CHECKS = {"preset": Str(), "hf_path": Str(), "tokenizer_path": Str(),
 _TEACHER_CHECKS = {"hf_paths": HfPaths(), "outside_cell": Str(), "outside_seed": Int(0),
                    "effort_in_prompt": Bool(), "endpoints": Endpoints(),
                    "endpoint_timeout_s": Num(strict=True), "endpoint_retries": Int(0),
-                   "parity_tolerance": Num(strict=True), "api_key_env": Str(),
+                   "parity_tolerance": Num(), "api_key_env": Str(),
+                   "server_dtype": OneOf(tuple(PARITY_TOLERANCE)),
                    "probe_every": Int(0)}
 
 

@@ -141,8 +141,8 @@ def parity_probe(ctx: Run, scoring: teachers.TeacherBank, scorer, *,
   scores the first `rows` validation examples of the cell's domain, compared with the
   in-process `scoring` bank where the run holds the teachers' params, else with the cell's
   first replica (replicas must agree). The gaps go to <workdir>/teacher_parity.json;
-  ConfigError (the servers closed) when one exceeds `teacher.parity_tolerance`. Returns the
-  monitor that probes again every `teacher.probe_every` MOPD steps."""
+  ConfigError (the servers closed) when one exceeds the tolerance (`teacher.tolerance()`).
+  Returns the monitor that probes again every `teacher.probe_every` MOPD steps."""
   local = None
   longest = [scorer.info().max_sequence]
   if scoring.params:
@@ -156,7 +156,7 @@ def parity_probe(ctx: Run, scoring: teachers.TeacherBank, scorer, *,
   else:
     reference = {cell: replicas[(cell, scorer.endpoints[cell][0])] for cell in probe.rows}
     against = "each cell's first replica"
-  tol = ctx.config.teacher.parity_tolerance
+  tol = ctx.config.teacher.tolerance()
   monitor = parity.Monitor(probe, reference, tolerance=tol,
                            every=ctx.config.teacher.probe_every)
   measured = monitor.gaps_of(replicas)
