@@ -52,7 +52,7 @@ def export_teachers(bank: teachers.TeacherBank, tok, *, temperature: float,
   params = models.with_temperature(bank.params, temperature)
   out = {}
   for k, cell in enumerate(bank.router.names):
-    path = os.path.join(out_dir, cell.replace("/", "_"))
+    path = storage.join(out_dir, cell.replace("/", "_"))
     hf.save_checkpoint(bank.model_cfg, jax.tree.map(lambda x, k=k: x[k], params), path,
                        extra_config={"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id})
     out[cell] = path

@@ -1,0 +1,113 @@
+"""Rewards across tokenizers (mopd_jax/teachers/alignment.py): spans of common byte
+boundaries, span log-ratios whose sum is the sequence log-ratio, one clip per span, the two
+assignment rules, UTF-8 cut inside a character, and the reduction to eq. 15."""
+import numpy as np
+import pytest
+
+from mopd_jax.teachers import alignment as al
+
+
+def _merge(pieces, rng, p=0.5):
+  """A coarser tokenization of the same bytes: neighbours joined at random."""
+  out = [pieces[0]]
+  for x in pieces[1:]:
+    if rng.random() < p:
+      out[-1] = out[-1] + x
+    else:
+      out.append(x)
+  return out
+
+
+def test_the_same_tokenization_is_eq_15_exactly():
+  import jax.numpy as jnp
+  from mopd_jax.training import losses
+  rng = np.random.default_rng(0)
+  pieces = list("12+3=15 #7")
+  lp_s = (-rng.random(len(pieces)) * 8).astype(np.float32)
+  lp_t = (-rng.random(len(pieces)) * 8).astype(np.float32)
+  a = al.align(pieces, pieces)
+  assert a.num_spans == len(pieces) and a.multi_token_share() == 0.0
+  want = np.asarray(losses.mopd_reward(jnp.asarray(lp_s[None]), jnp.asarray(lp_t[None]),
+                                       jnp.ones((1, len(pieces)), bool), r_max=5.0))[0]
+  for rule in al.ASSIGN_RULES:
+    got = al.token_rewards(a, lp_s, lp_t, r_max=5.0, assign=rule)
+    assert got.dtype == np.float32 and np.array_equal(got, want)  # bitwise
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_spans_cover_the_same_bytes_and_sum_to_the_sequence_log_ratio(seed):
+  rng = np.random.default_rng(seed)
+  text = "".join(rng.choice(list("ab12 +=#\n"), size=40))
+  student = list(text)
+  teacher = _merge(student, rng)
+  a = al.align(student, teacher)
+  for j in range(a.num_spans):
+    s = "".join(student[a.student[j]:a.student[j + 1]])
+    t = "".join(teacher[a.teacher[j]:a.teacher[j + 1]])
+    assert s == t and s  # the same bytes, never empty
+  assert a.multi_token_share() > 0
+  lp_s = -rng.random(len(student))
+  lp_t = -rng.random(len(teacher)) * 3
+  d = al.span_log_ratios(a, lp_s, lp_t)
+  assert d.sum() == pytest.approx(lp_t.sum() - lp_s.sum(), abs=1e-4)
+  for rule in al.ASSIGN_RULES:  # unclipped (r_max large): the row sums to the same
+    r = al.token_rewards(a, lp_s, lp_t, r_max=1e6, assign=rule)
+    assert r.shape == (len(student),)
+    assert r.sum() == pytest.approx(lp_t.sum() - lp_s.sum(), abs=1e-4)
+
+
+def test_one_clip_per_span_and_the_two_rules():
+  student, teacher = ["a", "b", "c", "d"], ["ab", "c", "d"]
+  a = al.align(student, teacher)
+  np.testing.assert_array_equal(a.student, [0, 2, 3, 4])
+  np.testing.assert_array_equal(a.teacher, [0, 1, 2, 3])
+  lp_s = np.asarray([-1.0, -1.0, -2.0, -0.5], np.float32)
+  lp_t = np.asarray([-9.0, -1.0, -0.25], np.float32)  # span "ab": -9 - (-2) = -7
+  spread = al.token_rewards(a, lp_s, lp_t, r_max=5.0)
+  np.testing.assert_allclose(spread, [-2.5, -2.5, 1.0, 0.25])  # -7 clipped to -5, halved
+  last = al.token_rewards(a, lp_s, lp_t, r_max=5.0, assign="last")
+  np.testing.assert_allclose(last, [0.0, -5.0, 1.0, 0.25])
+  with pytest.raises(ValueError, match="assign must be one of"):
+    al.token_rewards(a, lp_s, lp_t, r_max=5.0, assign="first")
+
+
+def test_spaces_merged_differently():
+  a = al.align(["x", " ", "=", " ", "1"], ["x", " =", " 1"])
+  np.testing.assert_array_equal(a.student, [0, 1, 3, 5])
+  np.testing.assert_array_equal(a.teacher, [0, 1, 2, 3])
+
+
+def test_utf8_cut_inside_a_character_by_a_byte_level_tokenizer():
+  text = "é=日本"
+  student = list(text)  # one token per character
+  raw = text.encode("utf-8")  # é: 2 bytes, 日 and 本: 3 each
+  teacher = [raw[:1], raw[1:3], raw[3:7], raw[7:]]  # cuts inside é, 日 and 本
+  a = al.align(student, teacher)
+  spans = [(b"".join(s.encode() for s in student[a.student[j]:a.student[j + 1]]),
+            b"".join(teacher[a.teacher[j]:a.teacher[j + 1]])) for j in range(a.num_spans)]
+  assert all(s == t for s, t in spans)
+  # Byte offsets 1, 3, 7, 9 against the characters' 2, 3, 6, 9: "=" ends both at 3.
+  assert [s.decode() for s, _ in spans] == ["é=", "日本"]
+  b = al.align(student, [raw[:2], raw[2:3], raw[3:6], raw[6:]])  # whole characters
+  assert b.num_spans == 4
+
+
+def test_unencodable_text_has_no_alignment():
+  with pytest.raises(al.Unalignable, match="token 1 has no bytes"):
+    al.align(list("ab"), ["a", None])
+  with pytest.raises(al.Unalignable, match="cover 3 and 2 bytes"):
+    al.align(list("abc"), ["ab"])
+
+
+def test_zero_byte_tokens_join_a_span():
+  a = al.align(["a", "", "b"], ["a", "b", ""])
+  np.testing.assert_array_equal(a.student, [0, 2, 3])
+  np.testing.assert_array_equal(a.teacher, [0, 1, 3])
+  r = al.token_rewards(a, [-1.0, -0.5, -1.0], [-2.0, -1.0, -0.25], r_max=5.0)
+  np.testing.assert_allclose(r, [-0.25, -0.25, -0.25])
+
+
+def test_an_empty_response_gets_no_reward():
+  a = al.align([], [])
+  assert a.num_spans == 0
+  assert al.token_rewards(a, [], [], r_max=5.0).shape == (0,)
