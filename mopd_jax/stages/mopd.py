@@ -142,8 +142,8 @@ def run(inp: Inputs) -> None:
       if record.latest:
         loop.save(record.latest["done"], record.latest["state"])
       raise teacher_client.TeacherUnavailable(
-          f"{e}; last checkpoint: step {loop.last_saved} in {loop.directory}; restart the "
-          "server and run the same command to continue") from None
+          f"{e}; last checkpoint: step {loop.last_saved} in {loop.directory}; restart (or "
+          "fix) the server and run the same command to continue") from None
     finally:
       if inp.served:
         inp.scorer.close()

@@ -150,6 +150,14 @@ def _mopd_loss(loss_cfg, st, batch):
   return loss + _outcome_term(lp, batch), m
 
 
+def _check_number(name: str, v, *, positive: bool) -> None:
+  """ValueError unless `v` is a number > 0 (`positive`) or >= 0 (0 = off)."""
+  if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 if positive
+                                                                    else v >= 0):
+    raise ValueError(f"{name} must be a number {'> 0' if positive else '>= 0 (0 = off)'}, "
+                     f"got {v!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class RatioClip:
   """The clipped-ratio policy gradient's own settings (`pg`, `grpo`): the ratio's clip
@@ -160,9 +168,7 @@ class RatioClip:
 
   def __post_init__(self):
     for name in ("eps_low", "eps_high", "log_ratio_clip"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise ValueError(f"{name} must be a number > 0, got {v!r}")
+      _check_number(name, getattr(self, name), positive=True)
 
 
 @register_loss("pg", separable=True, args=RatioClip)
@@ -195,9 +201,7 @@ class PMDArgs:
   token_clip: float = 0.0
 
   def __post_init__(self):
-    v = self.token_clip
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-      raise ValueError(f"token_clip must be a number >= 0 (0 = off), got {v!r}")
+    _check_number("token_clip", self.token_clip, positive=False)
 
 
 # PMD pools log-probs over a sequence: not token-separable.
@@ -269,9 +273,7 @@ class VocabKLArgs:
   future_kl: float = 0.0
 
   def __post_init__(self):
-    v = self.future_kl
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-      raise ValueError(f"future_kl must be a number >= 0 (0 = off), got {v!r}")
+    _check_number("future_kl", self.future_kl, positive=False)
 
 
 @register_loss("vocab_kl", separable=False, teachers_in_step=True, args=VocabKLArgs)
