@@ -111,3 +111,37 @@ def test_an_empty_response_gets_no_reward():
   a = al.align([], [])
   assert a.num_spans == 0
   assert al.token_rewards(a, [], [], r_max=5.0).shape == (0,)
+
+
+def test_token_bytes_of_the_character_and_a_byte_level_bpe_tokenizer(tmp_path):
+  """The tokenizers give each token's bytes: the character tokenizer's characters (b"" for
+  its specials, so the end of the response joins the last span), and a byte-level BPE
+  fitted on toy text (GPT-2's byte alphabet, as Llama 3 and Qwen use) exactly, a UTF-8
+  character cut between tokens included; aligned, spans where the teacher merged
+  characters."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  from mopd_jax.io.tokenizer import CharTokenizer, load_tokenizer
+  char = CharTokenizer()
+  text = "12+3=15\n#7"
+  ids = char.encode(text) + [char.eos_id]
+  assert char.token_bytes(ids) == [c.encode() for c in text] + [b""]
+  bpe = Tokenizer(models.BPE())
+  bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  bpe.decoder = decoders.ByteLevel()
+  corpus = ["3+4+5=12 #2", "12+3=15\n#7", "boss(ann)=bob #bob", "x=é日本 #0"] * 50
+  bpe.train_from_iterator(corpus, trainers.BpeTrainer(
+      vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  bpe.save(str(tmp_path / "tokenizer.json"))
+  teacher = load_tokenizer(str(tmp_path / "tokenizer.json"))
+  for t in ("12+3=15\n#7", "x=é日本 #0", "boss(ann)=bob #bob"):
+    t_ids = teacher.encode(t) + [teacher.eos_id]
+    pieces = teacher.token_bytes(t_ids)
+    assert b"".join(pieces) == t.encode() and pieces[-1] == b""
+    s_ids = char.encode(t) if all(c in char._chars for c in t) else None
+    student = char.token_bytes(s_ids + [char.eos_id]) if s_ids else list(t)
+    a = al.align(student, pieces)
+    assert a.student[-1] == len(student) and a.teacher[-1] == len(pieces)
+  a = al.align(char.token_bytes(char.encode("12+3=15\n#7")),
+               teacher.token_bytes(teacher.encode("12+3=15\n#7")))
+  np.testing.assert_array_equal(a.student, [0, 2, 3, 4, 5, 7, 8, 9, 10])  # "12" and "15"
+  assert a.multi_token_share() == 2 / 8  # two of the teacher's 8 tokens span 2 characters

@@ -99,6 +99,12 @@ class CharTokenizer:
     """[(id, token string)] of every id."""
     return sorted(self._inverse.items())
 
+  def token_bytes(self, ids: Iterable[int]) -> list:
+    """Each token's bytes of the text it stands for: a character's UTF-8, b"" for a
+    special token (it joins the span it ends, `mopd_jax/teachers/alignment.py`)."""
+    specials = set(self._specials.values())
+    return [b"" if int(i) in specials else self._inverse[int(i)].encode("utf-8") for i in ids]
+
   def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
     out = []
     for i in ids:
@@ -310,6 +316,24 @@ class HFTokenizer:
     """[(id, token string)] of every id: the file's vocabulary with the added specials."""
     return sorted((i, t) for t, i in self._tok.get_vocab(with_added_tokens=True).items())
 
+  def token_bytes(self, ids: Iterable[int]) -> list:
+    """Each token's bytes of the text it stands for, b"" for a special token: exact for a
+    byte-level BPE (GPT-2, Llama 3, Qwen: the token string read through the byte alphabet);
+    for other decoders each token decoded alone (which may not reproduce the text: the
+    alignment then refuses the row)."""
+    from tokenizers import decoders  # pylint: disable=g-import-not-at-top
+    special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+    byte_level = isinstance(self._tok.decoder, decoders.ByteLevel)
+    out = []
+    for i in (int(i) for i in ids):
+      if i in special:
+        out.append(b"")
+      elif byte_level:
+        out.append(bytes(_BYTE_OF[c] for c in self._tok.id_to_token(i)))
+      else:
+        out.append(self._tok.decode([i], skip_special_tokens=False).encode("utf-8"))
+    return out
+
   def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
     ids = [int(i) for i in ids]
     n = self.vocab_size
@@ -317,6 +341,24 @@ class HFTokenizer:
       if not 0 <= i < n:
         raise ValueError(f"token id {i} outside the vocabulary [0, {n})")
     return self._tok.decode(ids, skip_special_tokens=skip_special)
+
+
+def _byte_alphabet() -> dict:
+  """{character: byte} of the byte-level BPE alphabet: the printable bytes stand for
+  themselves, the other 68 for the characters from U+0100 on, in byte order."""
+  keep = (list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) +
+          list(range(0xAE, 0x100)))
+  chars, extra = {}, 0
+  for b in range(256):
+    if b in keep:
+      chars[chr(b)] = b
+    else:
+      chars[chr(256 + extra)] = b
+      extra += 1
+  return chars
+
+
+_BYTE_OF = _byte_alphabet()
 
 
 def _check_efforts(efforts) -> tuple:
