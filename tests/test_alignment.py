@@ -145,3 +145,21 @@ def test_token_bytes_of_the_character_and_a_byte_level_bpe_tokenizer(tmp_path):
                teacher.token_bytes(teacher.encode("12+3=15\n#7")))
   np.testing.assert_array_equal(a.student, [0, 2, 3, 4, 5, 7, 8, 9, 10])  # "12" and "15"
   assert a.multi_token_share() == 2 / 8  # two of the teacher's 8 tokens span 2 characters
+
+
+def test_retokenize_maps_the_response_and_its_end_to_the_teachers_tokens(tmp_path):
+  """The student's response ids become the teacher's (its own tokenizer on the response
+  text, its end of response for the student's); the alignment's spans cover both, the end
+  tokens in the last span. A teacher without a character of the response: Unalignable."""
+  from mopd_jax.io.tokenizer import CharTokenizer
+  student = CharTokenizer()
+  teacher = CharTokenizer(charset="0123456789+=#\n ")  # digits and a few symbols only
+  ids = student.encode("12+3=15\n#7") + [student.eos_id]
+  t_ids, a = al.retokenize(student, teacher, ids)
+  assert teacher.decode(t_ids, skip_special=True) == "12+3=15\n#7"
+  assert t_ids[-1] == teacher.eos_id and a.num_spans == 10
+  assert (a.student[-2:] == [9, 11]).all() and (a.teacher[-2:] == [9, 11]).all()
+  lp = np.linspace(-1, -0.1, len(ids)).astype(np.float32)
+  np.testing.assert_array_equal(al.token_rewards(a, lp, lp, r_max=5.0), np.zeros(len(ids)))
+  with pytest.raises(al.Unalignable, match="cannot encode the response"):
+    al.retokenize(student, teacher, student.encode("boss(x)"))

@@ -122,3 +122,22 @@ def token_rewards(alignment: Alignment, student_logprobs, teacher_logprobs, *, r
   else:
     out[:] = np.repeat(r / np.maximum(counts, 1), counts)
   return out
+
+
+def retokenize(student_tok, teacher_tok, response_ids) -> tuple:
+  """(the teacher's token ids of the student's response, their `Alignment`): the response's
+  text (its specials dropped) encoded by the teacher's tokenizer, and the student's end of
+  response mapped to the teacher's (`eos_id` of each). Unalignable when the teacher's
+  tokenizer cannot encode the text or its tokens do not reproduce it."""
+  ids = [int(i) for i in response_ids]
+  ended = bool(ids) and ids[-1] == student_tok.eos_id
+  text = student_tok.decode(ids, skip_special=True)
+  try:
+    teacher_ids = list(teacher_tok.encode(text)) + ([teacher_tok.eos_id] if ended else [])
+  except ValueError as e:  # a character the teacher's tokenizer does not have
+    raise Unalignable(f"the teacher's tokenizer cannot encode the response: {e}") from None
+  student_pieces = student_tok.token_bytes(ids)
+  teacher_pieces = teacher_tok.token_bytes(teacher_ids)
+  if b"".join(teacher_pieces) != text.encode("utf-8"):
+    raise Unalignable("the teacher's tokens do not reproduce the response text")
+  return teacher_ids, align(student_pieces, teacher_pieces)
