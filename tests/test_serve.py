@@ -198,7 +198,8 @@ def test_concurrent_requests_share_prefills(server, monkeypatch):
 
 
 def test_stop_answers_requests_already_in():
-  srv = serve.TeacherServer(_bank(), TOK, max_wait_s=0.2)
+  # A round waits up to 5 s for company: the three requests are all in before it scores.
+  srv = serve.TeacherServer(_bank(), TOK, max_wait_s=5.0)
   url = srv.start()
   out = []
   ids = [TOK.bos_id] + TOK.encode("7*6")
@@ -207,7 +208,10 @@ def test_stop_answers_requests_already_in():
         for _ in range(3)]
   for t in th:
     t.start()
-  time.sleep(0.1)  # the requests are in, waiting for the round's prefill
+  deadline = time.time() + 4
+  while srv.pending < 3 and time.time() < deadline:  # every request in, none answered
+    time.sleep(0.005)
+  assert srv.pending == 3
   srv.stop()
   for t in th:
     t.join()

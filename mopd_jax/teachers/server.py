@@ -166,6 +166,11 @@ class TeacherServer:
     self.stopping = False
     self.url: Optional[str] = None
 
+  @property
+  def pending(self) -> int:
+    """Requests received and queued for scoring, not yet answered."""
+    return getattr(self, "_pending", 0)
+
   # --- what the handlers ask ---------------------------------------------------------------
   def metadata(self) -> dict:
     cfg = self.bank.model_cfg
