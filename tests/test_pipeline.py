@@ -387,8 +387,9 @@ def test_mopd_stage_scored_by_vllm_and_sglang_stand_ins(workdir, tmp_path):
   """The teachers exported for the engines (`python -m mopd_jax.serve --export_dir`, the
   scoring temperature folded into the weights) and served by the faithful vLLM and SGLang
   stand-ins launched with the docs' command lines (raw-logit prompt log-probs, no
-  tokenizer): the start-up checks and the parity probe pass and the MOPD stage follows the
-  co-located run's history to float rounding."""
+  tokenizer): the start-up checks and the parity probe pass, the MOPD stage follows the
+  co-located run's history to float rounding, and the eval stage scores the run's policies
+  through them as the co-located eval does (its teacher log-ratios to float rounding)."""
   import sys
   export = str(tmp_path / "export")
   proc = subprocess.run(
@@ -416,12 +417,24 @@ def test_mopd_stage_scored_by_vllm_and_sglang_stand_ins(workdir, tmp_path):
     wd = str(tmp_path / "engines")
     shutil.copytree(workdir, wd)
     shutil.rmtree(os.path.join(wd, "mopd"))
-    proc = _run_cli(wd, "--config.stages=mopd", "--config.teacher.endpoints=" + ",".join(
-        f"{c}={u}" for c, u in endpoints.items()))
+    served = "--config.teacher.endpoints=" + ",".join(f"{c}={u}" for c, u in endpoints.items())
+    proc = _run_cli(wd, "--config.stages=mopd", served)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    ratios = {}
+    for name, extra in (("local", ()), ("engines", (served,))):
+      ev = str(tmp_path / f"eval_{name}")
+      shutil.copytree(workdir, ev)
+      os.remove(os.path.join(ev, "eval", "DONE.json"))
+      proc = _run_cli(ev, "--config.stages=eval", "--config.eval.teacher_logratio=True", *extra)
+      assert proc.returncode == 0, proc.stderr[-3000:]
+      ratios[name] = [c.get("teacher_logratio") for c in
+                      json.load(open(os.path.join(ev, "eval.json")))["cells"]]
   finally:
     for srv in servers:
       srv.kill()
+  assert any(r is not None for r in ratios["local"])
+  for a, b in zip(ratios["local"], ratios["engines"]):
+    assert (a is None and b is None) or a == pytest.approx(b, abs=1e-4), (a, b)
   gaps = json.load(open(os.path.join(wd, "teacher_parity.json")))["gaps"]
   assert set(gaps) == set(manifest["teachers"]) and max(gaps.values()) < 1e-4, gaps
   sync = json.load(open(os.path.join(workdir, "mopd", "history.json")))
