@@ -417,7 +417,8 @@ def test_sglang_servers_are_detected_and_scored_through_generate(k):
   sc = teacher_client.EndpointScorer(NAMES, {n: s.url for n, s in servers.items()}, top_k=k,
                                      api_key="s3cret", policy=FAST)
   try:
-    meta = sc.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), max_len=100)
+    meta = sc.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), max_len=100,
+                    parity=True)
     assert set(sc.engines.values()) == {"sglang"}
     assert meta[servers["gen/low"].url]["model_path"] == "/models/gen/low"
     tokens, mask = batch()
@@ -438,12 +439,13 @@ def test_sglang_start_up_refusals():
     both = teacher_client.EndpointScorer(NAMES, {n: s.url for n in NAMES}, policy=FAST)
     with pytest.raises(ValueError, match=r"is SGLang, which serves one model, but "
                        r"teacher.endpoints maps the cells \['gen/low', 'gen/max'\] to it"):
-      both.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]))
+      both.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), parity=True)
     one = teacher_client.EndpointScorer(("gen/low",), {"gen/low": s.url}, policy=FAST)
     with pytest.raises(ValueError, match=r"max_model_len 64, but the run's rows reach 64"):
-      one.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), max_len=64)
-    with pytest.raises(ValueError, match="is SGLang: its input log-probs are not shown to "
-                       "apply mopd.teacher_temperature=0.5"):
+      one.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), max_len=64,
+                parity=True)
+    with pytest.raises(ValueError, match=r"is SGLang: its tokenizer and its scoring "
+                       r"temperature \(mopd.teacher_temperature=0.5\) cannot be checked"):
       one.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), temperature=0.5)
     one.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), temperature=0.5,
               parity=True)

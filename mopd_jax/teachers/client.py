@@ -200,18 +200,18 @@ class EndpointScorer:
     return proto.read_response(answer, ids, top_k)
 
   def _check_sglang(self, url: str, cells, info: dict, *, temperature, parity: bool) -> dict:
-    """An SGLang server (it answers /get_model_info): one model, so one cell; its scoring
-    temperature and tokenizer cannot be read, so a temperature other than 1 needs the
-    parity probe, as for vLLM."""
+    """An SGLang server (it answers /get_model_info): one model, so one cell; neither its
+    tokenizer nor its scoring temperature can be read, so it is accepted only where the
+    parity probe checks both (as a vLLM server without a tokenizer)."""
     if len(cells) != 1:
       raise ValueError(f"teacher server {url} is SGLang, which serves one model, but "
                        f"teacher.endpoints maps the cells {cells} to it: each cell needs its "
                        "own teacher")
-    if temperature is not None and temperature != 1.0 and not parity:
-      raise ValueError(f"teacher server {url} is SGLang: its input log-probs are not shown "
-                       f"to apply mopd.teacher_temperature={temperature}, which is accepted "
-                       "only where the parity probe checks it (the run must hold the "
-                       "teachers' params); otherwise score at 1")
+    if not parity:
+      raise ValueError(f"teacher server {url} is SGLang: its tokenizer and its scoring "
+                       f"temperature (mopd.teacher_temperature={temperature}) cannot be "
+                       "checked against the run's, so it is accepted only where the parity "
+                       "probe checks them (the run must hold the teachers' params)")
     models = self._get(url, proto.MODELS, cells)
     cards = proto.model_cards(models) if models is not None else {}
     limits = [int(c.get("max_model_len") or 0) for c in cards.values()]
