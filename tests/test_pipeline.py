@@ -269,6 +269,23 @@ class _FailingProxy:
     self.httpd.server_close()
 
 
+def _assert_eval_logratios_match(src: str, tmp_path, endpoints_flag: str) -> None:
+  """The eval stage rerun on `src`'s outputs in process and through the servers that
+  `endpoints_flag` names: each cell's teacher log-ratio equal to 1e-4."""
+  ratios = {}
+  for name, extra in (("local", ()), ("served", (endpoints_flag,))):
+    ev = str(tmp_path / f"eval_{name}")
+    shutil.copytree(src, ev)
+    os.remove(os.path.join(ev, "eval", "DONE.json"))
+    proc = _run_cli(ev, "--config.stages=eval", "--config.eval.teacher_logratio=True", *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ratios[name] = [c.get("teacher_logratio") for c in
+                    json.load(open(os.path.join(ev, "eval.json")))["cells"]]
+  assert any(r is not None for r in ratios["local"])
+  for a, b in zip(ratios["local"], ratios["served"]):
+    assert (a is None and b is None) or a == pytest.approx(b, abs=1e-4), (a, b)
+
+
 @pytest.mark.slow
 def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
   """`teacher.endpoints` through the real stage: a server started from the run's own
@@ -356,18 +373,7 @@ def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
       np.testing.assert_array_equal(value, served0[key], err_msg=key)
     # The eval stage scores pi_SFT's and the student's answers through the same servers: the
     # log-ratios equal the in-process eval's to float rounding.
-    ratios = {}
-    for name, extra in (("local", ()), ("served", (f"--config.teacher.endpoints={endpoints}",))):
-      ev = str(tmp_path / f"eval_{name}")
-      shutil.copytree(wd, ev)
-      os.remove(os.path.join(ev, "eval", "DONE.json"))
-      proc = _run_cli(ev, "--config.stages=eval", "--config.eval.teacher_logratio=True", *extra)
-      assert proc.returncode == 0, proc.stderr[-3000:]
-      ratios[name] = [c.get("teacher_logratio") for c in
-                      json.load(open(os.path.join(ev, "eval.json")))["cells"]]
-    assert any(r is not None for r in ratios["local"])
-    for a, b in zip(ratios["local"], ratios["served"]):
-      assert (a is None and b is None) or a == pytest.approx(b, abs=1e-4), (a, b)
+    _assert_eval_logratios_match(wd, tmp_path, f"--config.teacher.endpoints={endpoints}")
     # A server that is not there: one `teacher error:` line naming a cell and the URL, exit 3.
     server.terminate()
     assert server.wait(timeout=60) == 0
@@ -420,21 +426,10 @@ def test_mopd_stage_scored_by_vllm_and_sglang_stand_ins(workdir, tmp_path):
     served = "--config.teacher.endpoints=" + ",".join(f"{c}={u}" for c, u in endpoints.items())
     proc = _run_cli(wd, "--config.stages=mopd", served)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ratios = {}
-    for name, extra in (("local", ()), ("engines", (served,))):
-      ev = str(tmp_path / f"eval_{name}")
-      shutil.copytree(workdir, ev)
-      os.remove(os.path.join(ev, "eval", "DONE.json"))
-      proc = _run_cli(ev, "--config.stages=eval", "--config.eval.teacher_logratio=True", *extra)
-      assert proc.returncode == 0, proc.stderr[-3000:]
-      ratios[name] = [c.get("teacher_logratio") for c in
-                      json.load(open(os.path.join(ev, "eval.json")))["cells"]]
+    _assert_eval_logratios_match(workdir, tmp_path, served)
   finally:
     for srv in servers:
       srv.kill()
-  assert any(r is not None for r in ratios["local"])
-  for a, b in zip(ratios["local"], ratios["engines"]):
-    assert (a is None and b is None) or a == pytest.approx(b, abs=1e-4), (a, b)
   gaps = json.load(open(os.path.join(wd, "teacher_parity.json")))["gaps"]
   assert set(gaps) == set(manifest["teachers"]) and max(gaps.values()) < 1e-4, gaps
   sync = json.load(open(os.path.join(workdir, "mopd", "history.json")))
