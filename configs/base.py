@@ -95,6 +95,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # An environment variable holding the servers' API key, sent as "Authorization: Bearer
   # <key>" (vllm serve --api-key; python -m mopd_jax.serve --api_key_env); "" = none.
   c.teacher.api_key_env = ""
+  # Teachers of another tokenizer (docs/cross_tokenizer.md): the tokenizer.json (or its
+  # directory) every `teacher.hf_paths` checkpoint uses; "" = the student's. Each teacher
+  # scores the student's response re-encoded in its tokens after its own prompt, and a span's
+  # clipped log-ratio reaches the student's tokens of the span: `spread` evenly (r_j / n_j
+  # each) or on its `last` token.
+  c.teacher.tokenizer_path = ""
+  c.teacher.span_reward = "spread"
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1  # mesh axis sizes; their product must equal the device count

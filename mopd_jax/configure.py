@@ -205,6 +205,11 @@ def _algorithm_checks(c: config_mod.RunConfig) -> None:
   if kind.needs_outcome and not m.alpha > 0:
     raise ValueError(f"mopd.loss={m.loss!r} trains on mopd.alpha x the rollouts' outcome "
                      f"advantages; it needs mopd.alpha > 0, got {m.alpha!r}")
+  if c.teacher.tokenizer_path and (kind.topk or kind.teachers_in_step):
+    raise ValueError(f"mopd.loss={m.loss!r} compares the student's and the teacher's "
+                     "next-token distributions over one vocabulary; teachers of another "
+                     f"tokenizer (teacher.tokenizer_path={c.teacher.tokenizer_path!r}) score "
+                     "spans of the response: use mopd.loss='mopd'")
   if kind.teachers_in_step:
     vocab_kl.check_config(m, teachers=c.placement.teachers, endpoints=c.teacher.endpoints)
 

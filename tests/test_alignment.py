@@ -149,17 +149,77 @@ def test_token_bytes_of_the_character_and_a_byte_level_bpe_tokenizer(tmp_path):
 
 def test_retokenize_maps_the_response_and_its_end_to_the_teachers_tokens(tmp_path):
   """The student's response ids become the teacher's (its own tokenizer on the response
-  text, its end of response for the student's); the alignment's spans cover both, the end
-  tokens in the last span. A teacher without a character of the response: Unalignable."""
+  text, its end of response for the student's); the alignment's spans cover both, the two
+  end tokens a span of their own. A teacher without a character of the response:
+  Unalignable."""
   from mopd_jax.io.tokenizer import CharTokenizer
   student = CharTokenizer()
   teacher = CharTokenizer(charset="0123456789+=#\n ")  # digits and a few symbols only
   ids = student.encode("12+3=15\n#7") + [student.eos_id]
   t_ids, a = al.retokenize(student, teacher, ids)
   assert teacher.decode(t_ids, skip_special=True) == "12+3=15\n#7"
-  assert t_ids[-1] == teacher.eos_id and a.num_spans == 10
-  assert (a.student[-2:] == [9, 11]).all() and (a.teacher[-2:] == [9, 11]).all()
+  assert t_ids[-1] == teacher.eos_id and a.num_spans == 11
+  assert (a.student[-3:] == [9, 10, 11]).all() and (a.teacher[-3:] == [9, 10, 11]).all()
   lp = np.linspace(-1, -0.1, len(ids)).astype(np.float32)
   np.testing.assert_array_equal(al.token_rewards(a, lp, lp, r_max=5.0), np.zeros(len(ids)))
   with pytest.raises(al.Unalignable, match="cannot encode the response"):
     al.retokenize(student, teacher, student.encode("boss(x)"))
+
+
+def _bpe(tmp_path, texts):
+  """A byte-level BPE fitted on `texts` with the toy's specials, as an HFTokenizer with the
+  tool markers (no chat template: the toy's prompt layout)."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  from mopd_jax.config.tokenizer_options import TokenizerOptions
+  from mopd_jax.io.tokenizer import HFTokenizer, SPECIALS
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.train_from_iterator(texts, trainers.BpeTrainer(
+      vocab_size=300, special_tokens=list(SPECIALS),
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  path = tmp_path / "tokenizer.json"
+  tok.save(str(path))
+  return HFTokenizer(str(path), TokenizerOptions(tools=("<call>", "</call>", "<obs>", "</obs>")))
+
+
+def test_retokenize_response_keeps_tool_turns_and_never_crosses_a_run(tmp_path):
+  """A multi-turn response (a generated call, an observation the environment inserted, the
+  answer) moves to a BPE teacher's tokens: the markers map by role, the observation stays
+  an observation (gen_mask 0), no span mixes generated and observation tokens, and moving
+  it back gives the student's ids."""
+  from mopd_jax.io.tokenizer import CharTokenizer
+  student = CharTokenizer()
+  teacher = _bpe(tmp_path, ["boss(boss(ann))", "ann>bob>cal", "#dan", "error: unknown name"] * 50)
+  call = [student.call_id] + student.encode("boss(ann)") + [student.call_end_id]
+  obs = [student.obs_id] + student.encode("bob") + [student.obs_end_id]
+  tail = student.encode("\n#bob") + [student.eos_id]
+  ids = call + obs + tail
+  gen = [1] * len(call) + [0] * len(obs) + [1] * len(tail)
+  t_ids, t_gen, a = al.retokenize_response(student, teacher, ids, gen_mask=gen)
+  assert len(t_ids) < len(ids)  # BPE merges
+  assert t_ids[0] == teacher.call_id and teacher.obs_id in t_ids and t_ids[-1] == teacher.eos_id
+  assert teacher.decode(t_ids, skip_special=True) == student.decode(ids, skip_special=True)
+  g_s, g_t = np.asarray(gen), np.asarray(t_gen)
+  for j in range(a.num_spans):
+    s_run, t_run = g_s[a.student[j]:a.student[j + 1]], g_t[a.teacher[j]:a.teacher[j + 1]]
+    assert len(set(s_run)) == 1 and set(s_run) == set(t_run)
+  back, back_gen, _ = al.retokenize_response(teacher, student, t_ids, gen_mask=t_gen)
+  assert back == ids and back_gen == gen
+  lp_s = -np.linspace(0.1, 2.0, len(ids))
+  lp_t = -np.linspace(0.3, 1.0, len(t_ids))
+  d = al.span_log_ratios(a, lp_s, lp_t)
+  np.testing.assert_allclose(d.sum(), lp_t.sum() - lp_s.sum(), rtol=1e-5)
+  with pytest.raises(al.Unalignable, match="no token for 'call'"):
+    al.retokenize_response(student, _NoTools(), call, gen_mask=[1] * len(call))
+
+
+class _NoTools:
+  """A tokenizer without tool markers (the roles it lacks are missing attributes)."""
+  eos_id, pad_id, bos_id, efforts = 2, 0, 1, ()
+
+  def encode(self, text):
+    return [ord(c) for c in text]
+
+  def token_bytes(self, ids):
+    return [chr(i).encode() for i in ids]

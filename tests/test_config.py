@@ -10,6 +10,10 @@ from mopd_jax import configure
 
 ROOT = suite_cli.ROOT
 
+# Every cell of the toy grid brought as a checkpoint (the paths are not read at config time).
+_HF_ALL = ("c.teacher.hf_paths = ','.join(f'{d}/{e}=/t/{d}{e}' for d in ('gen', 'agt', 'cod') "
+           "for e in ('low', 'high', 'max'))")
+
 CASES = [
     ("c.mesh.data = 2", "mesh"),
     ("c.effort.high.tau = 1.5", "taus must differ"),
@@ -120,6 +124,16 @@ CASES = [
     ("c.rl.loss_args.grpo.eps_low = 0.1",
      "rl.loss_args.grpo sets {'eps_low': 0.1}, but rl.loss='pmd'"),
     ("c.mopd.loss_args.kl = {}", "mopd.loss_args has block(s) ['kl'] of no mopd loss"),
+    ("c.teacher.tokenizer_path = '/t/tokenizer.json'",
+     "teacher.tokenizer_path is the tokenizer of teachers brought as checkpoints"),
+    ("c.teacher.span_reward = 'first'", "teacher.span_reward"),
+    ("c.teacher.tokenizer_path = '/t/tokenizer.json'; c.mopd.loss = 'topk'; " + _HF_ALL,
+     "teachers of another tokenizer (teacher.tokenizer_path='/t/tokenizer.json') score spans"),
+    ("c.teacher.tokenizer_path = '/t/tokenizer.json'; c.mopd.loss = 'vocab_kl'; " + _HF_ALL,
+     "use mopd.loss='mopd'"),
+    ("c.teacher.tokenizer_path = '/t/tokenizer.json'; " + _HF_ALL + "; c.teacher.endpoints = "
+     "','.join(f'{d}/{e}=http://h:1' for d in ('gen', 'agt', 'cod') for e in ('low', 'high', "
+     "'max'))", "teacher servers of another tokenizer are not supported"),
 ]
 
 

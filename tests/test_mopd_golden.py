@@ -14,7 +14,8 @@ DOMAINS = ("gen", "agt", "cod")
 GOLDEN = {"mopd": -2.5300607681274414, "vocab_kl": 0.19846612215042114}
 
 
-def _first_loss(kind: str, *, permute: bool = False, teacher_sees_effort: bool = False):
+def _first_loss(kind: str, *, permute: bool = False, teacher_sees_effort: bool = False,
+                teacher_tok=None, metric: str = "loss"):
   import jax
   from mopd_jax import models
   from mopd_jax.io.tokenizer import load_tokenizer
@@ -47,7 +48,8 @@ def _first_loss(kind: str, *, permute: bool = False, teacher_sees_effort: bool =
                                       [1] * len(ids), [0.0] * len(ids), True))
       texts.append(tok.decode(ids))
   setup = mopd.StepSetup(bank, rollout.RolloutEngine(cfg, tok, max_response_tokens=16), tasks,
-                         cells, {"low": 0.3, "high": 0.72, "max": 1.5}, 32, view)
+                         cells, {"low": 0.3, "high": 0.72, "max": 1.5}, 32, view,
+                         teacher_tok=teacher_tok)
   sampled = mopd._assemble(setup, rows, efforts, trajs=trajs, texts=texts,  # pylint: disable=protected-access
                            rows_per_teacher=2)
   # The sampler's log-probs: the student's own, teacher-forced (what sampling records).
@@ -60,7 +62,7 @@ def _first_loss(kind: str, *, permute: bool = False, teacher_sees_effort: bool =
                           train.OptimConfig(lr=1e-3, warmup_steps=0, total_steps=2), mesh=mesh)
   _, rec = mopd.train_on(trainer, trainer.init(sft), bank, sampled=sampled, scored=scored,
                          r_max=5.0)
-  return rec.metrics["loss"]
+  return rec.metrics[metric]
 
 
 @pytest.mark.parametrize("kind", sorted(GOLDEN))
@@ -77,3 +79,14 @@ def test_golden_loss_moves_with_routing_and_view(kind):
   base = _first_loss(kind)
   for other in (_first_loss(kind, permute=True), _first_loss(kind, teacher_sees_effort=True)):
     assert abs(other - base) > 100 * max(1e-4 * abs(base), 1e-6), (kind, base, other)
+
+
+@pytest.mark.parametrize("metric", ["loss", "kl", "reward_mean", "clip_frac"])
+def test_a_teacher_tokenizer_that_tokenizes_alike_is_eq_15_bitwise(metric):
+  """The cross-tokenizer path (the response moved into the teacher's tokens, rewards by
+  aligned spans) with a teacher tokenizer that tokenizes as the student's does, every span
+  one token of each: the first update's loss and metrics equal eq. 15's bitwise."""
+  from mopd_jax.io.tokenizer import load_tokenizer
+  other = load_tokenizer("char", efforts=EFFORTS)  # its own instance: the cross path runs
+  assert _first_loss("mopd", teacher_tok=other, metric=metric) == _first_loss("mopd",
+                                                                              metric=metric)

@@ -120,6 +120,8 @@ class TeacherSpec:
   server_dtype: str  # what the teacher servers compute in: picks the default tolerance
   api_key_env: str  # environment variable holding the servers' API key ("" = none)
   probe_every: int  # MOPD steps between parity probes of the servers (0 = at start only)
+  tokenizer_path: str  # the teachers' own tokenizer when not the student's ("" = the student's)
+  span_reward: str  # another tokenizer: how a span's reward reaches its student tokens
   model: dict  # preset and ModelConfig overrides of Hugging Face teachers
 
   def mapping(self) -> dict:
@@ -156,7 +158,8 @@ _TEACHER_CHECKS = {"hf_paths": HfPaths(), "outside_cell": Str(), "outside_seed":
                    "endpoint_timeout_s": Num(strict=True), "endpoint_retries": Int(0),
                    "parity_tolerance": Num(), "api_key_env": Str(),
                    "server_dtype": OneOf(tuple(PARITY_TOLERANCE)),
-                   "probe_every": Int(0)}
+                   "probe_every": Int(0), "tokenizer_path": Str(),
+                   "span_reward": OneOf(("spread", "last"))}
 
 
 def _split(value, name: str, checks: Mapping) -> tuple:
@@ -334,6 +337,13 @@ def _teacher_checks(c: RunConfig) -> None:
       raise ValueError(f"teacher.outside_seed={t.outside_seed!r} must be an int other than "
                        f"the run's seed {c.seed} (the outside SFT needs its own init and "
                        "order)")
+  if t.tokenizer_path and not t.hf_paths:
+    raise ValueError("teacher.tokenizer_path is the tokenizer of teachers brought as "
+                     "checkpoints (teacher.hf_paths); the rl stage trains teachers with the "
+                     "student's tokenizer")
+  if t.tokenizer_path and t.endpoints:
+    raise ValueError("teacher.tokenizer_path with teacher.endpoints: teacher servers of "
+                     "another tokenizer are not supported; score them in process")
   for field, what in (("hf_paths", "a checkpoint directory"),
                       ("endpoints", "teacher server URLs")):
     given = getattr(t, field)

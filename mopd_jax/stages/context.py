@@ -12,12 +12,31 @@ and no input holds a method of it.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from mopd_jax.config import schema as config_mod
 from mopd_jax.io import profiling, storage
-from mopd_jax.io.tokenizer import load_tokenizer
+from mopd_jax.io.tokenizer import fingerprint, load_tokenizer
 from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import base as task_base, views
 from mopd_jax.teachers import placement
+
+
+def teacher_tokenizer(config: config_mod.RunConfig, tok):
+  """The teachers' tokenizer: `tok` (the student's) unless `teacher.tokenizer_path` names
+  one that reads differently (its fingerprint). The teacher's own files name its specials
+  (the student's `prompt.*_token` names are the student's); the tool markers are the run's.
+  A missing or unreadable file is a config error."""
+  path = config.teacher.tokenizer_path
+  if not path:
+    return tok
+  options = dataclasses.replace(config.tokenizer_options(), pad_token=None, bos_token=None,
+                                eos_token=None, tool_tokens=None)
+  try:
+    teacher = load_tokenizer(path, efforts=config.grid.effort_names, options=options)
+  except ValueError as e:
+    raise config_mod.ConfigError(f"teacher.tokenizer_path={path!r}: {e}") from e
+  return tok if fingerprint(teacher) == fingerprint(tok) else teacher
 
 
 class Run:
@@ -41,6 +60,9 @@ class Run:
                                 options=config.tokenizer_options())
     except ValueError as e:
       raise config_mod.ConfigError(str(e)) from e
+    # The teachers' tokenizer: the student's, or their own (`teacher.tokenizer_path`,
+    # docs/cross_tokenizer.md); one that reads the same as the student's is the student's.
+    self.teacher_tok = teacher_tokenizer(config, self.tok)
     from mopd_jax.io import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
     self.model_cfg = hf.resolve_model_config(config.model.mapping(), self.tok.vocab_size)
     # The student's mesh, and the teachers' (the same one unless disaggregated).
@@ -50,10 +72,12 @@ class Run:
     self.files = loops.Workdir(self.workdir)
     # What the stages read through (stages/sources.py), built once here.
     self.data = sources.DataSource(config, data_dir=self.data_dir, files=self.files)
-    self.engines = sources.Engines(config, self.tok, student_cfg=self.model_cfg)
+    self.engines = sources.Engines(config, self.tok, student_cfg=self.model_cfg,
+                                   teacher_tok=self.teacher_tok)
     self.policies = sources.Policies(config, model_cfg=self.model_cfg, mesh=self.mesh)
-    self.teachers = sources.TeacherSource(config, self.tok, policies=self.policies,
-                                          teacher_mesh=self.teacher_mesh, files=self.files)
+    self.teachers = sources.TeacherSource(config, self.teacher_tok, policies=self.policies,
+                                          teacher_mesh=self.teacher_mesh, files=self.files,
+                                          cross=self.teacher_tok is not self.tok)
     self.loops = loops.Loops(self.files, every=config.checkpoint.every,
                              skip_nonfinite=config.skip_nonfinite,
                              params_like=self.policies.like, switch=self.profile)

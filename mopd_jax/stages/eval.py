@@ -72,16 +72,18 @@ def run(inp: Inputs) -> None:
       if t is not None:
         runs.append(("teacher", inp.teacher_cfg, inp.teachers.load_one(t)))
       for policy, model_cfg, params in runs:
-        # pi_SFT and the student see the effort; a teacher sees its prompts as it was trained.
+        # pi_SFT and the student see the effort; a teacher sees its prompts as it was trained,
+        # in its own tokens.
         shown = inp.view.of(policy, effort)
         logratio = _LogRatio(inp, domain, effort) if policy != "teacher" else None
-        m = sft.evaluate(inp.engines.make(model_cfg, ec.temperature), params, task,
+        engine_of = inp.engines.teacher if policy == "teacher" else inp.engines.make
+        m = sft.evaluate(engine_of(model_cfg, ec.temperature), params, task,
                          examples=exs, effort=shown, budgets=budgets,
                          rng=jax.random.PRNGKey(11),
                          on_rollouts=logratio and logratio.scorer_of(model_cfg, params))
         m.update(logratio.metrics() if logratio else {})
         if ec.samples:
-          engine = inp.engines.make(model_cfg, ec.sample_temperature)
+          engine = engine_of(model_cfg, ec.sample_temperature)
           m["sample_accuracy"] = sum(
               sft.evaluate(engine, params, task, examples=exs, effort=shown,
                            budgets=budgets, rng=jax.random.PRNGKey(1000 + k))["accuracy"]

@@ -34,8 +34,8 @@ from mopd_jax.io import checkpoint, tokenizer
 from mopd_jax.rollout import partial, turns as rollout
 from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import base as task_base, grid as grid_mod, views
-from mopd_jax.teachers import (async_scoring, bank as teachers, client as teacher_client, parity,
-                               placement)
+from mopd_jax.teachers import (alignment, async_scoring, bank as teachers,
+                               client as teacher_client, parity, placement)
 from mopd_jax.training import diagnostics, mopd, step as train, vocab_kl
 
 IN_FLIGHT = "_in_flight"  # the data state's entry of the partial-rollout pool (not a domain)
@@ -67,6 +67,7 @@ class Inputs:
   grid: grid_mod.Grid
   view: views.PromptView
   tok: Any
+  teacher_tok: Any  # the teachers' tokenizer: `tok`, or their own (teacher.tokenizer_path)
   model_cfg: models.ModelConfig
   mesh: Mesh
   tasks: Mapping[str, task_base.Task]
@@ -82,6 +83,12 @@ class Inputs:
   loops: loops.Loops
   # Served teachers: the parity probe every `teacher.probe_every` steps (teachers/parity.py).
   parity_monitor: Optional[parity.Monitor] = None
+  span_reward: str = "spread"  # teachers of another tokenizer: `teacher.span_reward`
+
+  @property
+  def cross(self) -> bool:
+    """Teachers of another tokenizer: rewards by aligned spans (`teachers/alignment.py`)."""
+    return self.teacher_tok is not self.tok
 
   @property
   def served(self) -> bool:
@@ -172,7 +179,8 @@ class Distillation:
     c, grid = inp.cfg, inp.grid
     self.inp, self.trainer, self.pool = inp, trainer, pool
     self.setup = mopd.StepSetup(inp.bank, inp.engine, inp.tasks, grid.cells, grid.taus,
-                                view=inp.view)
+                                view=inp.view, teacher_tok=inp.teacher_tok if inp.cross else None,
+                                span_reward=inp.span_reward)
     self.shared = c.prompts_across_efforts == "shared"
     self.mix = tuple(c.effort_mix)
     self.n_eff = len(grid.efforts)
@@ -183,11 +191,12 @@ class Distillation:
     # step's prompts are already drawn when a step is checkpointed, and a resumed run must
     # draw them again.
     self.drawn_at, self.last_step = {}, -1
-    # The exact KL diagnostic needs the student and the teachers on the same devices.
-    self.every = c.exact_kl_every if inp.colocated else 0
+    # The exact KL diagnostic needs the student and the teachers on the same devices, over
+    # one vocabulary.
+    self.every = c.exact_kl_every if inp.colocated and not inp.cross else 0
     if c.exact_kl_every and not self.every:
-      print("[mopd] mopd.exact_kl_every: the exact KL needs co-located teachers; only the "
-            "sampled-token KL estimate is reported")
+      print("[mopd] mopd.exact_kl_every: the exact KL needs co-located teachers of the "
+            "student's vocabulary; only the sampled (span) log-ratio is reported")
     # Effort sensitivity and loss shares (diagnostics.py): on the first and the last step
     # only (on the toy they cost about one update each, more than the exact KL); the exact
     # KL every `every` steps and on those two.
@@ -380,10 +389,20 @@ def teacher_pool(inp: Inputs) -> list:
     res = inp.teacher_engine.run(
         tparams, exs, [inp.view.teacher(e)] * len(exs), budgets=inp.budgets(exs, e),
         rng=jax.random.PRNGKey(inp.seed + 400 + k), environment=inp.tasks[d].environment)
-    # The student learns the teacher's response after its own prompt (`view.student(e)`).
-    pool += [dataclasses.replace(t, prompt_ids=rollout.encode_prompt(inp.tok, ex,
-                                                                     inp.view.student(e)))
-             for t, ex, over in zip(res.trajectories, exs, res.over_budget) if not over]
+    # The student learns the teacher's response after its own prompt (`view.student(e)`),
+    # in its own tokens.
+    for t, ex, over in zip(res.trajectories, exs, res.over_budget):
+      if over:
+        continue
+      if inp.cross:
+        try:
+          ids, gen, _ = alignment.retokenize_response(inp.teacher_tok, inp.tok, t.ids,
+                                                      gen_mask=t.gen_mask)
+        except alignment.Unalignable:  # a response the student cannot write: left out
+          continue
+        t = dataclasses.replace(t, ids=ids, gen_mask=gen, logprobs=[0.0] * len(ids))
+      pool.append(dataclasses.replace(t, prompt_ids=rollout.encode_prompt(
+          inp.tok, ex, inp.view.student(e))))
   if not pool:
     raise RuntimeError("no teacher trajectory finished within its budget; cannot build the "
                        "teacher-SFT initialisation")

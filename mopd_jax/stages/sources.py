@@ -13,7 +13,7 @@ import jax
 
 from mopd_jax import models
 from mopd_jax.config import schema as config_mod
-from mopd_jax.io import checkpoint, storage
+from mopd_jax.io import checkpoint, storage, tokenizer
 from mopd_jax.rollout import turns as rollout
 from mopd_jax.runtime import sharding
 from mopd_jax.stages import loops
@@ -84,17 +84,23 @@ class DataSource:
 class Engines:
   """The rollout engines: one (and its compiled sampler) per (model, temperature)."""
 
-  def __init__(self, config: config_mod.RunConfig, tok, *, student_cfg: models.ModelConfig):
+  def __init__(self, config: config_mod.RunConfig, tok, *, student_cfg: models.ModelConfig,
+               teacher_tok=None):
+    """`tok`: the student's tokenizer; `teacher_tok`: the teachers' (None: the same)."""
     self.rollout_cfg, self.tok, self.student_cfg = config.rollout, tok, student_cfg
+    self.teacher_tok = tok if teacher_tok is None else teacher_tok
     self.rl_temperature, self.eval_temperature = config.rl.temperature, config.eval.temperature
 
   @functools.lru_cache(maxsize=None)
-  def make(self, model_cfg: models.ModelConfig, temperature: float) -> rollout.RolloutEngine:
-    """The engine of `model_cfg` sampling at `temperature`, built the first time asked."""
+  def make(self, model_cfg: models.ModelConfig, temperature: float,
+           tok=None) -> rollout.RolloutEngine:
+    """The engine of `model_cfg` sampling at `temperature` with `tok` (None: the
+    student's tokenizer), built the first time asked."""
     c = self.rollout_cfg
     decode = rollout.DecodeOptions(temperature=temperature, dtype=c.sampling_dtype,
                                    decode_slots=c.decode_slots, admission=c.admission)
-    return rollout.RolloutEngine(model_cfg, self.tok, max_response_tokens=c.max_response_tokens,
+    return rollout.RolloutEngine(model_cfg, self.tok if tok is None else tok,
+                                 max_response_tokens=c.max_response_tokens,
                                  max_turns=c.max_turns, decode=decode)
 
   @property
@@ -105,6 +111,11 @@ class Engines:
   @property
   def eval(self) -> rollout.RolloutEngine:
     return self.make(self.student_cfg, self.eval_temperature)
+
+  def teacher(self, model_cfg: models.ModelConfig, temperature: float) -> rollout.RolloutEngine:
+    """The teachers' engine: their model, their tokenizer."""
+    return self.make(model_cfg, temperature,
+                     None if self.teacher_tok is self.tok else self.teacher_tok)
 
 
 class Policies:
@@ -145,8 +156,10 @@ class TeacherSource:
   manifest entry, and the grid's bank stacked and placed once on the teachers' mesh."""
 
   def __init__(self, config: config_mod.RunConfig, tok, *, policies: Policies, teacher_mesh,
-               files: loops.Workdir):
-    self.config, self.grid, self.tok = config, config.grid, tok
+               files: loops.Workdir, cross: bool = False):
+    """`tok`: the teachers' tokenizer; `cross`: it is not the student's
+    (`teacher.tokenizer_path`), so the teachers have their own vocabulary."""
+    self.config, self.grid, self.tok, self.cross = config, config.grid, tok, cross
     self.policies, self.teacher_mesh, self.files = policies, teacher_mesh, files
 
   @property
@@ -166,7 +179,8 @@ class TeacherSource:
     if not self.hf_paths:
       return self.policies.model_cfg
     cfg = self.resolve_hf(next(iter(self.hf_paths.values())))
-    teachers.check_compatible(self.policies.model_cfg, cfg)
+    if not self.cross:  # another tokenizer: another vocabulary
+      teachers.check_compatible(self.policies.model_cfg, cfg)
     return cfg
 
   def load_one(self, entry: dict):
@@ -187,7 +201,14 @@ class TeacherSource:
     return teachers.load_bank(manifest or self.files.path("teachers.json"), self.grid,
                               self.policies.model_cfg, teacher_cfg=self.model_cfg,
                               load_one=self.load_one, resolve_hf=self.resolve_hf,
-                              sharding=shard)
+                              sharding=shard, tokenizer=self.tokenizer_record())
+
+  def tokenizer_record(self) -> dict:
+    """What the manifest records of the teachers' tokenizer: its file, its fingerprint, its
+    vocabulary size and whether it is another than the student's."""
+    path = self.config.teacher.tokenizer_path if self.cross else ""
+    return {"path": path, "fingerprint": tokenizer.fingerprint(self.tok),
+            "vocab_size": self.tok.vocab_size, "other": self.cross}
 
   def router_only(self) -> teachers.TeacherBank:
     """A bank without params, the grid's router alone (teachers that score elsewhere)."""

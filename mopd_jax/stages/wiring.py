@@ -50,6 +50,7 @@ def rl_inputs(ctx: Run) -> rl.Inputs:
       cfg=c.rl, budget=c.budget, seed=c.seed, outside=c.outside, rollout_width=c.rollout.width,
       config_hash=c.hash, config_json=c.to_json(indent=1), grid=ctx.grid, view=ctx.view,
       model_cfg=ctx.model_cfg, mesh=ctx.mesh, teacher_hf_paths=ctx.teachers.hf_paths,
+      teacher_tokenizer=ctx.teachers.tokenizer_record(),
       tasks={d: ctx.task(d) for d in ctx.grid.domains}, engine=ctx.engines.student,
       eval_engine=ctx.engines.eval, data=ctx.data, policies=ctx.policies, files=ctx.files,
       loops=ctx.loops)
@@ -72,9 +73,10 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
   scoring, scorer, monitor = teacher_scorer(ctx, bank, top_k=top_k)
   return mopd.Inputs(
       cfg=c, sft=ctx.config.sft, seed=ctx.config.seed, grid=grid, view=ctx.view, tok=ctx.tok,
+      teacher_tok=ctx.teacher_tok, span_reward=ctx.config.teacher.span_reward,
       model_cfg=ctx.model_cfg, mesh=ctx.mesh, tasks={d: ctx.task(d) for d in grid.domains},
       engine=ctx.engines.student,
-      teacher_engine=ctx.engines.make(ctx.teachers.model_cfg, c.teacher_temperature),
+      teacher_engine=ctx.engines.teacher(ctx.teachers.model_cfg, c.teacher_temperature),
       bank=bank, scoring=scoring, scorer=scorer, colocated=colocated, data=ctx.data,
       policies=ctx.policies, files=ctx.files, loops=ctx.loops, parity_monitor=monitor)
 
@@ -178,10 +180,17 @@ def eval_inputs(ctx: Run) -> eval_stage.Inputs:
   splits, the engines and the loaders of the policies."""
   ec = ctx.config.eval
   scorer, cells, bank, kl_setup, kl_scoring = None, (), None, None, None
-  # The held-out exact KL reads the teachers' params beside the student's, in this process.
-  kl = ec.kl_rollouts > 0 and ctx.config.placement.teachers == "colocated"
+  # The held-out exact KL reads the teachers' params beside the student's, in this process,
+  # over one vocabulary.
+  cross = ctx.teacher_tok is not ctx.tok
+  kl = ec.kl_rollouts > 0 and ctx.config.placement.teachers == "colocated" and not cross
   if ec.kl_rollouts and not kl:
-    print("[eval] eval.kl_rollouts: the exact KL needs co-located teachers; not measured")
+    print("[eval] eval.kl_rollouts: the exact KL needs co-located teachers of the student's "
+          "vocabulary; not measured")
+  if ec.teacher_logratio and cross:
+    raise config_mod.ConfigError("eval.teacher_logratio scores pi_SFT's and the student's "
+                                 "tokens; teachers of another tokenizer "
+                                 "(teacher.tokenizer_path) need eval.teacher_logratio=False")
   if ec.teacher_logratio or kl:
     bank = (ctx.teachers.router_only() if ctx.config.teacher.endpoints and not kl
             else ctx.teachers.load_bank())

@@ -28,9 +28,11 @@ Pure numpy on the host: it runs beside the teachers' prefill.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
+
+from mopd_jax.rollout import turns as rollout
 
 ASSIGN_RULES = ("spread", "last")
 
@@ -124,20 +126,150 @@ def token_rewards(alignment: Alignment, student_logprobs, teacher_logprobs, *, r
   return out
 
 
+def special_roles(tok) -> dict:
+  """{id: role} of a tokenizer's special tokens that can stand in a response: the end of
+  response, the four tool markers, and each effort's token where the effort is a token."""
+  roles = {}
+  for role in ("eos", "call", "call_end", "obs", "obs_end", "bos", "pad"):
+    i = getattr(tok, f"{role}_id", None)
+    if i is not None:
+      roles.setdefault(int(i), role)
+  for e in getattr(tok, "efforts", ()):
+    try:
+      roles.setdefault(int(tok.effort_id(e)), f"effort:{e}")
+    except ValueError:  # an effort written as a text line: no token
+      pass
+  return roles
+
+
+def _segments(roles: dict, ids: Sequence[int], gen_mask: Sequence[int]):
+  """The response cut into runs: (kind, start, end) with kind "special" (one token) or
+  "text" (a maximal run of ordinary tokens of one gen_mask value)."""
+  out, start = [], 0
+  for i in range(len(ids) + 1):
+    cut = i == len(ids) or ids[i] in roles or (i > start and gen_mask[i] != gen_mask[start])
+    if cut and i > start:
+      out.append(("text", start, i))
+      start = i
+    if i < len(ids) and ids[i] in roles:
+      out.append(("special", i, i + 1))
+      start = i + 1
+  return out
+
+
+def retokenize_response(src_tok, dst_tok, ids: Sequence[int], *,
+                        gen_mask: Sequence[int]) -> tuple:
+  """(ids, gen_mask, `Alignment`) of a response moved from `src_tok`'s tokens to
+  `dst_tok`'s: each run of ordinary tokens (cut at special tokens and where generated text
+  meets an observation) decoded and encoded again by `dst_tok`, each special token (end of
+  response, tool markers, an effort token) replaced by `dst_tok`'s token of the same role.
+  The alignment's spans never cross a run: a special token is a span of one token each.
+  Unalignable when `dst_tok` has no token for a special's role, cannot encode a run's text,
+  or its tokens do not reproduce it."""
+  ids = [int(i) for i in ids]
+  gen_mask = [int(g) for g in gen_mask]
+  if len(gen_mask) != len(ids):
+    raise ValueError(f"gen_mask has {len(gen_mask)} entries for {len(ids)} ids")
+  src_roles = special_roles(src_tok)
+  dst_of = {role: i for i, role in special_roles(dst_tok).items()}
+  out_ids, out_gen, s_cuts, t_cuts = [], [], [0], [0]
+  for kind, a, b in _segments(src_roles, ids, gen_mask):
+    if kind == "special":
+      role = src_roles[ids[a]]
+      if role not in dst_of:
+        raise Unalignable(f"the teacher's tokenizer has no token for {role!r}")
+      out_ids.append(dst_of[role])
+      out_gen.append(gen_mask[a])
+      s_cuts.append(b)
+      t_cuts.append(len(out_ids))
+      continue
+    text = src_tok.decode(ids[a:b], skip_special=True)
+    try:
+      run = list(dst_tok.encode(text))
+    except ValueError as e:  # a character the other tokenizer does not have
+      raise Unalignable(f"the teacher's tokenizer cannot encode the response: {e}") from None
+    src_pieces, dst_pieces = src_tok.token_bytes(ids[a:b]), dst_tok.token_bytes(run)
+    if b"".join(dst_pieces) != text.encode("utf-8") or any(i in dst_of.values() for i in run):
+      raise Unalignable("the teacher's tokens do not reproduce the response text")
+    local = align(src_pieces, dst_pieces)
+    s_cuts.extend(a + local.student[1:])
+    t_cuts.extend(len(out_ids) + local.teacher[1:])
+    out_ids.extend(run)
+    out_gen.extend([gen_mask[a]] * len(run))
+  return out_ids, out_gen, Alignment(np.asarray(s_cuts, np.int64), np.asarray(t_cuts, np.int64))
+
+
 def retokenize(student_tok, teacher_tok, response_ids) -> tuple:
-  """(the teacher's token ids of the student's response, their `Alignment`): the response's
-  text (its specials dropped) encoded by the teacher's tokenizer, and the student's end of
-  response mapped to the teacher's (`eos_id` of each). Unalignable when the teacher's
-  tokenizer cannot encode the text or its tokens do not reproduce it."""
-  ids = [int(i) for i in response_ids]
-  ended = bool(ids) and ids[-1] == student_tok.eos_id
-  text = student_tok.decode(ids, skip_special=True)
-  try:
-    teacher_ids = list(teacher_tok.encode(text)) + ([teacher_tok.eos_id] if ended else [])
-  except ValueError as e:  # a character the teacher's tokenizer does not have
-    raise Unalignable(f"the teacher's tokenizer cannot encode the response: {e}") from None
-  student_pieces = student_tok.token_bytes(ids)
-  teacher_pieces = teacher_tok.token_bytes(teacher_ids)
-  if b"".join(teacher_pieces) != text.encode("utf-8"):
-    raise Unalignable("the teacher's tokens do not reproduce the response text")
-  return teacher_ids, align(student_pieces, teacher_pieces)
+  """(the teacher's token ids of the student's response, their `Alignment`) for a response
+  of generated tokens only (`retokenize_response` with every token generated)."""
+  t_ids, _, a = retokenize_response(student_tok, teacher_tok, response_ids,
+                                    gen_mask=[1] * len(response_ids))
+  return t_ids, a
+
+
+def teacher_logprobs_on_student(alignment: Optional[Alignment], student_logprobs,
+                                teacher_logprobs, *, gen_mask, r_max: float,
+                                assign: str = "spread") -> np.ndarray:
+  """[S] what eq. 15 reads as the teacher's log-prob of each of the student's response
+  tokens when the teacher has another tokenizer. On a span of one token of each, the
+  teacher's log-prob of its token as it is, so eq. 15 computes its own clipped r_t there
+  exactly as for a teacher of the student's tokenizer; on a longer span, the student's
+  log-prob plus the token's share of the span's clipped reward (`token_rewards`), so that
+  r_t = lp_T - lp_S is that share. Off the generated tokens, and on a row with no alignment
+  (None: the teacher could not take it), the student's log-prob itself (reward 0)."""
+  lp_s = np.asarray(student_logprobs, np.float32)
+  out = lp_s.copy()
+  if alignment is None:
+    return out
+  lp_t = np.asarray(teacher_logprobs, np.float32)
+  r = token_rewards(alignment, lp_s, lp_t, r_max=r_max, assign=assign)
+  a, b = alignment.student, alignment.teacher
+  single = np.repeat((np.diff(a) == 1) & (np.diff(b) == 1), np.diff(a))
+  mapped = np.zeros(len(lp_s), np.int64)
+  mapped[a[:-1]] = b[:-1]  # a span's first student token -> its first teacher token
+  gen = np.asarray(gen_mask, bool)
+  out = np.where(gen & single, lp_t[np.minimum(mapped, max(len(lp_t) - 1, 0))]
+                 if len(lp_t) else lp_s, np.where(gen, lp_s + r, lp_s))
+  return out.astype(np.float32)
+
+
+def cross_view(tok, teacher_tok, trajs: Sequence[rollout.Trajectory], *, examples: Sequence,
+               width_multiple: int, shown: Sequence[Optional[str]]) -> tuple:
+  """(padded arrays, spans, alignments) of the student's trajectories as teachers of another
+  tokenizer score them: each response moved into the teacher's tokens
+  (`retokenize_response`: its text re-encoded, its end of response and tool
+  markers the teacher's own, observations still masked) after the example's prompt as the
+  teacher's tokenizer renders it (its own chat template) with the effort `shown` gives.
+  A response the teacher cannot take keeps an empty response (alignment None). `spans[i]`:
+  (student response start, teacher response start, student response length)."""
+  rows, spans, aligned = [], [], []
+  for t, ex, e in zip(trajs, examples, shown):
+    prompt = rollout.encode_prompt(teacher_tok, ex, e)
+    try:
+      ids, gen, a = retokenize_response(tok, teacher_tok, t.ids, gen_mask=t.gen_mask)
+    except Unalignable:
+      ids, gen, a = [], [], None
+    rows.append(rollout.Trajectory(prompt, ids, gen, [0.0] * len(ids)))
+    spans.append((len(t.prompt_ids), len(prompt), t.num_tokens))
+    aligned.append(a)
+  arr = rollout.pad_batch(rows, teacher_tok.pad_id, rollout.padded_width(
+      max(len(r.prompt_ids) + r.num_tokens for r in rows), width_multiple))
+  return arr, spans, aligned
+
+
+def cross_teacher_logprobs(arr: dict, rows_BxT, *, spans, alignments, r_max: float,
+                           assign: str) -> np.ndarray:
+  """[B, T] on the student's positions of the padded batch `arr`, what eq. 15 reads as the
+  teachers' log-probs when they have another tokenizer (`teacher_logprobs_on_student`): the
+  sampled log-prob plus each token's share of its span's clipped reward, from the teachers'
+  per-token log-probs `rows_BxT` on their own layout (`cross_view`'s `spans` and
+  `alignments`, one per real row)."""
+  lp_s = np.asarray(arr["sampler_logprobs"], np.float32)
+  out = lp_s.copy()
+  for i, a in enumerate(alignments):
+    ps, pt, n = spans[i]
+    n_t = 0 if a is None else int(a.teacher[-1])
+    out[i, ps:ps + n] = teacher_logprobs_on_student(
+        a, lp_s[i, ps:ps + n], rows_BxT[i, pt:pt + n_t],
+        gen_mask=arr["loss_mask"][i, ps:ps + n], r_max=r_max, assign=assign)
+  return out

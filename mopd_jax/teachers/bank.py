@@ -205,7 +205,9 @@ def scatter_stratified(y_KxbxT, index_Kxb, batch_size: int):
 # --- the teacher manifest (<workdir>/teachers.json) ------------------------------------------
 # {"grid": Grid.to_json(), "teachers": {"d/e": entry}, ...}; an entry holds the teacher's
 # checkpoint `path`, its `format` ("hf" for a Hugging Face checkpoint, else orbax), `tau`,
-# `parent`, the student `model` signature it was trained with and its validation metrics.
+# `parent`, the student `model` signature it was trained with and its validation metrics; a
+# teacher brought as a checkpoint also its `tokenizer` (file, fingerprint, vocabulary size,
+# whether it is another than the student's: `sources.TeacherSource.tokenizer_record`).
 
 def model_signature(cfg: models.ModelConfig) -> dict:
   """What a teacher must share with the student to be scored against it (manifest field)."""
@@ -226,10 +228,13 @@ def check_manifest_grid(manifest: dict, path: str, grid) -> None:
 
 
 def validate_manifest(manifest: dict, path: str, grid, *, student_cfg: models.ModelConfig,
-                      resolve_hf=None) -> None:
+                      resolve_hf=None, tokenizer: Optional[dict] = None) -> None:
   """The run's grid, every cell of it present, each checkpoint where the manifest says, and
-  each teacher of the student's architecture family and vocabulary; raises naming the
-  offending cells. `resolve_hf(path) -> ModelConfig` reads a Hugging Face teacher's config."""
+  each teacher of the student's architecture family and vocabulary, or, with teachers of
+  another tokenizer (`tokenizer["other"]`), a readable config of their own; raises naming
+  the offending cells. `resolve_hf(path) -> ModelConfig` reads a Hugging Face teacher's
+  config; `tokenizer`: the run's record of the teachers' tokenizer (`fingerprint`, `other`),
+  which a teacher's recorded tokenizer must match."""
   cells = manifest.get("teachers") if isinstance(manifest, dict) else None
   if not isinstance(cells, dict):
     raise ValueError(f"teacher manifest {path} has no 'teachers' mapping")
@@ -245,9 +250,17 @@ def validate_manifest(manifest: dict, path: str, grid, *, student_cfg: models.Mo
     entry = cells[name]
     if not entry.get("path") or not storage.isdir(entry["path"]):
       problems.append(f"{name}: no checkpoint directory {entry.get('path')!r}")
+    recorded = entry.get("tokenizer")
+    if tokenizer and recorded and recorded.get("fingerprint") != tokenizer["fingerprint"]:
+      problems.append(f"{name}: recorded with tokenizer {recorded.get('fingerprint')} "
+                      f"({recorded.get('path') or 'the student'}'s), this run's teachers "
+                      f"read with {tokenizer['fingerprint']} "
+                      f"({tokenizer.get('path') or 'the student'}'s)")
     if entry.get("format") == "hf":
       try:
-        check_compatible(student_cfg, resolve_hf(entry["path"]), what=name)
+        cfg = resolve_hf(entry["path"])
+        if not (tokenizer and tokenizer.get("other")):
+          check_compatible(student_cfg, cfg, what=name)
       except (ValueError, OSError) as e:
         problems.append(f"{name}: {e}")
       continue
@@ -264,14 +277,18 @@ def validate_manifest(manifest: dict, path: str, grid, *, student_cfg: models.Mo
 
 def load_bank(path: str, grid, student_cfg: models.ModelConfig,
               *, teacher_cfg: models.ModelConfig, load_one, resolve_hf=None,
-              sharding=None) -> TeacherBank:
-  """The grid's teachers from the manifest at `path`: checked (`validate_manifest`), each
-  loaded with `load_one(entry) -> params`, stacked in the grid's order and placed with
-  `sharding` (the stacked params' shardings)."""
+              sharding=None, tokenizer: Optional[dict] = None) -> TeacherBank:
+  """The grid's teachers from the manifest at `path`: checked (`validate_manifest`, against
+  the run's teachers' `tokenizer` record when given), each loaded with `load_one(entry) ->
+  params`, stacked in the grid's order and placed with `sharding` (the stacked params'
+  shardings)."""
   manifest = checkpoint.read_json(path)
-  validate_manifest(manifest, path, grid, student_cfg=student_cfg, resolve_hf=resolve_hf)
+  validate_manifest(manifest, path, grid, student_cfg=student_cfg, resolve_hf=resolve_hf,
+                    tokenizer=tokenizer)
   plist = [load_one(manifest["teachers"][n]) for n in grid.names]
-  return build_bank(teacher_cfg, plist, names=grid.names, student_cfg=student_cfg,
+  other = bool(tokenizer and tokenizer.get("other"))  # another vocabulary: not checked
+  return build_bank(teacher_cfg, plist, names=grid.names,
+                    student_cfg=None if other else student_cfg,
                     sharding=sharding)
 
 

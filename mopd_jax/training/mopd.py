@@ -31,7 +31,7 @@ log-probs instead of the sampled token's; `alpha` > 0 adds an outcome-reward REI
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +41,7 @@ from mopd_jax.config import choices
 from mopd_jax.rollout import partial, turns as rollout
 from mopd_jax.runtime import distributed
 from mopd_jax.tasks import base as task_base, views
-from mopd_jax.teachers import bank as teachers
+from mopd_jax.teachers import alignment, bank as teachers
 from mopd_jax.training import step as train, vocab_kl
 from mopd_jax.training.registry import LOSS_KINDS
 
@@ -192,6 +192,10 @@ class SampledBatch:
   # prompts differ from the student's; None when the teachers score the student's tokens.
   spans: Optional[list] = None
   examples: Optional[list] = None  # each real row's example: its prompt, re-rendered at will
+  # Teachers of another tokenizer: each real row's `alignment.Alignment` of the student's
+  # response to the teacher's tokens, None where the teacher could not take it (no reward).
+  alignments: Optional[list] = None
+  span_reward: str = "spread"  # how a span's reward reaches its tokens (StepSetup's)
 
   def student_layout(self, rows_BxT):
     """Teachers' per-row values ([B, T', ...]) on the student's positions ([B, T, ...])."""
@@ -231,6 +235,10 @@ class StepSetup:
   taus: dict
   width_multiple: int = 32
   view: views.PromptView = views.K3
+  # Teachers of another tokenizer: theirs (None: the student's) and how a span's reward
+  # reaches the student's tokens (`alignment.token_rewards`).
+  teacher_tok: Any = None
+  span_reward: str = "spread"
 
 
 def sample_batch(setup: StepSetup, params, examples_per_cell: Sequence[list], *, rng,
@@ -312,9 +320,13 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
   longest = max(len(t.prompt_ids) + t.num_tokens for t in trajs)
   arr = rollout.pad_batch(list(trajs) + empty, tok.pad_id,
                           rollout.padded_width(longest, width_multiple))
-  teacher_arr, spans = arr, None
+  teacher_arr, spans, aligned = arr, None, None
   shown = [view.teacher(e) for e in efforts]
-  if shown != [view.student(e) for e in efforts]:  # the responses after the teachers' prompts
+  if setup.teacher_tok is not None:  # the responses in the teachers' own tokens
+    teacher_arr, spans, aligned = alignment.cross_view(
+        tok, setup.teacher_tok, trajs, examples=rows, width_multiple=width_multiple, shown=shown)
+    spans += [(0, 0, 0)] * len(empty)
+  elif shown != [view.student(e) for e in efforts]:  # after the teachers' prompts
     teacher_arr, spans = teacher_view(tok, trajs, rows, width_multiple=width_multiple, shown=shown)
     spans += [(0, 0, 0)] * len(empty)
   index = teachers.stratify(np.asarray(teacher_ids), bank.num_teachers, b)
@@ -323,7 +335,8 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
       arr=arr, index=index, tokens=strat(teacher_arr["tokens"]),
       input_mask=strat(teacher_arr["input_mask"], False),
       cell_ids=np.asarray([cells.index((d, e)) for d, e in zip(domains, efforts)]),
-      accuracy=acc, lengths=lengths, over=over, spans=spans, examples=list(rows))
+      accuracy=acc, lengths=lengths, over=over, spans=spans, examples=list(rows),
+      alignments=aligned, span_reward=setup.span_reward)
 
 
 def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
@@ -348,7 +361,13 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
     scored, tk_lp, tk_ids = scored
     topk = (sampled.student_layout(teachers.scatter_stratified(np.asarray(tk_lp), index, n)),
             sampled.student_layout(teachers.scatter_stratified(np.asarray(tk_ids), index, n)))
-  teacher_lp = sampled.student_layout(teachers.scatter_stratified(np.asarray(scored), index, n))
+  scored_rows = teachers.scatter_stratified(np.asarray(scored), index, n)
+  if sampled.alignments is not None:  # teachers of another tokenizer: rewards by spans
+    teacher_lp = alignment.cross_teacher_logprobs(
+        arr, scored_rows, spans=sampled.spans, alignments=sampled.alignments, r_max=r_max,
+        assign=sampled.span_reward)
+  else:
+    teacher_lp = sampled.student_layout(scored_rows)
   lp_t = teachers.gather_stratified(teacher_lp, index)  # [K, b, T] on the student's positions
   # Outcome reward of a rollout: the verifier's score, 0 when unfinished or past its cell's
   # budget (the `accuracy` diagnostic), so the term also rewards keeping to the effort.
@@ -369,6 +388,13 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
       r_max=r_max, sampled=sampled)
   m.update(accuracy=float(sampled.accuracy.mean()), length=float(sampled.lengths.mean()),
            over_budget=float(sampled.over.mean()))
+  if sampled.alignments is not None:  # rows the teachers' tokenizer could not take
+    m["unaligned_rows"] = float(sum(a is None for a in sampled.alignments))
+    for k, name in enumerate(bank.router.names):
+      flat = index[k][index[k] >= 0]
+      if name in cells_diag and len(flat):
+        cells_diag[name]["unaligned"] = float(np.mean([sampled.alignments[i] is None
+                                                       for i in flat]))
   if extra is not None:
     m.update(extra[0])
     for name, cm in extra[1].items():

@@ -1,0 +1,43 @@
+"""A byte-level BPE tokenizer fitted on a corpus, written as a Hugging Face `tokenizer.json`:
+the second tokenizer of the cross-tokenizer toy (its teachers write multi-character tokens
+where the student writes one token per character) and of the tests. The toy's special
+tokens (`tokenizer.specials`: PAD/BOS/EOS, the efforts, the tool markers) are the file's
+first ids, so `HFTokenizer` finds them and adds none; every byte is in the alphabet, so any
+text encodes."""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+
+def fit(texts: Iterable[str], path: str, *, vocab_size: int = 512,
+        specials: Sequence[str] = ()) -> str:
+  """Fits a byte-level BPE of at most `vocab_size` tokens on `texts` (no pre-split on
+  spaces or punctuation beyond the byte-level one) with `specials` first, saves it at
+  `path` (a `tokenizer.json` file, or a directory to put one in) and returns the file."""
+  from tokenizers import (Tokenizer, decoders, models, pre_tokenizers,  # pylint: disable=g-import-not-at-top
+                          trainers)
+  if vocab_size <= 256 + len(specials):
+    raise ValueError(f"vocab_size={vocab_size} leaves no merges after the 256 bytes and "
+                     f"{len(specials)} specials")
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.train_from_iterator(texts, trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  if not path.endswith(".json"):
+    os.makedirs(path, exist_ok=True)
+    path = os.path.join(path, "tokenizer.json")
+  tok.save(path)
+  return path
+
+
+def multi_char_share(tok, texts: Iterable[str]) -> float:
+  """The share of `tok`'s tokens of `texts` that stand for two or more characters."""
+  total = multi = 0
+  for text in texts:
+    for piece in tok.token_bytes(tok.encode(text)):
+      total += 1
+      multi += len(piece.decode("utf-8", errors="replace")) > 1
+  return multi / max(total, 1)

@@ -1,0 +1,176 @@
+"""Teachers of another tokenizer (`teacher.tokenizer_path`): a byte-level BPE fitted on the toy
+corpus (mopd_jax/io/bpe.py), teachers brought as checkpoints of its vocabulary, a student with
+the character tokenizer; the run's stages, its manifest and its start-up errors."""
+import json
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import suite_cli
+
+ROOT = suite_cli.ROOT
+CELLS = tuple(f"{d}/{e}" for d in ("gen", "agt", "cod") for e in ("low", "high", "max"))
+
+
+def toy_texts(n: int = 200) -> list:
+  """Prompts and reference responses of the three toy tasks (tool markers included)."""
+  from mopd_jax.tasks import base
+  texts = []
+  for name in ("gen", "agt", "cod"):
+    for ex in base.get_task(name, domain=name).generate(0, n):
+      texts.append(ex.prompt)
+      texts.extend(ex.solutions.values())
+  return texts
+
+
+@pytest.fixture(scope="module")
+def bpe_teachers(tmp_path_factory):
+  """(tokenizer.json, {cell: checkpoint}) of nine tiny teachers of a BPE vocabulary."""
+  import configs.qwen3_mopd as q
+  from mopd_jax import models
+  from mopd_jax.config.tokenizer_options import TokenizerOptions
+  from mopd_jax.io import bpe, hf
+  from mopd_jax.io.tokenizer import SPECIALS, load_tokenizer
+  root = tmp_path_factory.mktemp("bpe")
+  path = bpe.fit(toy_texts(), str(root / "tok"), vocab_size=400, specials=SPECIALS)
+  tok = load_tokenizer(path, options=TokenizerOptions(chat=False))
+  tcfg = hf.resolve_model_config(q.get_config("tiny").teacher, tok.vocab_size)
+  paths = {}
+  for i, cell in enumerate(CELLS):
+    paths[cell] = str(root / f"t{i}")
+    hf.save_checkpoint(tcfg, jax.device_get(models.init_params(tcfg, jax.random.PRNGKey(i))),
+                       paths[cell])
+  return path, paths
+
+
+def test_bpe_fit_writes_multi_character_tokens_and_the_toy_specials(bpe_teachers):
+  """The fitted BPE keeps the toy's specials whole and writes most of the toy's text in
+  multi-character tokens; every text round-trips."""
+  from mopd_jax.config.tokenizer_options import TokenizerOptions
+  from mopd_jax.io import bpe
+  from mopd_jax.io.tokenizer import load_tokenizer
+  tok = load_tokenizer(bpe_teachers[0], options=TokenizerOptions(chat=False))
+  texts = toy_texts(50)
+  assert bpe.multi_char_share(tok, texts) >= 0.3
+  for t in texts[:40]:
+    assert tok.decode(tok.encode(t)) == t
+  assert tok.encode("<call>") == [tok.call_id] and tok.encode("<obs>") == [tok.obs_id]
+  with pytest.raises(ValueError, match="leaves no merges"):
+    bpe.fit(texts, bpe_teachers[0] + ".x.json", vocab_size=200)
+
+
+def _run(tmp_path, *flags, stages="data,sft,rl,mopd,eval,report"):
+  return subprocess.run([sys.executable, "-m", "experiments.run", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
+                         f"--config.stages={stages}", "--config.mopd.loss=mopd", *flags],
+                        cwd=ROOT, env=suite_cli.env(), capture_output=True, text=True,
+                        timeout=600)
+
+
+def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teachers):
+  """Every stage with BPE teachers and a character-level student: the manifest records the
+  teachers' tokenizer, the MOPD steps run across the tokenizers (every row aligned, each
+  cell's span log-ratio finite), the eval measures the teachers in their own tokens, and a
+  manifest made with another tokenizer is refused."""
+  path, paths = bpe_teachers
+  hf_paths = "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in paths.items())
+  proc = _run(tmp_path, hf_paths, f"--config.teacher.tokenizer_path={path}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  manifest = json.load(open(tmp_path / "wd" / "teachers.json"))
+  for entry in manifest["teachers"].values():
+    assert entry["tokenizer"]["other"] and entry["tokenizer"]["path"] == path
+  history = json.load(open(tmp_path / "wd" / "mopd" / "history.json"))
+  for rec in history:
+    assert rec["unaligned_rows"] == 0.0
+    assert set(rec["cells"]) == set(CELLS)
+    for cell in rec["cells"].values():
+      assert cell["unaligned"] == 0.0 and np.isfinite(cell["kl"])
+  cells = json.load(open(tmp_path / "wd" / "eval.json"))["cells"]
+  assert {c["policy"] for c in cells} == {"sft", "student", "teacher"}
+  # The same teachers read as if they had the student's tokenizer: refused.
+  shutil.rmtree(tmp_path / "wd" / "mopd")
+  proc = _run(tmp_path, hf_paths, stages="mopd")
+  assert proc.returncode != 0
+  assert "teacher vocabulary size 400 differs from the student's" in proc.stderr
+  # A manifest whose teachers were recorded with another tokenizer than the run's: refused.
+  from mopd_jax import models
+  from mopd_jax.io.tokenizer import CharTokenizer
+  from mopd_jax.teachers import bank
+  from mopd_jax.tasks import grid as grid_mod
+  manifest = json.load(open(tmp_path / "wd" / "teachers.json"))
+  grid = grid_mod.Grid.from_json(manifest["grid"])
+  record = dict(manifest["teachers"]["gen/low"]["tokenizer"], fingerprint="0" * 16)
+  with pytest.raises(ValueError, match="recorded with tokenizer"):
+    bank.validate_manifest(manifest, "teachers.json", grid, student_cfg=models.get_preset(
+                               "toy", vocab_size=CharTokenizer().vocab_size),
+                           resolve_hf=lambda p: None, tokenizer=record)
+
+
+def test_a_missing_teacher_tokenizer_is_one_config_error(tmp_path, bpe_teachers):
+  _, paths = bpe_teachers
+  proc = _run(tmp_path, "--config.teacher.hf_paths=" + ",".join(f"{c}={p}"
+                                                                for c, p in paths.items()),
+              f"--config.teacher.tokenizer_path={tmp_path}/none.json", stages="data")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert f"config error: teacher.tokenizer_path='{tmp_path}/none.json'" in proc.stderr
+  broken = tmp_path / "broken.json"
+  broken.write_text("{not json")
+  proc = _run(tmp_path, "--config.teacher.hf_paths=" + ",".join(f"{c}={p}"
+                                                                for c, p in paths.items()),
+              f"--config.teacher.tokenizer_path={broken}", stages="data")
+  assert proc.returncode == 2 and "cannot load tokenizer" in proc.stderr
+
+
+def test_the_teacher_sft_init_learns_the_teachers_responses_in_the_students_tokens(
+    bpe_teachers):
+  """`teacher_pool` with a teacher of another tokenizer: each in-budget teacher trajectory
+  (a tool call, its observation, the answer, in BPE tokens) becomes the student's tokens
+  after the student's prompt, observations still masked; one the student's tokenizer
+  cannot write is left out."""
+  import types
+  from mopd_jax.config.tokenizer_options import TokenizerOptions
+  from mopd_jax.io.tokenizer import CharTokenizer, load_tokenizer
+  from mopd_jax.rollout import turns as rollout
+  from mopd_jax.stages import mopd as stage
+  from mopd_jax.tasks import base, views
+  student = CharTokenizer()
+  teacher = load_tokenizer(bpe_teachers[0], options=TokenizerOptions(chat=False))
+  exs = base.get_task("agt", domain="agt").generate(3, 2)
+  call = [teacher.call_id] + teacher.encode("boss(ann)") + [teacher.call_end_id]
+  obs = [teacher.obs_id] + teacher.encode("bob") + [teacher.obs_end_id]
+  tail = teacher.encode("\n#bob") + [teacher.eos_id]
+  good = call + obs + tail
+  bad = teacher.encode("#b\u00e9b") + [teacher.eos_id]  # a character the student lacks
+
+  class Engine:
+    def run(self, params, examples, efforts, **kw):
+      del params, kw
+      assert efforts == [None] * len(examples)  # the teachers' effort-free view
+      trajs = [rollout.Trajectory(teacher.encode_prompt(ex.prompt, None), ids,
+                                  [0 if len(call) <= i < len(call) + len(obs) else 1
+                                   for i in range(len(ids))], [0.0] * len(ids), True)
+               for ex, ids in zip(examples, (good, bad))]
+      return rollout.RolloutResult(trajs, [""] * 2, np.zeros(2, bool))
+
+  class Data:
+    def iterator(self, domain, n, salt):
+      return iter([exs])
+
+  inp = types.SimpleNamespace(
+      bank=types.SimpleNamespace(router=types.SimpleNamespace(names=("agt/high",)),
+                                 params={"w": np.zeros((1, 2))}),
+      data=Data(), teacher_engine=Engine(), view=views.K3, tok=student, teacher_tok=teacher,
+      cross=True, cfg=types.SimpleNamespace(init_samples_per_cell=2), seed=0,
+      tasks={"agt": types.SimpleNamespace(environment=None)},
+      budgets=lambda examples, e: [64] * len(examples))
+  pool = stage.teacher_pool(inp)
+  assert len(pool) == 1  # the response with a character the student lacks is left out
+  t = pool[0]
+  assert t.prompt_ids == student.encode_prompt(exs[0].prompt, "high")
+  assert student.decode(t.ids) == "<call>boss(ann)</call><obs>bob</obs>\n#bob<eos>"
+  n_call = len(student.encode("boss(ann)")) + 2
+  assert t.gen_mask == [1] * n_call + [0] * 5 + [1] * 6
