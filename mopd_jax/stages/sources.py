@@ -113,9 +113,11 @@ class Engines:
     return self.make(self.student_cfg, self.eval_temperature)
 
   def teacher(self, model_cfg: models.ModelConfig, temperature: float) -> rollout.RolloutEngine:
-    """The teachers' engine: their model, their tokenizer."""
-    return self.make(model_cfg, temperature,
-                     None if self.teacher_tok is self.tok else self.teacher_tok)
+    """The teachers' engine: their model, their tokenizer (the student's tokenizer: the
+    engine `make` gives, shared with the student's policies of that model)."""
+    if self.teacher_tok is self.tok:
+      return self.make(model_cfg, temperature)
+    return self.make(model_cfg, temperature, self.teacher_tok)
 
 
 class Policies:
