@@ -32,8 +32,9 @@ FROM_SFT_STEPS = 200  # MOPD steps of the from_sft variant
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """`arg`: None for the default toy run, "fast" for the smoke variant, "tiny" for the
   reliability tests (fast with fewer steps and examples)."""
-  if arg not in (None, "", "fast", "tiny", "from_sft"):
-    raise ValueError(f"unknown config variant {arg!r}; known: fast, tiny, from_sft")
+  if arg not in (None, "", "fast", "tiny", "from_sft", "cross_tokenizer"):
+    raise ValueError(f"unknown config variant {arg!r}; known: fast, tiny, from_sft, "
+                     "cross_tokenizer")
   fast = arg in ("fast", "tiny")
   c = base.get_config()
   # A save of the toy's train state costs about half a second of the 2-core machine (orbax
@@ -207,6 +208,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mopd.init = "sft"
     c.mopd.steps = FROM_SFT_STEPS
     c.mopd.lr = 1e-3
+  if arg == "cross_tokenizer":
+    # The student distils from teachers of another tokenizer, made by their own factory
+    # (`python -m experiments.cross_tokenizer`, which passes `teacher.hf_paths` and
+    # `teacher.tokenizer_path`; docs/cross_tokenizer.md): eq. 15 by aligned spans, as the
+    # top-k and full-vocabulary losses, and the held-out exact KL, need one vocabulary.
+    c.mopd.loss = "mopd"
+    c.eval.kl_rollouts = 0
   if arg == "tiny":  # fewest steps that still give every loop a middle to interrupt
     # One layer and no QAT: compilation dominates a run this short and both nearly halve it.
     c.model.num_layers = 1

@@ -27,8 +27,8 @@ def fit(texts: Iterable[str], path: str, *, vocab_size: int = 512,
       vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
   if not path.endswith(".json"):
-    os.makedirs(path, exist_ok=True)
     path = os.path.join(path, "tokenizer.json")
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tok.save(path)
   return path
 

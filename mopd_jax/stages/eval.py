@@ -10,6 +10,7 @@ client or the bank in process). The stage takes its `Inputs` (built by
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping, Optional
 
 import jax
@@ -21,6 +22,7 @@ from mopd_jax.evaluation import agreement
 from mopd_jax.io import checkpoint, storage
 from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import base as task_base, grid as grid_mod, views
+from mopd_jax.teachers import alignment
 from mopd_jax.training import mopd, sft
 
 
@@ -77,16 +79,23 @@ def run(inp: Inputs) -> None:
         shown = inp.view.of(policy, effort)
         logratio = _LogRatio(inp, domain, effort) if policy != "teacher" else None
         engine_of = inp.engines.teacher if policy == "teacher" else inp.engines.make
+        # A teacher of another tokenizer: its lengths and budgets in the student's tokens.
+        length_of = None
+        if policy == "teacher" and inp.engines.teacher_tok is not inp.engines.tok:
+          length_of = functools.partial(alignment.length_in, inp.engines.teacher_tok,
+                                        inp.engines.tok)
         m = sft.evaluate(engine_of(model_cfg, ec.temperature), params, task,
                          examples=exs, effort=shown, budgets=budgets,
                          rng=jax.random.PRNGKey(11),
-                         on_rollouts=logratio and logratio.scorer_of(model_cfg, params))
+                         hooks=sft.EvalHooks(
+                             logratio and logratio.scorer_of(model_cfg, params), length_of))
         m.update(logratio.metrics() if logratio else {})
         if ec.samples:
           engine = engine_of(model_cfg, ec.sample_temperature)
           m["sample_accuracy"] = sum(
               sft.evaluate(engine, params, task, examples=exs, effort=shown,
-                           budgets=budgets, rng=jax.random.PRNGKey(1000 + k))["accuracy"]
+                           budgets=budgets, rng=jax.random.PRNGKey(1000 + k),
+                           hooks=sft.EvalHooks(length_of=length_of))["accuracy"]
               for k in range(ec.samples)) / ec.samples
         cells.append({"policy": policy, "domain": domain, "effort": effort, **m})
       bar.update(cells[-1], keys=("accuracy", "mean_length"))

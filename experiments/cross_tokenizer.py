@@ -1,0 +1,151 @@
+"""Distillation from teachers of another tokenizer on the toy, every stage, several seeds:
+
+    python -m experiments.cross_tokenizer --seeds 0,1,2,3,4 --workdir DIR [--vocab 512]
+
+For each seed s:
+  1. a byte-level BPE of `--vocab` tokens fitted on the toy tasks' text (prompts and reference
+     responses of `--corpus` examples per task, drawn from seed 10000 + s, so no split of the
+     run is read), the toy's specials first (`DIR/bpe_<s>/tokenizer.json`);
+  2. the teacher factory in that tokenizer: `configs/toy.py` with `model.tokenizer_path` the
+     BPE, stages data, sft and rl (`DIR/factory_<s>`): its own pi_SFT, its own RL teachers,
+     their budgets counted in BPE tokens;
+  3. the nine teachers exported as Hugging Face checkpoints (`DIR/factory_<s>/hf/<cell>`, at
+     temperature 1: the student's run applies `mopd.teacher_temperature`);
+  4. the student, character-level, every stage of `configs/toy.py:cross_tokenizer` with those
+     teachers (`teacher.hf_paths`, `teacher.tokenizer_path`) in `DIR/seed_<s>`.
+Then `DIR/sweep.md` (experiments.sweep's summary of the students' reports) and
+`DIR/cross_tokenizer.md`: per seed, the share of the teachers' tokens that span two or more
+characters, the student's span log-ratio over its first and last tenth of MOPD steps, the
+rows the teachers could not take, and the expected results met. Every step resumes: finished
+stages are skipped. Extra `--config.field=value` flags go to the student's runs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from experiments import sweep
+from mopd_jax.io import checkpoint, storage
+
+TASKS = ("gen", "agt", "cod")
+
+
+def corpus(seed: int, n: int) -> list:
+  """The BPE's training text: prompts and reference responses of `n` examples per task."""
+  from mopd_jax.tasks import base  # pylint: disable=g-import-not-at-top
+  texts = []
+  for name in TASKS:
+    for ex in base.get_task(name, domain=name).generate(10_000 + seed, n):
+      texts.append(ex.prompt)
+      texts.extend(ex.solutions.values())
+  return texts
+
+
+def fit_tokenizer(workdir: str, seed: int, *, vocab: int, n: int) -> tuple:
+  """(the BPE's tokenizer.json, the share of its tokens of the corpus spanning 2+ chars)."""
+  from mopd_jax.config.tokenizer_options import TokenizerOptions  # pylint: disable=g-import-not-at-top
+  from mopd_jax.io import bpe  # pylint: disable=g-import-not-at-top
+  from mopd_jax.io.tokenizer import SPECIALS, load_tokenizer  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, f"bpe_{seed}", "tokenizer.json")
+  texts = corpus(seed, n)
+  if not os.path.exists(path):
+    bpe.fit(texts, path, vocab_size=vocab, specials=SPECIALS)
+  tok = load_tokenizer(path, options=TokenizerOptions(chat=False))
+  return path, bpe.multi_char_share(tok, texts)
+
+
+def run(args: list) -> None:
+  print("+ python -m experiments.run " + " ".join(args), flush=True)
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", *args])
+  if proc.returncode:
+    raise SystemExit(proc.returncode)
+
+
+def export(factory: str, config: str, overrides: list) -> dict:
+  """{cell: directory} of the factory's teachers as Hugging Face checkpoints at temperature
+  1 (`python -m mopd_jax.serve --export_dir`)."""
+  out = os.path.join(factory, "hf")
+  done = os.path.join(out, "cells.json")
+  if not os.path.exists(done):
+    cmd = [sys.executable, "-m", "mopd_jax.serve", "--config", config, "--teachers",
+           os.path.join(factory, "teachers.json"), "--export_dir", out,
+           "--config.mopd.teacher_temperature=1.0", *overrides]
+    print("+ " + " ".join(cmd[1:]), flush=True)
+    if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode:
+      raise SystemExit(f"exporting the teachers of {factory} failed")
+    from mopd_jax.tasks import grid as grid_mod  # pylint: disable=g-import-not-at-top
+    grid = grid_mod.Grid.from_json(checkpoint.read_json(
+        os.path.join(factory, "teachers.json"))["grid"])
+    checkpoint.write_json(done, {c: os.path.join(out, c.replace("/", "_")) for c in grid.names})
+  return checkpoint.read_json(done)
+
+
+def summary(workdir: str, rows: list) -> str:
+  lines = ["| seed | teachers' tokens of 2+ chars | span log-ratio, first / last tenth of "
+           "the MOPD steps | rows not aligned | expected results met (of those measured) | "
+           "missed |",
+           "|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['seed']} | {r['multi']:.2f} | {r['first']:.4f} / {r['last']:.4f} | "
+                 f"{r['unaligned']:.0f} | {r['met']} of {r['total']} | "
+                 f"{'; '.join(r['missed']) or 'none'} |")
+  text = "\n".join(lines) + "\n"
+  storage.write_text(os.path.join(workdir, "cross_tokenizer.md"), text)
+  return text
+
+
+def seed_row(workdir: str, seed: int, multi: float) -> dict:
+  student = sweep.seed_dir(workdir, seed)
+  history = checkpoint.read_json(os.path.join(student, "mopd", "history.json"))
+  kl = np.asarray([h["kl"] for h in history])
+  tenth = max(1, len(kl) // 10)
+  report = checkpoint.read_json(os.path.join(student, "report.json"))
+  checks = [c for c in report.get("checks", []) if c.get("ok") is not None]
+  return {"seed": seed, "multi": multi, "first": float(kl[:tenth].mean()),
+          "last": float(kl[-tenth:].mean()),
+          "unaligned": float(sum(h.get("unaligned_rows", 0.0) for h in history)),
+          "met": sum(c["ok"] is True for c in checks), "total": len(checks),
+          "missed": [c["name"] for c in checks if c["ok"] is False]}
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(prog="python -m experiments.cross_tokenizer",
+                               description=__doc__.split("\n\n")[0])
+  ap.add_argument("--seeds", default="0")
+  ap.add_argument("--workdir", required=True)
+  ap.add_argument("--vocab", type=int, default=512, help="the BPE's vocabulary size")
+  ap.add_argument("--corpus", type=int, default=2000, help="examples per task fitted on")
+  ap.add_argument("--factory_config", default="configs/toy.py",
+                  help="the teacher factory's config (its tokenizer is set to the BPE)")
+  ap.add_argument("--config", default="configs/toy.py:cross_tokenizer",
+                  help="the student's config")
+  args, rest = ap.parse_known_args(argv)
+  bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
+  if bad:
+    ap.error(f"unexpected arguments {bad}; config overrides take the form --config.field=value")
+  seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+  rows = []
+  for seed in seeds:
+    tokenizer, multi = fit_tokenizer(args.workdir, seed, vocab=args.vocab, n=args.corpus)
+    print(f"[cross_tokenizer] seed {seed}: {tokenizer}, {multi:.2f} of the teachers' tokens "
+          "span 2+ characters", flush=True)
+    factory = os.path.join(args.workdir, f"factory_{seed}")
+    made_with = [f"--config.seed={seed}", f"--config.model.tokenizer_path={tokenizer}"]
+    run(["--config", args.factory_config, "--workdir", factory, *made_with,
+         "--config.stages=data,sft,rl"])
+    cells = export(factory, args.factory_config, made_with)
+    run(["--config", args.config, "--workdir",
+         sweep.seed_dir(args.workdir, seed), f"--config.seed={seed}",
+         "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in cells.items()),
+         f"--config.teacher.tokenizer_path={tokenizer}", *rest])
+    rows.append(seed_row(args.workdir, seed, multi))
+  sweep.summarize(args.workdir, seeds)
+  print(summary(args.workdir, rows), flush=True)
+
+
+if __name__ == "__main__":
+  main()
