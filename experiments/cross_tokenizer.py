@@ -85,7 +85,7 @@ def export(factory: str, config: str, overrides: list) -> dict:
 
 
 def summary(workdir: str, rows: list) -> str:
-  lines = ["| seed | teachers' tokens of 2+ chars | span log-ratio, first / last tenth of "
+  lines = ["| seed | teachers' tokens of 2+ chars (MOPD rollouts) | span log-ratio, first / last tenth of "
            "the MOPD steps | rows not aligned | expected results met (of those measured) | "
            "missed |",
            "|---|---|---|---|---|---|"]
@@ -105,7 +105,9 @@ def seed_row(workdir: str, seed: int, multi: float) -> dict:
   tenth = max(1, len(kl) // 10)
   report = checkpoint.read_json(os.path.join(student, "report.json"))
   checks = [c for c in report.get("checks", []) if c.get("ok") is not None]
-  return {"seed": seed, "multi": multi, "first": float(kl[:tenth].mean()),
+  shares = [h["teacher_multi_token_share"] for h in history if "teacher_multi_token_share" in h]
+  return {"seed": seed, "multi": float(np.mean(shares)) if shares else multi,
+          "first": float(kl[:tenth].mean()),
           "last": float(kl[-tenth:].mean()),
           "unaligned": float(sum(h.get("unaligned_rows", 0.0) for h in history)),
           "met": sum(c["ok"] is True for c in checks), "total": len(checks),

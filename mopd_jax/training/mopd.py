@@ -390,6 +390,12 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
            over_budget=float(sampled.over.mean()))
   if sampled.alignments is not None:  # rows the teachers' tokenizer could not take
     m["unaligned_rows"] = float(sum(a is None for a in sampled.alignments))
+    # The share of the teachers' tokens in spans of two or more of the student's tokens.
+    s_n = [np.diff(a.student) for a in sampled.alignments if a is not None]
+    t_n = [np.diff(a.teacher) for a in sampled.alignments if a is not None]
+    total = sum(int(t.sum()) for t in t_n)
+    m["teacher_multi_token_share"] = float(
+        sum(int(t[s > 1].sum()) for s, t in zip(s_n, t_n)) / max(total, 1))
     for k, name in enumerate(bank.router.names):
       flat = index[k][index[k] >= 0]
       if name in cells_diag and len(flat):
