@@ -29,3 +29,13 @@ def test_length_groups_and_checkpoint_benchmarks_run_at_a_tiny_shape():
   ck = core.checkpoint_benchmark(leaf_counts=(2, 6), total_floats=600, saves=2)
   assert set(ck) == {f"checkpoint_{n}_arrays_{k}_s" for n in (2, 6) for k in ("save", "cpu")}
   assert all(v >= 0 for v in ck.values())
+
+
+def test_cross_tokenizer_benchmark_runs_at_a_tiny_shape():
+  """Whole MOPD steps with BPE teachers, the alignment's two parts timed inside them (the
+  default tier's guard; the figures come from `python -m benchmarks.cross_tokenizer`)."""
+  from benchmarks import cross_tokenizer
+  out = cross_tokenizer.step_shares(steps=1, prompts_per_cell=1, vocab=300,
+                                    max_response_tokens=16, d_model=32)
+  assert out["step_s"] > out["alignment_s"] > 0 and out["cross_view_s"] > 0
+  assert 0 < out["alignment_share_of_step"] < 1 and out["rollouts_per_step"] == 9

@@ -16,6 +16,7 @@ import chat_families
 import jax
 
 from mopd_jax import configure
+import numpy as np
 import pytest
 import suite_cli
 
@@ -23,10 +24,12 @@ ROOT = suite_cli.ROOT
 EXAMPLES = os.path.join(ROOT, "examples")
 
 
-def make_chat_checkpoint(folder, family: str = "gemma", vocab_extra: int = 0) -> str:
+def make_chat_checkpoint(folder, family: str = "gemma", vocab_extra: int = 0,
+                         preset: str = "qwen3-0.6b") -> str:
   """The tokenizer folder of `family` (its BPE trained on the example records) and a random
-  tiny Qwen3-family checkpoint whose embedding has a row per token of tokenizer.json (no
-  spare rows: tokens the run adds grow it), all in `folder`; returns `folder`."""
+  tiny checkpoint of `preset`'s family (Qwen3 by default) whose embedding has a row per token
+  of tokenizer.json (no spare rows: tokens the run adds grow it), all in `folder`; returns
+  `folder`."""
   tokenizers = pytest.importorskip("tokenizers")
   from mopd_jax import models
   from mopd_jax.io import hf
@@ -37,8 +40,10 @@ def make_chat_checkpoint(folder, family: str = "gemma", vocab_extra: int = 0) ->
       texts += open(os.path.join(EXAMPLES, name), encoding="utf-8").read().splitlines()
   chat_families.make_family(family, folder, texts * 3, vocab_size=600)
   vocab = tokenizers.Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
-  cfg = models.get_preset("qwen3-0.6b", **q._TINY_SHAPE,  # pylint: disable=protected-access
-                          vocab_size=vocab.get_vocab_size() + vocab_extra)
+  shape = dict(q._TINY_SHAPE)  # pylint: disable=protected-access
+  if preset != "qwen3-0.6b":  # a Llama 3 layout: no QK-norm
+    shape.update(qk_norm=False)
+  cfg = models.get_preset(preset, **shape, vocab_size=vocab.get_vocab_size() + vocab_extra)
   hf.save_checkpoint(cfg, jax.device_get(models.init_params(cfg, jax.random.PRNGKey(0))),
                      folder)
   return folder
@@ -89,6 +94,31 @@ def test_every_stage_on_the_example_records(tmp_path, chat_ckpt, family):
   assert sorted(manifest["teachers"]) == ["code/low", "code/max", "math/low", "math/max",
                                           "tool/low", "tool/max"]
   assert json.load(open(wd / "sft" / "DONE.json"))["steps"] == 2
+
+
+def test_a_llama_3_teacher_for_a_qwen3_student(tmp_path):
+  """Two families: a Qwen3-layout student with its tokenizer and template, Llama-3-layout
+  teachers with theirs (`teacher.tokenizer_path`), every stage on the example records: the
+  teachers score the student's responses re-encoded in their tokens after their own
+  template's prompt, and every cell of the report is filled."""
+  student = make_chat_checkpoint(str(tmp_path / "qwen3"), "qwen3")
+  teacher = make_chat_checkpoint(str(tmp_path / "llama3"), "llama3", preset="llama-3.2-1b")
+  wd = tmp_path / "wd"
+  cells = [f"{d}/{e}" for d in ("math", "code", "tool") for e in ("low", "max")]
+  proc = _run(os.path.join(EXAMPLES, "spec.json"), wd, student, *SMALL,
+              "--config.teacher.hf_paths=" + ",".join(f"{c}={teacher}" for c in cells),
+              f"--config.teacher.tokenizer_path={teacher}/tokenizer.json")
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  manifest = json.load(open(wd / "teachers.json"))
+  assert all(t["tokenizer"]["other"] for t in manifest["teachers"].values())
+  rep = json.load(open(wd / "report.json"))
+  assert {(c["policy"], c["domain"], c["effort"]) for c in rep["cells"]} == {
+      (p, d, e) for p in ("sft", "teacher", "student") for d in ("math", "code", "tool")
+      for e in ("low", "max")}
+  history = json.load(open(wd / "mopd" / "history.json"))
+  assert sorted(history[-1]["cells"]) == sorted(cells)
+  assert all(np.isfinite(c["kl"]) for h in history for c in h["cells"].values())
+  assert sum(h["unaligned_rows"] for h in history) < len(history) * len(cells)
 
 
 def test_a_tokenizer_the_run_cannot_use_is_one_line_and_exit_status_2(tmp_path, chat_ckpt):
