@@ -174,3 +174,48 @@ def test_the_teacher_sft_init_learns_the_teachers_responses_in_the_students_toke
   assert student.decode(t.ids) == "<call>boss(ann)</call><obs>bob</obs>\n#bob<eos>"
   n_call = len(student.encode("boss(ann)")) + 2
   assert t.gen_mask == [1] * n_call + [0] * 5 + [1] * 6
+
+
+def test_teacher_servers_of_another_tokenizer(tmp_path, bpe_teachers):
+  """`teacher.endpoints` with `teacher.tokenizer_path`: our server holding the BPE teachers
+  (its own tokenizer, the run's scoring temperature) passes the start-up checks against the
+  teachers' tokenizer and vocabulary and the parity probe against the run's own copies of
+  them, and the MOPD steps score the student's rollouts, moved into the teachers' tokens,
+  through it; a server of the student's tokenizer is refused, naming both fingerprints."""
+  import configs.qwen3_mopd as q
+  from mopd_jax.config.tokenizer_options import TokenizerOptions
+  from mopd_jax.io import hf, tokenizer
+  from mopd_jax.io.tokenizer import CharTokenizer, load_tokenizer
+  from mopd_jax.teachers import bank as teachers, server as serve
+  path, paths = bpe_teachers
+  c = q.get_config("tiny")
+  tok = load_tokenizer(path, efforts=("low", "high", "max"),
+                       options=TokenizerOptions(chat=False))
+  tcfg = hf.resolve_model_config(c.teacher, tok.vocab_size, hf_path=paths[CELLS[0]])
+  plist = [hf.load_checkpoint(paths[cell], vocab_size=tcfg.vocab_size)[1] for cell in CELLS]
+  bank = teachers.build_bank(tcfg, plist, names=CELLS)
+  temperature = c.mopd.teacher_temperature
+  good = serve.TeacherServer(bank, tok, temperature=temperature)
+  student_tok = CharTokenizer()
+  wrong = serve.TeacherServer(bank, student_tok, temperature=temperature)
+  hf_paths = "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in paths.items())
+  try:
+    url = good.start()
+    proc = _run(tmp_path, hf_paths, f"--config.teacher.tokenizer_path={path}",
+                "--config.teacher.endpoints=" + ",".join(f"{c}={url}" for c in CELLS),
+                stages="data,sft,rl,mopd")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "parity probe against the run's own teachers" in proc.stdout
+    history = json.load(open(tmp_path / "wd" / "mopd" / "history.json"))
+    assert all(rec["unaligned_rows"] == 0.0 and np.isfinite(rec["kl"]) for rec in history)
+    url = wrong.start()
+    shutil.rmtree(tmp_path / "wd" / "mopd")
+    proc = _run(tmp_path, hf_paths, f"--config.teacher.tokenizer_path={path}",
+                "--config.teacher.endpoints=" + ",".join(f"{c}={url}" for c in CELLS),
+                stages="mopd")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert (f"has tokenizer fingerprint {tokenizer.fingerprint(student_tok)} but the "
+            f"run's teachers' is {tokenizer.fingerprint(tok)}") in proc.stderr
+  finally:
+    good.stop()
+    wrong.stop()

@@ -339,11 +339,9 @@ def _teacher_checks(c: RunConfig) -> None:
                        "order)")
   if t.tokenizer_path and not t.hf_paths:
     raise ValueError("teacher.tokenizer_path is the tokenizer of teachers brought as "
-                     "checkpoints (teacher.hf_paths); the rl stage trains teachers with the "
-                     "student's tokenizer")
-  if t.tokenizer_path and t.endpoints:
-    raise ValueError("teacher.tokenizer_path with teacher.endpoints: teacher servers of "
-                     "another tokenizer are not supported; score them in process")
+                     "checkpoints (teacher.hf_paths, also with teacher.endpoints: the run "
+                     "reads their configs and the servers score them); the rl stage trains "
+                     "teachers with the student's tokenizer")
   for field, what in (("hf_paths", "a checkpoint directory"),
                       ("endpoints", "teacher server URLs")):
     given = getattr(t, field)

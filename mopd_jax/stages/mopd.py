@@ -101,7 +101,8 @@ class Inputs:
 def endpoint_scorer(cells, endpoints: str, *, policy, top_k: int, student: dict,
                     api_key=None, parity: bool = False):
   """The client of `teacher.endpoints` (`cells` -> URLs), its servers checked against the
-  `student`: {vocab_size, tokenizer, temperature, max_len (its longest row)}. `parity`: the
+  `student`: {vocab_size, tokenizer, temperature, max_len (its longest row), and `whose`
+  when the vocabulary and tokenizer are the run's teachers' of another tokenizer}. `parity`: the
   parity probe will compare the servers with the run's own teachers."""
   if jax.process_count() > 1:
     raise ValueError("teacher.endpoints scores from a single process; run the trainer as one "
@@ -112,7 +113,8 @@ def endpoint_scorer(cells, endpoints: str, *, policy, top_k: int, student: dict,
   try:
     scorer.check(vocab_size=student["vocab_size"], tokenizer_hash=tokenizer.fingerprint(tok),
                  temperature=student["temperature"], probe=(PROBE_TEXT, tok.encode(PROBE_TEXT)),
-                 max_len=student.get("max_len", 0), parity=parity)
+                 max_len=student.get("max_len", 0), parity=parity,
+                 whose=student.get("whose", "the student's"))
   except ValueError as e:  # a server for another student: one `config error:` line
     scorer.close()
     raise config_mod.ConfigError(str(e)) from e

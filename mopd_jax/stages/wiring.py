@@ -103,9 +103,12 @@ def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> t
       raise config_mod.ConfigError(str(e)) from e
     scorer = mopd.endpoint_scorer(
         ctx.grid.names, ctx.config.teacher.endpoints, policy=ctx.config.teacher.retry_policy(),
-        top_k=top_k, student={"vocab_size": ctx.model_cfg.vocab_size, "tokenizer": ctx.tok,
+        top_k=top_k, student={"vocab_size": ctx.teachers.model_cfg.vocab_size,
+                              "tokenizer": ctx.teacher_tok,
                               "temperature": c.teacher_temperature,
-                              "max_len": longest_row(ctx)},
+                              "max_len": longest_row(ctx),
+                              **({"whose": "the run's teachers'"}
+                                 if ctx.teacher_tok is not ctx.tok else {})},
         api_key=api_key, parity=bool(scoring.params))
     return scoring, scorer, parity_probe(ctx, scoring, scorer)
   # Co-located or disaggregated: log-probs come back on the student mesh.
@@ -115,14 +118,19 @@ def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> t
 
 def longest_row(ctx: Run) -> int:
   """The longest row the run can send a teacher: its grid's longest prompt (every split, the
-  student's view at every effort, the longer one) plus the rollout's response cap."""
+  student's view at every effort, the longer one; teachers of another tokenizer: their own
+  prompt) plus the rollout's response cap, counted in the student's tokens (a teacher of
+  another tokenizer that writes a response in more tokens than the student can exceed it;
+  its server then refuses that row by name)."""
+  tok, cross = ctx.teacher_tok, ctx.teacher_tok is not ctx.tok
+  shown = ctx.view.teacher if cross else ctx.view.student
   longest = 0
   for d in ctx.grid.domains:
     for split in ("train", "validation", "test"):
       source = ctx.data.split(d, split)
       for i in range(len(source)):
         prompt = source[i].prompt
-        longest = max(longest, *(len(ctx.tok.encode_prompt(prompt, ctx.view.student(e)))
+        longest = max(longest, *(len(tok.encode_prompt(prompt, shown(e)))
                                  for e in ctx.grid.effort_names))
   return longest + ctx.config.rollout.max_response_tokens
 
@@ -134,7 +142,8 @@ def parity_probe_set(ctx: Run, *, rows: int, max_len: int = 0):
   for cell in ctx.grid.names:
     val = ctx.data.split(cell.split("/", 1)[0], "validation")
     examples[cell] = [val[i] for i in range(min(rows, len(val)))]
-  return parity.probe_from_examples(examples, tok=ctx.tok, view=ctx.view, max_len=max_len)
+  return parity.probe_from_examples(examples, tok=ctx.teacher_tok, view=ctx.view,
+                                    max_len=max_len)
 
 
 def parity_probe(ctx: Run, scoring: teachers.TeacherBank, scorer, *,
@@ -149,7 +158,7 @@ def parity_probe(ctx: Run, scoring: teachers.TeacherBank, scorer, *,
   longest = [scorer.info().max_sequence]
   if scoring.params:
     local = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh,
-                                    tokenizer_hash=tokenizer.fingerprint(ctx.tok))
+                                    tokenizer_hash=tokenizer.fingerprint(ctx.teacher_tok))
     longest.append(local.info().max_sequence)
   probe = parity_probe_set(ctx, rows=rows, max_len=min((n for n in longest if n), default=0))
   replicas = scorer.score_probe_replicas(probe)

@@ -76,14 +76,15 @@ class PendingScores:
 
 
 def _check_ours(url: str, cells, meta: dict, *, vocab_size: int, tokenizer_hash: str,
-                temperature: Optional[float]) -> None:
-  """A `mopd_jax.teachers.server`'s metadata against the student's (see `check`)."""
+                temperature: Optional[float], whose: str = "the student's") -> None:
+  """A `mopd_jax.teachers.server`'s metadata against the run's (see `check`); `whose`
+  names the run's vocabulary and tokenizer in the errors."""
   if meta.get("vocab_size") != vocab_size:
     raise ValueError(f"teacher server {url} has vocabulary size {meta.get('vocab_size')} "
-                     f"but the student's is {vocab_size}")
+                     f"but {whose} is {vocab_size}")
   if meta.get("tokenizer_hash") != tokenizer_hash:
     raise ValueError(f"teacher server {url} has tokenizer fingerprint "
-                     f"{meta.get('tokenizer_hash')} but the student's is "
+                     f"{meta.get('tokenizer_hash')} but {whose} is "
                      f"{tokenizer_hash}: the token ids would mean different things")
   if temperature is not None and meta.get("temperature") != temperature:
     raise ValueError(f"teacher server {url} scores at temperature "
@@ -132,8 +133,11 @@ class EndpointScorer:
 
   # --- the start-up check -------------------------------------------------------------------
   def check(self, *, vocab_size: int, tokenizer_hash: str, temperature: Optional[float] = None,
-            probe: Optional[tuple] = None, max_len: int = 0, parity: bool = False) -> dict:
-    """Every server against the student before the first step; returns {url: metadata}.
+            probe: Optional[tuple] = None, max_len: int = 0, parity: bool = False,
+            whose: str = "the student's") -> dict:
+    """Every server against the run's vocabulary and tokenizer (the student's, or, `whose`,
+    those of the run's teachers of another tokenizer) before the first step; returns {url:
+    metadata}.
     Raises ValueError, one line naming the server, the cell and both values, for: another
     vocabulary or tokenizer; a cell the server does not hold, or two cells one model of a
     vLLM server (the same `root` in `/v1/models`: `--served-model-name a b` aliases one
@@ -152,7 +156,7 @@ class EndpointScorer:
         info = None if meta is not None else self._get(url, proto.SGLANG_MODEL_INFO, cells)
         if meta is not None:
           _check_ours(url, cells, meta, vocab_size=vocab_size, tokenizer_hash=tokenizer_hash,
-                      temperature=temperature)
+                      temperature=temperature, whose=whose)
           self.engines[url] = "mopd"
         elif isinstance(info, dict) and "model_path" in info:
           meta = self._check_sglang(url, cells, info, temperature=temperature, parity=parity)
