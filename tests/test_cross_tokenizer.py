@@ -91,6 +91,10 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
       assert cell["unaligned"] == 0.0 and np.isfinite(cell["kl"])
   cells = json.load(open(tmp_path / "wd" / "eval.json"))["cells"]
   assert {c["policy"] for c in cells} == {"sft", "student", "teacher"}
+  report = json.load(open(tmp_path / "wd" / "report.json"))
+  assert set(report["kl"]["initial_by_origin"]) == {"other tokenizer"}
+  assert "`other tokenizer` = a teacher of another tokenizer" in open(
+      tmp_path / "wd" / "report.md").read()
   # The same teachers read as if they had the student's tokenizer: refused.
   shutil.rmtree(tmp_path / "wd" / "mopd")
   proc = _run(tmp_path, hf_paths, stages="mopd")

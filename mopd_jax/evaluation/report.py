@@ -246,15 +246,24 @@ def teachers_like_sft(rep: dict) -> list:
   return out
 
 
+def teacher_origin(entry: dict) -> str:
+  """A manifest entry's origin: "other tokenizer" for a teacher of another tokenizer
+  (`teacher.tokenizer_path`), else its recorded origin ("same" when none)."""
+  if (entry.get("tokenizer") or {}).get("other"):
+    return "other tokenizer"
+  return entry.get("origin", "same")
+
+
 def initial_kl_by_cell(workdir: str, history: list) -> dict:
   """Per-token KL student vs routed teacher at the first MOPD step, per cell, with the
   teacher's origin ("same": trained from the student's own pi_SFT; "outside": from another
-  SFT, see `teacher.outside_cell`), and its mean over the cells of each origin."""
+  SFT, see `teacher.outside_cell`; "other tokenizer": its KL the per-span log-ratio spread
+  over the student's tokens), and its mean over the cells of each origin."""
   if not history:
     return {"initial_by_cell": {}, "initial_by_origin": {}}
   path = storage.join(workdir, "teachers.json")
   routed = checkpoint.read_json(path)["teachers"] if storage.exists(path) else {}
-  by_cell = {name: {"kl": cm["kl"], "origin": routed.get(name, {}).get("origin", "same")}
+  by_cell = {name: {"kl": cm["kl"], "origin": teacher_origin(routed.get(name, {}))}
              for name, cm in history[0]["cells"].items()}
   by_origin = {}
   for c in by_cell.values():
@@ -361,7 +370,9 @@ def markdown(rep: dict) -> str:
   if kl.get("initial_by_cell"):
     lines += ["", "Initial per-token KL (first MOPD step) per routed teacher; origin `same` = "
               "trained from the student's pi_SFT, `outside` = from another SFT "
-              "initialisation; a sampled-token estimate, so one cell's value at a few "
+              "initialisation, `other tokenizer` = a teacher of another tokenizer (its "
+              "value the sampled log-ratio of aligned spans per student token); a "
+              "sampled-token estimate, so one cell's value at a few "
               "prompts can be negative. Mean by origin: " + ", ".join(
                   f"{o} {v:.4f}" for o, v in sorted(kl["initial_by_origin"].items())) + ".",
               "The teacher's test accuracy sits beside it, so a comparison of origins can "
