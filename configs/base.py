@@ -144,6 +144,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.budget = ml_collections.ConfigDict()
   c.budget.source = "reference"
   c.budget.samples = 4
+  # The tokens a response is counted in against its budget: "" = the run's own tokenizer;
+  # "char" = the toy's character tokenizer (the toy tasks' b0 is in characters), or a
+  # tokenizer.json. A teacher factory of another tokenizer counts in its student's tokens,
+  # so its teachers keep the student's budgets (docs/cross_tokenizer.md).
+  c.budget.count_with = ""
 
   # How a prompt becomes tokens (mopd_jax/io/tokenizer.py). With a Hugging Face tokenizer that
   # has a chat template (and chat_template=True) the prompt is a user message; the student's

@@ -8,7 +8,9 @@ For each seed s:
      run is read), the toy's specials first (`DIR/bpe_<s>/tokenizer.json`);
   2. the teacher factory in that tokenizer: `configs/toy.py` with `model.tokenizer_path` the
      BPE, stages data, sft and rl (`DIR/factory_<s>`): its own pi_SFT, its own RL teachers,
-     their budgets counted in BPE tokens;
+     each response counted against its budget in the student's (character) tokens
+     (`budget.count_with=char`: the toy's b0 is in characters), so the teachers learn the
+     budgets the student is held to;
   3. the nine teachers exported as Hugging Face checkpoints (`DIR/factory_<s>/hf/<cell>`, at
      temperature 1: the student's run applies `mopd.teacher_temperature`);
   4. the student, character-level, every stage of `configs/toy.py:cross_tokenizer` with those
@@ -138,7 +140,7 @@ def main(argv=None) -> None:
     factory = os.path.join(args.workdir, f"factory_{seed}")
     made_with = [f"--config.seed={seed}", f"--config.model.tokenizer_path={tokenizer}"]
     run(["--config", args.factory_config, "--workdir", factory, *made_with,
-         "--config.stages=data,sft,rl"])
+         "--config.budget.count_with=char", "--config.stages=data,sft,rl"])
     cells = export(factory, args.factory_config, made_with)
     run(["--config", args.config, "--workdir",
          sweep.seed_dir(args.workdir, seed), f"--config.seed={seed}",

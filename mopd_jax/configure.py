@@ -104,6 +104,10 @@ def _build(config: ml_collections.ConfigDict,
       s, schedule=tuple(sft.schedule(s.schedule, grid.domains, known_domains)),
       style_weights=sft.domain_style_weights(s.style_weights, grid.domains, known_domains))
   records, task_options = _records(config, grid)
+  if records and fields["budget"].count_with:
+    raise ValueError(f"budget.count_with={fields['budget'].count_with!r} counts responses in "
+                     "another tokenizer than the run's, but record domains "
+                     f"{sorted(records)} measure their b0 in the run's tokenizer")
   rc = config_mod.RunConfig(**fields, grid=grid, known_domains=known_domains,
                             records=records, task_options=task_options,
                             tool_markers=_tool_markers(grid, records), source=config)

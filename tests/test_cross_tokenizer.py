@@ -223,3 +223,30 @@ def test_teacher_servers_of_another_tokenizer(tmp_path, bpe_teachers):
   finally:
     good.stop()
     wrong.stop()
+
+
+def test_a_response_counted_in_another_tokenizer(bpe_teachers):
+  """`count_in`: a response's length in another tokenizer's tokens, each special token one
+  (what `budget.count_with` and a teacher of another tokenizer are held to); the student's
+  own tokenizer gives its own length."""
+  from mopd_jax.config.tokenizer_options import TokenizerOptions
+  from mopd_jax.io.tokenizer import CharTokenizer, load_tokenizer
+  from mopd_jax.rollout import turns
+  char = CharTokenizer()
+  bpe = load_tokenizer(bpe_teachers[0], options=TokenizerOptions(chat=False))
+  text = "<call>boss(ann)</call><obs>bob</obs>\n#bob"
+  b_ids = bpe.encode(text) + [bpe.eos_id]
+  c_ids = char.encode(text) + [char.eos_id]
+  assert turns.count_in(bpe, char, b_ids) == len(c_ids) == 1 + 9 + 1 + 1 + 3 + 1 + 5 + 1
+  assert turns.count_in(char, char, c_ids) == len(c_ids)
+  assert turns.count_in(char, bpe, c_ids) == len(b_ids) < len(c_ids)
+
+
+def test_budget_count_with_is_refused_for_record_domains():
+  import os
+  from configs import files
+  from mopd_jax import configure
+  c = files.get_config(os.path.join(ROOT, "examples", "spec.json"))
+  c.budget.count_with = "char"
+  with pytest.raises(ValueError, match="record domains .* measure their b0 in the run's"):
+    configure.build(c, 1)

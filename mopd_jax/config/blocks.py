@@ -40,6 +40,7 @@ class DataConfig:
 class BudgetConfig:
   source: str = _f(OneOf(("field", "reference", "samples")))
   samples: int = _f(Int())  # k of budget.source=samples
+  count_with: str = _f(Str())  # the tokenizer a response's length is counted in ("" = the run's)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,13 +71,51 @@ class DecodeOptions:
   admission: str = "longest_cap_first"
 
 
+def special_ids(tok) -> set:
+  """The ids of `tok`'s special tokens that can stand in a response (end of response, tool
+  markers, PAD/BOS, each effort's token where the effort is a token)."""
+  ids = {getattr(tok, f"{r}_id", None) for r in ("eos", "call", "call_end", "obs", "obs_end",
+                                                 "bos", "pad")}
+  for e in getattr(tok, "efforts", ()):
+    try:
+      ids.add(tok.effort_id(e))
+    except ValueError:  # an effort written as a text line: no token
+      pass
+  return {int(i) for i in ids if i is not None}
+
+
+def count_in(tok, count_tok, ids) -> int:
+  """The length of response `ids` (`tok`'s tokens) in `count_tok`'s tokens: each run of
+  text between special tokens encoded by `count_tok`, each special token one; a run it
+  cannot encode counts its characters."""
+  specials, n, run = special_ids(tok), 0, []
+
+  def text_tokens(run):
+    text = tok.decode(run, skip_special=True)
+    try:
+      return len(count_tok.encode(text))
+    except ValueError:
+      return len(text)
+
+  for i in (int(i) for i in ids):
+    if i in specials:
+      n += (text_tokens(run) if run else 0) + 1
+      run = []
+    else:
+      run.append(i)
+  return n + (text_tokens(run) if run else 0)
+
+
 class RolloutEngine:
   """Samples trajectories for examples; one compiled Sampler per static setting."""
 
   def __init__(self, model_cfg: models.ModelConfig, tok, *, max_response_tokens: int,
-               max_turns: int = 4, decode: DecodeOptions = DecodeOptions()):
+               max_turns: int = 4, decode: DecodeOptions = DecodeOptions(), count_tok=None):
     """At most `max_response_tokens` per turn and `max_turns` turns; `decode`: see
-    `DecodeOptions`."""
+    `DecodeOptions`. `count_tok`: a response is over its budget when its length in this
+    tokenizer's tokens passes it (`count_in`; `budget.count_with`); None = in `tok`'s own,
+    where decoding stops at the budget."""
+    self.count_tok = count_tok
     temperature, top_p, dtype = decode.temperature, decode.top_p, decode.dtype
     decode_slots, admission = decode.decode_slots, decode.admission
     self.model_cfg, self.tok = model_cfg, tok
@@ -156,7 +194,9 @@ class RolloutEngine:
         elif n_keep and new[-1] == tok.call_end_id:
           t.finished = False  # a call with no environment: the trajectory just continues
     texts = [tok.decode(t.ids) for t in trajs]
-    over = np.asarray([not t.finished for t in trajs])
+    over = np.asarray([not t.finished or (self.count_tok is not None and
+                                          count_in(tok, self.count_tok, t.ids) > budgets[i])
+                       for i, t in enumerate(trajs)])
     return RolloutResult(trajectories=trajs, texts=texts, over_budget=over)
 
 

@@ -39,6 +39,20 @@ def teacher_tokenizer(config: config_mod.RunConfig, tok):
   return tok if fingerprint(teacher) == fingerprint(tok) else teacher
 
 
+def count_tokenizer(config: config_mod.RunConfig, tok):
+  """The tokenizer responses are counted in against their budgets (`budget.count_with`), or
+  None for the run's own; one that reads as `tok` is None. Unreadable: a config error."""
+  spec = config.budget.count_with
+  if not spec:
+    return None
+  try:
+    counter = load_tokenizer(spec, efforts=config.grid.effort_names,
+                             options=config.tokenizer_options())
+  except ValueError as e:
+    raise config_mod.ConfigError(f"budget.count_with={spec!r}: {e}") from e
+  return None if fingerprint(counter) == fingerprint(tok) else counter
+
+
 class Run:
   """What every stage needs: config, workdir, grid, tokenizer, model config, meshes."""
 
@@ -73,7 +87,8 @@ class Run:
     # What the stages read through (stages/sources.py), built once here.
     self.data = sources.DataSource(config, data_dir=self.data_dir, files=self.files)
     self.engines = sources.Engines(config, self.tok, student_cfg=self.model_cfg,
-                                   teacher_tok=self.teacher_tok)
+                                   teacher_tok=self.teacher_tok,
+                                   count_tok=count_tokenizer(config, self.tok))
     self.policies = sources.Policies(config, model_cfg=self.model_cfg, mesh=self.mesh)
     self.teachers = sources.TeacherSource(config, self.teacher_tok, policies=self.policies,
                                           teacher_mesh=self.teacher_mesh, files=self.files,

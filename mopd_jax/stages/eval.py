@@ -10,7 +10,6 @@ client or the bank in process). The stage takes its `Inputs` (built by
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable, Mapping, Optional
 
 import jax
@@ -22,7 +21,7 @@ from mopd_jax.evaluation import agreement
 from mopd_jax.io import checkpoint, storage
 from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import base as task_base, grid as grid_mod, views
-from mopd_jax.teachers import alignment
+from mopd_jax.rollout import turns as rollout
 from mopd_jax.training import mopd, sft
 
 
@@ -82,8 +81,8 @@ def run(inp: Inputs) -> None:
         # A teacher of another tokenizer: its lengths and budgets in the student's tokens.
         length_of = None
         if policy == "teacher" and inp.engines.teacher_tok is not inp.engines.tok:
-          length_of = functools.partial(alignment.length_in, inp.engines.teacher_tok,
-                                        inp.engines.tok)
+          length_of = lambda t: rollout.count_in(inp.engines.teacher_tok, inp.engines.tok,
+                                                 t.ids)
         m = sft.evaluate(engine_of(model_cfg, ec.temperature), params, task,
                          examples=exs, effort=shown, budgets=budgets,
                          rng=jax.random.PRNGKey(11),

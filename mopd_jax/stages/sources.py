@@ -85,10 +85,14 @@ class Engines:
   """The rollout engines: one (and its compiled sampler) per (model, temperature)."""
 
   def __init__(self, config: config_mod.RunConfig, tok, *, student_cfg: models.ModelConfig,
-               teacher_tok=None):
-    """`tok`: the student's tokenizer; `teacher_tok`: the teachers' (None: the same)."""
+               teacher_tok=None, count_tok=None):
+    """`tok`: the student's tokenizer; `teacher_tok`: the teachers' (None: the same);
+    `count_tok`: the tokenizer responses are counted in against their budgets
+    (`budget.count_with`; None: each engine's own, the teachers' engine of another
+    tokenizer the student's)."""
     self.rollout_cfg, self.tok, self.student_cfg = config.rollout, tok, student_cfg
     self.teacher_tok = tok if teacher_tok is None else teacher_tok
+    self.count_tok = count_tok
     self.rl_temperature, self.eval_temperature = config.rl.temperature, config.eval.temperature
 
   @functools.lru_cache(maxsize=None)
@@ -99,9 +103,12 @@ class Engines:
     c = self.rollout_cfg
     decode = rollout.DecodeOptions(temperature=temperature, dtype=c.sampling_dtype,
                                    decode_slots=c.decode_slots, admission=c.admission)
+    count = self.count_tok
+    if count is None and tok is not None and tok is not self.tok:
+      count = self.tok  # another tokenizer's engine counts in the student's tokens
     return rollout.RolloutEngine(model_cfg, self.tok if tok is None else tok,
                                  max_response_tokens=c.max_response_tokens,
-                                 max_turns=c.max_turns, decode=decode)
+                                 max_turns=c.max_turns, decode=decode, count_tok=count)
 
   @property
   def student(self) -> rollout.RolloutEngine:

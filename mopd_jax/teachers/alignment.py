@@ -273,12 +273,3 @@ def cross_teacher_logprobs(arr: dict, rows_BxT, *, spans, alignments, r_max: flo
         a, lp_s[i, ps:ps + n], rows_BxT[i, pt:pt + n_t],
         gen_mask=arr["loss_mask"][i, ps:ps + n], r_max=r_max, assign=assign)
   return out
-
-
-def length_in(src_tok, dst_tok, traj: rollout.Trajectory) -> int:
-  """The length of a trajectory's response (`src_tok`'s tokens) in `dst_tok`'s tokens; its
-  own length when `dst_tok` cannot write it."""
-  try:
-    return len(retokenize_response(src_tok, dst_tok, traj.ids, gen_mask=traj.gen_mask)[0])
-  except Unalignable:
-    return traj.num_tokens
