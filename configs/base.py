@@ -75,7 +75,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.teacher.outside_seed = 1
   # Teacher servers (python -m mopd_jax.serve, or vLLM with --served-model-name CELL): the MOPD
   # stage scores against them instead of in-process. "gen/low=http://h1:8000|http://h2:8000,
-  # gen/max=..." maps every cell to one URL or several replicas; "" = in-process teachers.
+  # gen/max=..." maps every cell to one URL or several replicas; "" = in-process teachers. A
+  # URL may declare its engine ("sglang+http://h:30000", vllm+, mopd+); else it is detected.
   c.teacher.endpoints = ""
   c.teacher.endpoint_timeout_s = 60.0  # per scoring request
   c.teacher.endpoint_retries = 4  # tries after the first (backoff, failover), then the run stops

@@ -6,6 +6,7 @@ a partial batch."""
 import dataclasses
 import json
 import random
+import re
 import socket
 import time
 
@@ -464,3 +465,38 @@ def test_a_server_without_a_tokenizer_needs_the_parity_probe(standin):
                      "probe checks it"):
     _vllm_check(s)
   assert _vllm_check(s, parity=True)[s.url]["tokenize_probe"] is None
+
+
+def test_an_endpoint_may_declare_its_engine(standin):
+  """`sglang+http://...`, `vllm+http://...`, `mopd+http://...`: a declared engine is spoken
+  to as declared (no detection), and a server that is not what it is declared to be is
+  refused at start with one line naming the URL; requests go to the URL without its
+  prefix."""
+  from engine_standins import SglangStandIn
+  servers = {n: SglangStandIn(n) for n in NAMES}
+  vllm = standin(tokenize=[5, 6, 7])
+  try:
+    sc = teacher_client.EndpointScorer(
+        NAMES, {n: "sglang+" + s.url for n, s in servers.items()}, policy=FAST)
+    sc.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]), parity=True)
+    assert set(sc.engines.values()) == {"sglang"} and all(u.startswith("http") for u in sc.urls)
+    tokens, mask = batch()
+    assert_scores(sc(tokens, mask), tokens, mask, 0)
+    sc.close()
+    for engine, what in (("mopd", "is declared 'mopd' but has no /v1/metadata"),
+                         ("sglang", "is declared 'sglang' but its /get_model_info")):
+      bad = teacher_client.EndpointScorer(NAMES, {n: f"{engine}+{vllm.url}" for n in NAMES},
+                                          policy=FAST)
+      with pytest.raises(ValueError, match=f"teacher server {re.escape(vllm.url)} {what}"):
+        bad.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]))
+      bad.close()
+    as_vllm = teacher_client.EndpointScorer(NAMES, {n: f"vllm+{vllm.url}" for n in NAMES},
+                                            policy=FAST)
+    as_vllm.check(vocab_size=V, tokenizer_hash="abc", probe=("hi", [5, 6, 7]))
+    assert set(as_vllm.engines.values()) == {"vllm"}
+    as_vllm.close()
+    with pytest.raises(ValueError, match="must be http"):
+      teacher_client.EndpointScorer(NAMES, {n: "tgi+" + vllm.url for n in NAMES})
+  finally:
+    for s in servers.values():
+      s.close()

@@ -46,9 +46,23 @@ def cell_items(name: str, text: str, form: str) -> dict:
   return out
 
 
+# The engines a URL may declare as its prefix ("sglang+http://h:30000"); a URL without one
+# is detected at start (mopd_jax/teachers/client.py `EndpointScorer.check`).
+ENGINES = ("mopd", "vllm", "sglang")
+
+
+def split_engine(url: str) -> tuple:
+  """(the declared engine or None, the URL without its prefix) of one endpoint."""
+  head, sep, rest = url.partition("+")
+  if sep and head in ENGINES:
+    return head, rest
+  return None, url
+
+
 def parse_endpoints(value) -> dict:
   """{cell: (url, ...)} from a mapping (cell -> URL or list of URLs) or the flag string
-  "gen/low=http://h1:8000|http://h2:8000,gen/max=http://h3:8000" ("" = none)."""
+  "gen/low=http://h1:8000|http://h2:8000,gen/max=http://h3:8000" ("" = none). A URL may
+  declare its engine as a prefix, kept in the URL: "sglang+http://h:30000" (`ENGINES`)."""
   if isinstance(value, str):
     value = {cell: urls.split("|") for cell, urls in
              cell_items("teacher.endpoints", value, "domain/effort=URL[|URL...]").items()}
@@ -58,8 +72,10 @@ def parse_endpoints(value) -> dict:
   for cell, urls in value.items():
     urls = [urls] if isinstance(urls, str) else list(urls)
     urls = tuple(u.strip().rstrip("/") for u in urls if isinstance(u, str) and u.strip())
-    if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
-      raise ValueError(f"teacher.endpoints[{cell!r}] must be http(s) URLs, got {urls!r}")
+    if not urls or not all(split_engine(u)[1].startswith(("http://", "https://"))
+                           for u in urls):
+      raise ValueError(f"teacher.endpoints[{cell!r}] must be http(s) URLs, each optionally "
+                       f"prefixed by its engine ({'+, '.join(ENGINES)}+), got {urls!r}")
     if cell.count("/") != 1:
       raise ValueError(f"teacher.endpoints: {cell!r} is not a 'domain/effort' cell")
     out[cell] = urls

@@ -37,7 +37,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from mopd_jax.config.endpoints import parse_endpoints, RetryPolicy
+from mopd_jax.config.endpoints import parse_endpoints, RetryPolicy, split_engine
 from mopd_jax.teachers import source, wire as proto
 # The transport's names, re-exported: callers catch teacher_client.TeacherUnavailable.
 from mopd_jax.teachers.transport import (_NotFound, _Transient, http_json, Replicas,
@@ -110,6 +110,17 @@ class EndpointScorer:
                api_key: Optional[str] = None):
     self.names = tuple(names)
     endpoints = parse_endpoints(dict(endpoints))
+    # Engines the URLs declare ("sglang+http://..."); the others are detected by `check`.
+    self.declared = {}
+    for cell, urls in endpoints.items():
+      for u in urls:
+        engine, url = split_engine(u)
+        if engine is not None and self.declared.get(url, engine) != engine:
+          raise ValueError(f"teacher.endpoints declares {url} as both "
+                           f"{self.declared[url]!r} and {engine!r}")
+        if engine is not None:
+          self.declared[url] = engine
+      endpoints[cell] = tuple(split_engine(u)[1] for u in urls)
     missing = [n for n in self.names if n not in endpoints]
     if missing:
       raise ValueError(f"teacher.endpoints maps no server to the cell(s) {missing}; every "
@@ -152,8 +163,16 @@ class EndpointScorer:
     try:
       for url in self.urls:
         cells = [c for c, us in self.endpoints.items() if url in us]
-        meta = self._get(url, proto.METADATA, cells)
-        info = None if meta is not None else self._get(url, proto.SGLANG_MODEL_INFO, cells)
+        declared = self.declared.get(url)
+        meta = self._get(url, proto.METADATA, cells) if declared in (None, "mopd") else None
+        info = (self._get(url, proto.SGLANG_MODEL_INFO, cells)
+                if meta is None and declared in (None, "sglang") else None)
+        if declared == "mopd" and meta is None:
+          raise ValueError(f"teacher server {url} is declared 'mopd' but has no "
+                           f"{proto.METADATA} (not a python -m mopd_jax.serve server)")
+        if declared == "sglang" and not (isinstance(info, dict) and "model_path" in info):
+          raise ValueError(f"teacher server {url} is declared 'sglang' but its "
+                           f"{proto.SGLANG_MODEL_INFO} does not answer with a model_path")
         if meta is not None:
           _check_ours(url, cells, meta, vocab_size=vocab_size, tokenizer_hash=tokenizer_hash,
                       temperature=temperature, whose=whose)
