@@ -24,7 +24,6 @@ stages are skipped. Extra `--config.field=value` flags go to the student's runs.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 
@@ -52,9 +51,9 @@ def fit_tokenizer(workdir: str, seed: int, *, vocab: int, n: int) -> tuple:
   from mopd_jax.config.tokenizer_options import TokenizerOptions  # pylint: disable=g-import-not-at-top
   from mopd_jax.io import bpe  # pylint: disable=g-import-not-at-top
   from mopd_jax.io.tokenizer import SPECIALS, load_tokenizer  # pylint: disable=g-import-not-at-top
-  path = os.path.join(workdir, f"bpe_{seed}", "tokenizer.json")
+  path = storage.join(workdir, f"bpe_{seed}", "tokenizer.json")
   texts = corpus(seed, n)
-  if not os.path.exists(path):
+  if not storage.exists(path):
     bpe.fit(texts, path, vocab_size=vocab, specials=SPECIALS)
   tok = load_tokenizer(path, options=TokenizerOptions(chat=False))
   return path, bpe.multi_char_share(tok, texts)
@@ -70,19 +69,19 @@ def run(args: list) -> None:
 def export(factory: str, config: str, overrides: list) -> dict:
   """{cell: directory} of the factory's teachers as Hugging Face checkpoints at temperature
   1 (`python -m mopd_jax.serve --export_dir`)."""
-  out = os.path.join(factory, "hf")
-  done = os.path.join(out, "cells.json")
-  if not os.path.exists(done):
+  out = storage.join(factory, "hf")
+  done = storage.join(out, "cells.json")
+  if not storage.exists(done):
     cmd = [sys.executable, "-m", "mopd_jax.serve", "--config", config, "--teachers",
-           os.path.join(factory, "teachers.json"), "--export_dir", out,
+           storage.join(factory, "teachers.json"), "--export_dir", out,
            "--config.mopd.teacher_temperature=1.0", *overrides]
     print("+ " + " ".join(cmd[1:]), flush=True)
     if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode:
       raise SystemExit(f"exporting the teachers of {factory} failed")
     from mopd_jax.tasks import grid as grid_mod  # pylint: disable=g-import-not-at-top
     grid = grid_mod.Grid.from_json(checkpoint.read_json(
-        os.path.join(factory, "teachers.json"))["grid"])
-    checkpoint.write_json(done, {c: os.path.join(out, c.replace("/", "_")) for c in grid.names})
+        storage.join(factory, "teachers.json"))["grid"])
+    checkpoint.write_json(done, {c: storage.join(out, c.replace("/", "_")) for c in grid.names})
   return checkpoint.read_json(done)
 
 
@@ -96,16 +95,16 @@ def summary(workdir: str, rows: list) -> str:
                  f"{r['unaligned']:.0f} | {r['met']} of {r['total']} | "
                  f"{'; '.join(r['missed']) or 'none'} |")
   text = "\n".join(lines) + "\n"
-  storage.write_text(os.path.join(workdir, "cross_tokenizer.md"), text)
+  storage.write_text(storage.join(workdir, "cross_tokenizer.md"), text)
   return text
 
 
 def seed_row(workdir: str, seed: int, multi: float) -> dict:
   student = sweep.seed_dir(workdir, seed)
-  history = checkpoint.read_json(os.path.join(student, "mopd", "history.json"))
+  history = checkpoint.read_json(storage.join(student, "mopd", "history.json"))
   kl = np.asarray([h["kl"] for h in history])
   tenth = max(1, len(kl) // 10)
-  report = checkpoint.read_json(os.path.join(student, "report.json"))
+  report = checkpoint.read_json(storage.join(student, "report.json"))
   checks = [c for c in report.get("checks", []) if c.get("ok") is not None]
   shares = [h["teacher_multi_token_share"] for h in history if "teacher_multi_token_share" in h]
   return {"seed": seed, "multi": float(np.mean(shares)) if shares else multi,
@@ -137,7 +136,7 @@ def main(argv=None) -> None:
     tokenizer, multi = fit_tokenizer(args.workdir, seed, vocab=args.vocab, n=args.corpus)
     print(f"[cross_tokenizer] seed {seed}: {tokenizer}, {multi:.2f} of the teachers' tokens "
           "span 2+ characters", flush=True)
-    factory = os.path.join(args.workdir, f"factory_{seed}")
+    factory = storage.join(args.workdir, f"factory_{seed}")
     made_with = [f"--config.seed={seed}", f"--config.model.tokenizer_path={tokenizer}"]
     run(["--config", args.factory_config, "--workdir", factory, *made_with,
          "--config.budget.count_with=char", "--config.stages=data,sft,rl"])

@@ -6,8 +6,9 @@ first ids, so `HFTokenizer` finds them and adds none; every byte is in the alpha
 text encodes."""
 from __future__ import annotations
 
-import os
 from typing import Iterable, Sequence
+
+from mopd_jax.io import storage
 
 
 def fit(texts: Iterable[str], path: str, *, vocab_size: int = 512,
@@ -26,10 +27,9 @@ def fit(texts: Iterable[str], path: str, *, vocab_size: int = 512,
   tok.train_from_iterator(texts, trainers.BpeTrainer(
       vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-  if not path.endswith(".json"):
-    path = os.path.join(path, "tokenizer.json")
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tok.save(path)
+  if not str(path).endswith(".json"):
+    path = storage.join(path, "tokenizer.json")
+  storage.write_text(path, tok.to_str())  # local or gs://, its folder made as needed
   return path
 
 
