@@ -5,7 +5,9 @@
 For each seed s:
   1. a byte-level BPE of `--vocab` tokens fitted on the toy tasks' text (prompts and reference
      responses of `--corpus` examples per task, drawn from seed 10000 + s, so no split of the
-     run is read), the toy's specials first (`DIR/bpe_<s>/tokenizer.json`);
+     run is read), the toy's specials first, no token holding two digits (`bpe.DIGITS_APART`:
+     the toy's arithmetic is one digit per step; docs/cross_tokenizer.md)
+     (`DIR/bpe_<s>/tokenizer.json`);
   2. the teacher factory in that tokenizer: `configs/toy.py` with `model.tokenizer_path` the
      BPE, stages data, sft and rl (`DIR/factory_<s>`): its own pi_SFT, its own RL teachers,
      each response counted against its budget in the student's (character) tokens
@@ -54,7 +56,7 @@ def fit_tokenizer(workdir: str, seed: int, *, vocab: int, n: int) -> tuple:
   path = storage.join(workdir, f"bpe_{seed}", "tokenizer.json")
   texts = corpus(seed, n)
   if not storage.exists(path):
-    bpe.fit(texts, path, vocab_size=vocab, specials=SPECIALS)
+    bpe.fit(texts, path, vocab_size=vocab, specials=SPECIALS, digits_apart=True)
   tok = load_tokenizer(path, options=TokenizerOptions(chat=False))
   return path, bpe.multi_char_share(tok, texts)
 

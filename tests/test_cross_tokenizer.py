@@ -52,7 +52,7 @@ def test_bpe_fit_writes_multi_character_tokens_and_the_toy_specials(bpe_teachers
   multi-character tokens; every text round-trips."""
   from mopd_jax.config.tokenizer_options import TokenizerOptions
   from mopd_jax.io import bpe
-  from mopd_jax.io.tokenizer import load_tokenizer
+  from mopd_jax.io.tokenizer import SPECIALS, load_tokenizer
   tok = load_tokenizer(bpe_teachers[0], options=TokenizerOptions(chat=False))
   texts = toy_texts(50)
   assert bpe.multi_char_share(tok, texts) >= 0.3
@@ -61,6 +61,12 @@ def test_bpe_fit_writes_multi_character_tokens_and_the_toy_specials(bpe_teachers
   assert tok.encode("<call>") == [tok.call_id] and tok.encode("<obs>") == [tok.obs_id]
   with pytest.raises(ValueError, match="leaves no merges"):
     bpe.fit(texts, bpe_teachers[0] + ".x.json", vocab_size=200)
+  apart = load_tokenizer(bpe.fit(texts, bpe_teachers[0] + ".d.json", vocab_size=400,
+                                 specials=SPECIALS, digits_apart=True),
+                         options=TokenizerOptions(chat=False))
+  pieces = apart.token_bytes(apart.encode("2,2,0,2\n#12+30"))
+  assert all(sum(c.isdigit() for c in p.decode()) <= 1 for p in pieces)
+  assert b"2," in pieces and bpe.multi_char_share(apart, texts) >= 0.3
 
 
 def _run(tmp_path, *flags, stages="data,sft,rl,mopd,eval,report"):

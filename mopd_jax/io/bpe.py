@@ -11,18 +11,27 @@ from typing import Iterable, Sequence
 from mopd_jax.io import storage
 
 
+# Each digit its own pre-token, with the comma that follows it; the rest in runs of
+# non-digits: no token holds two digits.
+DIGITS_APART = r"\d,?|\D+"
+
+
 def fit(texts: Iterable[str], path: str, *, vocab_size: int = 512,
-        specials: Sequence[str] = ()) -> str:
-  """Fits a byte-level BPE of at most `vocab_size` tokens on `texts` (no pre-split on
-  spaces or punctuation beyond the byte-level one) with `specials` first, saves it at
-  `path` (a `tokenizer.json` file, or a directory to put one in) and returns the file."""
-  from tokenizers import (Tokenizer, decoders, models, pre_tokenizers,  # pylint: disable=g-import-not-at-top
-                          trainers)
+        specials: Sequence[str] = (), digits_apart: bool = False) -> str:
+  """Fits a byte-level BPE of at most `vocab_size` tokens on `texts` with `specials` first,
+  saves it at `path` (a `tokenizer.json` file, or a directory to put one in) and returns the
+  file. No pre-split beyond the byte-level one, or, with `digits_apart`, none of its tokens
+  holds two digits (`DIGITS_APART`: a digit and the comma after it may be one token), as
+  tokenizers that split numbers into digits do."""
+  from tokenizers import (Regex, Tokenizer, decoders, models,  # pylint: disable=g-import-not-at-top
+                          pre_tokenizers, trainers)
   if vocab_size <= 256 + len(specials):
     raise ValueError(f"vocab_size={vocab_size} leaves no merges after the 256 bytes and "
                      f"{len(specials)} specials")
   tok = Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.pre_tokenizer = byte_level if not digits_apart else pre_tokenizers.Sequence(
+      [pre_tokenizers.Split(Regex(DIGITS_APART), behavior="isolated"), byte_level])
   tok.decoder = decoders.ByteLevel()
   tok.train_from_iterator(texts, trainers.BpeTrainer(
       vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
