@@ -71,24 +71,28 @@ class DecodeOptions:
   admission: str = "longest_cap_first"
 
 
-def special_ids(tok) -> set:
-  """The ids of `tok`'s special tokens that can stand in a response (end of response, tool
-  markers, PAD/BOS, each effort's token where the effort is a token)."""
-  ids = {getattr(tok, f"{r}_id", None) for r in ("eos", "call", "call_end", "obs", "obs_end",
-                                                 "bos", "pad")}
+def special_roles(tok) -> dict:
+  """{id: role} of a tokenizer's special tokens that can stand in a response: the end of
+  response, the four tool markers, PAD/BOS, and each effort's token where the effort is a
+  token ("effort:<name>")."""
+  roles = {}
+  for role in ("eos", "call", "call_end", "obs", "obs_end", "bos", "pad"):
+    i = getattr(tok, f"{role}_id", None)
+    if i is not None:
+      roles.setdefault(int(i), role)
   for e in getattr(tok, "efforts", ()):
     try:
-      ids.add(tok.effort_id(e))
+      roles.setdefault(int(tok.effort_id(e)), f"effort:{e}")
     except ValueError:  # an effort written as a text line: no token
       pass
-  return {int(i) for i in ids if i is not None}
+  return roles
 
 
 def count_in(tok, count_tok, ids) -> int:
   """The length of response `ids` (`tok`'s tokens) in `count_tok`'s tokens: each run of
   text between special tokens encoded by `count_tok`, each special token one; a run it
   cannot encode counts its characters."""
-  specials, n, run = special_ids(tok), 0, []
+  specials, n, run = special_roles(tok), 0, []
 
   def text_tokens(run):
     text = tok.decode(run, skip_special=True)

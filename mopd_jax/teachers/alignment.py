@@ -126,22 +126,6 @@ def token_rewards(alignment: Alignment, student_logprobs, teacher_logprobs, *, r
   return out
 
 
-def special_roles(tok) -> dict:
-  """{id: role} of a tokenizer's special tokens that can stand in a response: the end of
-  response, the four tool markers, and each effort's token where the effort is a token."""
-  roles = {}
-  for role in ("eos", "call", "call_end", "obs", "obs_end", "bos", "pad"):
-    i = getattr(tok, f"{role}_id", None)
-    if i is not None:
-      roles.setdefault(int(i), role)
-  for e in getattr(tok, "efforts", ()):
-    try:
-      roles.setdefault(int(tok.effort_id(e)), f"effort:{e}")
-    except ValueError:  # an effort written as a text line: no token
-      pass
-  return roles
-
-
 def _segments(roles: dict, ids: Sequence[int], gen_mask: Sequence[int]):
   """The response cut into runs: (kind, start, end) with kind "special" (one token) or
   "text" (a maximal run of ordinary tokens of one gen_mask value)."""
@@ -170,8 +154,8 @@ def retokenize_response(src_tok, dst_tok, ids: Sequence[int], *,
   gen_mask = [int(g) for g in gen_mask]
   if len(gen_mask) != len(ids):
     raise ValueError(f"gen_mask has {len(gen_mask)} entries for {len(ids)} ids")
-  src_roles = special_roles(src_tok)
-  dst_of = {role: i for i, role in special_roles(dst_tok).items()}
+  src_roles = rollout.special_roles(src_tok)
+  dst_of = {role: i for i, role in rollout.special_roles(dst_tok).items()}
   out_ids, out_gen, s_cuts, t_cuts = [], [], [0], [0]
   for kind, a, b in _segments(src_roles, ids, gen_mask):
     if kind == "special":
