@@ -31,7 +31,9 @@ FROM_SFT_STEPS = 200  # MOPD steps of the from_sft variant
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """`arg`: None for the default toy run, "fast" for the smoke variant, "tiny" for the
-  reliability tests (fast with fewer steps and examples)."""
+  reliability tests (fast with fewer steps and examples), "from_sft" for MOPD from pi_SFT
+  without the teacher-SFT init, "cross_tokenizer" for the student of teachers of another
+  tokenizer (`experiments/cross_tokenizer.py` passes the teachers)."""
   if arg not in (None, "", "fast", "tiny", "from_sft", "cross_tokenizer"):
     raise ValueError(f"unknown config variant {arg!r}; known: fast, tiny, from_sft, "
                      "cross_tokenizer")
