@@ -19,9 +19,9 @@ from mopd_jax import models
 from mopd_jax.config import schema as config_mod
 from mopd_jax.evaluation import agreement
 from mopd_jax.io import checkpoint, storage
+from mopd_jax.rollout import turns as rollout
 from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import base as task_base, grid as grid_mod, views
-from mopd_jax.rollout import turns as rollout
 from mopd_jax.training import mopd, sft
 
 
