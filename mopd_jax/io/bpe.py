@@ -11,9 +11,11 @@ from typing import Iterable, Sequence
 from mopd_jax.io import storage
 
 
-# Each digit its own pre-token, with the comma that follows it; the rest in runs of
-# non-digits: no token holds two digits.
-DIGITS_APART = r"\d,?|\D+"
+# Each digit its own pre-token, with the comma or plus sign that follows it; the rest in
+# runs of non-digits: no token holds two digits. The plus joins the digit before it because
+# the toy's gen answers are digit chains "d+d+..." (docs/cross_tokenizer.md: with the plus
+# a token of its own the gen/max teachers learn the task poorly).
+DIGITS_APART = r"\d[,+]?|\D+"
 
 
 def fit(texts: Iterable[str], path: str, *, vocab_size: int = 512,
@@ -21,7 +23,7 @@ def fit(texts: Iterable[str], path: str, *, vocab_size: int = 512,
   """Fits a byte-level BPE of at most `vocab_size` tokens on `texts` with `specials` first,
   saves it at `path` (a `tokenizer.json` file, or a directory to put one in) and returns the
   file. No pre-split beyond the byte-level one, or, with `digits_apart`, none of its tokens
-  holds two digits (`DIGITS_APART`: a digit and the comma after it may be one token), as
+  holds two digits (`DIGITS_APART`: a digit and the comma or plus after it may be one token), as
   tokenizers that split numbers into digits do."""
   from tokenizers import (Regex, Tokenizer, decoders, models,  # pylint: disable=g-import-not-at-top
                           pre_tokenizers, trainers)
