@@ -256,3 +256,33 @@ def test_budget_count_with_is_refused_for_record_domains():
   c.budget.count_with = "char"
   with pytest.raises(ValueError, match="record domains .* measure their b0 in the run's"):
     configure.build(c, 1)
+
+
+def test_an_engine_measures_responses_in_the_tokens_budgets_are_counted_in(bpe_teachers):
+  """`RolloutEngine.result`, the one place a response meets its budget: an engine writing
+  BPE tokens that counts in characters reports character lengths, and a finished response
+  longer than its budget in characters is over it though its BPE length fits; without a
+  counting tokenizer, lengths are the engine's own tokens."""
+  import configs.qwen3_mopd as q
+  from mopd_jax.config.tokenizer_options import TokenizerOptions
+  from mopd_jax.io import hf
+  from mopd_jax.io.tokenizer import CharTokenizer, load_tokenizer
+  from mopd_jax.rollout import turns
+  char = CharTokenizer()
+  bpe = load_tokenizer(bpe_teachers[0], options=TokenizerOptions(chat=False))
+  cfg = hf.resolve_model_config(q.get_config("tiny").teacher, bpe.vocab_size)
+  text = "2,2,0,2,0,1,1,1\n#1"
+  ids = bpe.encode(text) + [bpe.eos_id]
+  n_char = len(char.encode(text)) + 1
+  assert len(ids) < n_char
+  traj = lambda finished: turns.Trajectory(prompt_ids=[1], ids=list(ids), gen_mask=[1] * len(ids),
+                                           logprobs=[0.0] * len(ids), finished=finished)
+  counting = turns.RolloutEngine(cfg, bpe, max_response_tokens=64, count_tok=char)
+  res = counting.result([traj(True), traj(True), traj(False)], [n_char, n_char - 1, n_char])
+  assert res.lengths.tolist() == [n_char] * 3
+  assert res.over_budget.tolist() == [False, True, True]
+  assert res.texts == [bpe.decode(ids)] * 3
+  own = turns.RolloutEngine(cfg, bpe, max_response_tokens=64)
+  res = own.result([traj(True), traj(True)], [len(ids), n_char - 1])
+  assert res.lengths.tolist() == [len(ids)] * 2 and not res.over_budget.any()
+  assert own.result([traj(True)], [len(ids) - 1]).over_budget.tolist() == [True]

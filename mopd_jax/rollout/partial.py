@@ -82,11 +82,12 @@ class RolloutPool:
                                 int(groups[i]) if groups else -1))
 
   @staticmethod
-  def _budget(engine: rollout.RolloutEngine, row: InFlight) -> int:
+  def budget_of(engine: rollout.RolloutEngine, row: InFlight) -> int:
+    """The row's cap on response tokens on `engine`."""
     return min(row.budget or engine.max_response_tokens, engine.max_response_tokens)
 
   def complete(self, engine: rollout.RolloutEngine, row: InFlight) -> bool:
-    return not engine.can_continue(row.traj, self._budget(engine, row))
+    return not engine.can_continue(row.traj, self.budget_of(engine, row))
 
   def advance(self, engine: rollout.RolloutEngine, params, rng,
               *, environment_of: Callable[[str], object]) -> None:
@@ -96,7 +97,7 @@ class RolloutPool:
     for d in dict.fromkeys(r.example.domain for r in todo):
       rows = [r for r in todo if r.example.domain == d]
       res = engine.run(params, [r.example for r in rows], [r.effort for r in rows],
-                       budgets=[self._budget(engine, r) for r in rows], rng=rng,
+                       budgets=[self.budget_of(engine, r) for r in rows], rng=rng,
                        environment=environment_of(d), resume=[r.traj for r in rows],
                        step_budget=self.segment_tokens)
       for r, t in zip(rows, res.trajectories):

@@ -52,9 +52,15 @@ class RolloutResult:
   trajectories: list
   texts: list  # decoded responses, specials kept (tool markers matter to verifiers)
   over_budget: np.ndarray  # [B] bool: did not finish within its budget
+  # [B] each response's length in the tokens budgets are counted in (`RolloutEngine.result`);
+  # None: its own tokens
+  counted: Optional[np.ndarray] = None
 
   @property
   def lengths(self) -> np.ndarray:
+    """Each response's length in the tokens its budget is counted in."""
+    if self.counted is not None:
+      return np.asarray(self.counted)
     return np.asarray([t.num_tokens for t in self.trajectories])
 
 
@@ -197,11 +203,22 @@ class RolloutEngine:
           spent[i] += len(obs)
         elif n_keep and new[-1] == tok.call_end_id:
           t.finished = False  # a call with no environment: the trajectory just continues
-    texts = [tok.decode(t.ids) for t in trajs]
-    over = np.asarray([not t.finished or (self.count_tok is not None and
-                                          count_in(tok, self.count_tok, t.ids) > budgets[i])
-                       for i, t in enumerate(trajs)])
-    return RolloutResult(trajectories=trajs, texts=texts, over_budget=over)
+    return self.result(trajs, budgets)
+
+  def result(self, trajs: Sequence[Trajectory], budgets: Sequence[int], *,
+             texts: Optional[Sequence[str]] = None) -> RolloutResult:
+    """The RolloutResult of this engine's `trajs`: their `texts` (None: decoded here), their
+    lengths in the tokens budgets are counted in (`count_tok`'s, else their own) and over
+    budget when not finished or longer than `budgets` in those tokens. The one place a
+    response is measured against its budget."""
+    trajs = list(trajs)
+    counted = None
+    if self.count_tok is not None:
+      counted = np.asarray([count_in(self.tok, self.count_tok, t.ids) for t in trajs], int)
+    n = counted if counted is not None else [t.num_tokens for t in trajs]
+    over = np.asarray([not t.finished or k > b for t, k, b in zip(trajs, n, budgets)], bool)
+    texts = [self.tok.decode(t.ids) for t in trajs] if texts is None else list(texts)
+    return RolloutResult(trajectories=trajs, texts=texts, over_budget=over, counted=counted)
 
 
   def can_continue(self, traj: Trajectory, budget: int) -> bool:

@@ -19,7 +19,6 @@ from mopd_jax import models
 from mopd_jax.config import schema as config_mod
 from mopd_jax.evaluation import agreement
 from mopd_jax.io import checkpoint, storage
-from mopd_jax.rollout import turns as rollout
 from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import base as task_base, grid as grid_mod, views
 from mopd_jax.training import mopd, sft
@@ -78,23 +77,19 @@ def run(inp: Inputs) -> None:
         shown = inp.view.of(policy, effort)
         logratio = _LogRatio(inp, domain, effort) if policy != "teacher" else None
         engine_of = inp.engines.teacher if policy == "teacher" else inp.engines.make
-        # A teacher of another tokenizer: its lengths and budgets in the student's tokens.
-        length_of = None
-        if policy == "teacher" and inp.engines.teacher_tok is not inp.engines.tok:
-          length_of = lambda t: rollout.count_in(inp.engines.teacher_tok, inp.engines.tok,
-                                                 t.ids)
+        # A teacher of another tokenizer: its engine counts lengths and budgets in the
+        # student's tokens (`Engines.make`).
         m = sft.evaluate(engine_of(model_cfg, ec.temperature), params, task,
                          examples=exs, effort=shown, budgets=budgets,
                          rng=jax.random.PRNGKey(11),
                          hooks=sft.EvalHooks(
-                             logratio and logratio.scorer_of(model_cfg, params), length_of))
+                             logratio and logratio.scorer_of(model_cfg, params)))
         m.update(logratio.metrics() if logratio else {})
         if ec.samples:
           engine = engine_of(model_cfg, ec.sample_temperature)
           m["sample_accuracy"] = sum(
               sft.evaluate(engine, params, task, examples=exs, effort=shown,
-                           budgets=budgets, rng=jax.random.PRNGKey(1000 + k),
-                           hooks=sft.EvalHooks(length_of=length_of))["accuracy"]
+                           budgets=budgets, rng=jax.random.PRNGKey(1000 + k))["accuracy"]
               for k in range(ec.samples)) / ec.samples
         cells.append({"policy": policy, "domain": domain, "effort": effort, **m})
       bar.update(cells[-1], keys=("accuracy", "mean_length"))

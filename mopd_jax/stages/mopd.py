@@ -394,16 +394,14 @@ def teacher_pool(inp: Inputs) -> list:
         rng=jax.random.PRNGKey(inp.seed + 400 + k), environment=inp.tasks[d].environment)
     # The student learns the teacher's response after its own prompt (`view.student(e)`),
     # in its own tokens.
-    for t, ex, over, budget in zip(res.trajectories, exs, res.over_budget, budgets):
+    for t, ex, over in zip(res.trajectories, exs, res.over_budget):
       if over:
         continue
-      if inp.cross:  # in the student's tokens, within the cell's budget counted in them
+      if inp.cross:  # in the student's tokens (the engine counted it in them: `over`)
         try:
           ids, gen, _ = alignment.retokenize_response(inp.teacher_tok, inp.tok, t.ids,
                                                       gen_mask=t.gen_mask)
         except alignment.Unalignable:  # a response the student cannot write: left out
-          continue
-        if len(ids) > budget:
           continue
         t = dataclasses.replace(t, ids=ids, gen_mask=gen, logprobs=[0.0] * len(ids))
       pool.append(dataclasses.replace(t, prompt_ids=rollout.encode_prompt(

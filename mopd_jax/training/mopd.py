@@ -309,8 +309,8 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
   domains = [ex.domain for ex in rows]
   teacher_ids = [bank.router.index(d, e) for d, e in zip(domains, efforts)]
   budgets = np.asarray([task_base.budget(ex, taus[e]) for ex, e in zip(rows, efforts)])
-  lengths = np.asarray([t.num_tokens for t in trajs])
-  over = np.asarray([(not t.finished) or n > bud for t, n, bud in zip(trajs, lengths, budgets)])
+  measured = setup.engine.result(trajs, budgets, texts=texts)
+  lengths, over = measured.lengths, measured.over_budget
   acc = np.zeros(len(rows))
   for d in dict.fromkeys(domains):  # each domain's rows in one batch (a code sandbox pool)
     idx = [i for i, dd in enumerate(domains) if dd == d]

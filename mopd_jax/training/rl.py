@@ -108,7 +108,7 @@ def _run_split(engine: rollout.RolloutEngine, samplers: tuple, rows: list, *, sh
   half = group_size // 2
   parts = [[i for i in range(len(rows)) if (i % group_size < half) == first]
            for first in (True, False)]
-  trajs, texts, over = [None] * len(rows), [None] * len(rows), np.zeros(len(rows), bool)
+  trajs, texts = [None] * len(rows), [None] * len(rows)
   for j, (params, idx) in enumerate(zip(samplers, parts)):
     if not idx:
       continue
@@ -116,8 +116,8 @@ def _run_split(engine: rollout.RolloutEngine, samplers: tuple, rows: list, *, sh
                      budgets=[budgets[i] for i in idx], rng=jax.random.fold_in(rng, j),
                      environment=environment)
     for k, i in enumerate(idx):
-      trajs[i], texts[i], over[i] = res.trajectories[k], res.texts[k], res.over_budget[k]
-  return rollout.RolloutResult(trajectories=trajs, texts=texts, over_budget=over)
+      trajs[i], texts[i] = res.trajectories[k], res.texts[k]
+  return engine.result(trajs, budgets, texts=texts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,9 +214,7 @@ def run_effort(trainer: train.Trainer, state: train.TrainState, sampling: PhaseS
         pool.advance(engine, sampler, rng, environment_of=lambda d: task.environment)
         taken = pool.take_groups(engine, len(exs))
       rows, trajs = [r.example for r in taken], [r.traj for r in taken]
-      res = rollout.RolloutResult(trajectories=trajs,
-                                  texts=[engine.tok.decode(t.ids) for t in trajs],
-                                  over_budget=np.asarray([not t.finished for t in trajs]))
+      res = engine.result(trajs, [pool.budget_of(engine, r) for r in taken])
     rewards = rewards_of(task, rows, res)
     longest = max(len(t.prompt_ids) + t.num_tokens for t in trajs)
     w = rollout.padded_width(longest, pow2=True, floor=phase.width)

@@ -162,11 +162,8 @@ def train_sft(trainer: train.Trainer, state: train.TrainState, batches: SftBatch
 @dataclasses.dataclass(frozen=True)
 class EvalHooks:
   """What `evaluate` calls besides sampling: `on_rollouts(examples, result)` sees each
-  batch's rollouts (the eval stage scores them with the teachers); `length_of(trajectory)`
-  is its length in the run's tokens when the policy writes another tokenizer's (a teacher
-  of another tokenizer): lengths and budgets are then counted in the run's tokens."""
+  batch's rollouts (the eval stage scores them with the teachers)."""
   on_rollouts: Optional[Callable[[list, rollout.RolloutResult], None]] = None
-  length_of: Optional[Callable[[rollout.Trajectory], int]] = None
 
 
 def evaluate(engine: rollout.RolloutEngine, params, task, *,
@@ -174,15 +171,15 @@ def evaluate(engine: rollout.RolloutEngine, params, task, *,
              budgets: Sequence[int], rng,
              hooks: "EvalHooks" = None) -> dict:
   """Accuracy, mean and 90th-percentile length and over-budget rate of greedy-or-sampled
-  rollouts at `budgets`; `hooks` (`EvalHooks`) sees the rollouts and measures their
-  lengths.
+  rollouts at `budgets`, lengths in the tokens `engine` counts budgets in; `hooks`
+  (`EvalHooks`) sees the rollouts.
 
   `effort`: the effort the evaluated policy's prompt carries (`views.PromptView.of`);
   None = an effort-free prompt (a teacher of K3 eq. 15).
   Accuracy counts a response only if it finished within its budget (as the RL reward does).
   """
   hooks = EvalHooks() if hooks is None else hooks
-  on_rollouts, length_of = hooks.on_rollouts, hooks.length_of
+  on_rollouts = hooks.on_rollouts
   correct, lengths, over = [], [], []
   for lo in range(0, len(examples), EVAL_BATCH):
     exs = list(examples[lo:lo + EVAL_BATCH])
@@ -191,12 +188,8 @@ def evaluate(engine: rollout.RolloutEngine, params, task, *,
                      rng=jax.random.fold_in(rng, lo), environment=task.environment)
     if on_rollouts is not None:
       on_rollouts(exs, res)
-    if length_of is None:
-      n, ob = [t.num_tokens for t in res.trajectories], [bool(o) for o in res.over_budget]
-    else:  # also over when its length in the run's tokens passes the budget
-      n = [length_of(t) for t in res.trajectories]
-      ob = [bool(o) or k > b for o, k, b in zip(res.over_budget, n,
-                                                budgets[lo:lo + EVAL_BATCH])]
+    # lengths and budgets in the tokens the engine counts in (`RolloutEngine.result`)
+    n, ob = [int(k) for k in res.lengths], [bool(o) for o in res.over_budget]
     correct += task.verify_unless(exs, res.texts, np.asarray(ob), fill=0.0)
     lengths += n
     over += ob
