@@ -214,9 +214,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The student distils from teachers of another tokenizer, made by their own factory
     # (`python -m experiments.cross_tokenizer`, which passes `teacher.hf_paths` and
     # `teacher.tokenizer_path`; docs/cross_tokenizer.md): eq. 15 by aligned spans, as the
-    # top-k and full-vocabulary losses, and the held-out exact KL, need one vocabulary.
+    # top-k and full-vocabulary losses need one vocabulary; the held-out measure is the
+    # sampled sequence log-ratio (`agreement.logratio_rows`).
     c.mopd.loss = "mopd"
-    c.eval.kl_rollouts = 0
   if arg == "tiny":  # fewest steps that still give every loop a middle to interrupt
     # One layer and no QAT: compilation dominates a run this short and both nearly halve it.
     c.model.num_layers = 1

@@ -84,7 +84,8 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
   manifest made with another tokenizer is refused."""
   path, paths = bpe_teachers
   hf_paths = "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in paths.items())
-  proc = _run(tmp_path, hf_paths, f"--config.teacher.tokenizer_path={path}")
+  proc = _run(tmp_path, hf_paths, f"--config.teacher.tokenizer_path={path}",
+              "--config.eval.kl_rollouts=2")
   assert proc.returncode == 0, proc.stderr[-3000:]
   manifest = json.load(open(tmp_path / "wd" / "teachers.json"))
   for entry in manifest["teachers"].values():
@@ -97,8 +98,18 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
       assert cell["unaligned"] == 0.0 and np.isfinite(cell["kl"])
   cells = json.load(open(tmp_path / "wd" / "eval.json"))["cells"]
   assert {c["policy"] for c in cells} == {"sft", "student", "teacher"}
+  # The held-out measure across tokenizers: the sampled sequence log-ratio per token, for
+  # pi_SFT and the final student; the held-out exact-KL rows stay unmeasured.
+  held = json.load(open(tmp_path / "wd" / "eval.json"))["kl_heldout"]
+  assert {"sft", "student"} <= set(held)
+  for h in held.values():
+    assert h["measure"] == "sampled" and np.isfinite(h["kl_exact"]) and h["rollouts"] > 0
   report = json.load(open(tmp_path / "wd" / "report.json"))
   assert set(report["kl"]["initial_by_origin"]) == {"other tokenizer"}
+  assert "Sampled sequence log-ratio per token (teachers of another tokenizer) to the " \
+      "routed teachers on held-out prompts" in open(tmp_path / "wd" / "report.md").read()
+  exact_rows = [c for c in report["checks"] if c["name"].startswith("held-out exact KL")]
+  assert exact_rows and all(c["ok"] is None and c["value"] is None for c in exact_rows)
   assert "`other tokenizer` = a teacher of another tokenizer" in open(
       tmp_path / "wd" / "report.md").read()
   # The same teachers read as if they had the student's tokenizer: refused.
@@ -286,3 +297,58 @@ def test_an_engine_measures_responses_in_the_tokens_budgets_are_counted_in(bpe_t
   res = own.result([traj(True), traj(True)], [len(ids), n_char - 1])
   assert res.lengths.tolist() == [len(ids)] * 2 and not res.over_budget.any()
   assert own.result([traj(True)], [len(ids) - 1]).over_budget.tolist() == [True]
+
+
+def test_held_out_log_ratio_across_tokenizers_sums_to_the_sequence_log_ratio(bpe_teachers):
+  """`agreement.logratio_rows`, the held-out measure with teachers of another tokenizer:
+  each rollout's row sums to log pi(y) - log pi_T(y), the teacher's log-probability of the
+  response in its own tokens after its own prompt (scored here separately, float tolerance),
+  spread over the student's generated tokens and 0 elsewhere."""
+  from mopd_jax import models
+  from mopd_jax.config.tokenizer_options import TokenizerOptions
+  from mopd_jax.evaluation import agreement
+  from mopd_jax.io.tokenizer import load_tokenizer
+  from mopd_jax.models import logprobs
+  from mopd_jax.rollout import turns as rollout
+  from mopd_jax.tasks import get_task, views
+  from mopd_jax.teachers import alignment, bank as teachers
+  from mopd_jax.training import mopd
+  efforts = ("low", "high", "max")
+  tok = load_tokenizer("char", efforts=efforts)
+  bpe = load_tokenizer(bpe_teachers[0], options=TokenizerOptions(chat=False))
+  cfg = models.get_preset("toy", vocab_size=tok.vocab_size, num_layers=1, d_model=32,
+                          quant="none")
+  tcfg = models.get_preset("toy", vocab_size=bpe.vocab_size, num_layers=1, d_model=32,
+                           quant="none")
+  student = models.init_params(cfg, jax.random.PRNGKey(0))
+  cells = [(d, e) for d in ("gen", "cod") for e in efforts]
+  bank = teachers.build_bank(tcfg, {f"{d}/{e}": models.init_params(tcfg, jax.random.PRNGKey(k))
+                                    for k, (d, e) in enumerate(cells)})
+  tasks = {d: get_task(d) for d in ("gen", "cod")}
+  rows, shown, trajs, texts = [], [], [], []
+  for d, e in cells:
+    for ex in tasks[d].generate(3, 2):
+      ids = tok.encode(ex.solutions[sorted(ex.solutions)[0]]) + [tok.eos_id]
+      rows.append(ex)
+      shown.append(e)
+      trajs.append(rollout.Trajectory(rollout.encode_prompt(tok, ex, e), ids, [1] * len(ids),
+                                      [0.0] * len(ids), True))
+      texts.append(tok.decode(ids))
+  setup = mopd.StepSetup(bank, rollout.RolloutEngine(cfg, tok, max_response_tokens=64), tasks,
+                         cells, {"low": 0.3, "high": 0.72, "max": 1.5}, 32, views.K3,
+                         teacher_tok=bpe)
+  sampled = mopd._assemble(setup, rows, shown, trajs=trajs, texts=texts,  # pylint: disable=protected-access
+                           rows_per_teacher=2)
+  sampled.arr["sampler_logprobs"] = np.asarray(logprobs.token_logprobs(
+      cfg, student, sampled.arr["tokens"], input_mask=sampled.arr["input_mask"]))
+  got = agreement.logratio_rows(bank, sampled)
+  mask = np.asarray(sampled.arr["loss_mask"], bool)
+  assert (got[~mask] == 0).all() and np.isfinite(got).all()
+  for i, (t, ex) in enumerate(zip(trajs, rows)):
+    t_ids, _ = alignment.retokenize(tok, bpe, t.ids)
+    prompt = rollout.encode_prompt(bpe, ex, None)
+    full = np.asarray([prompt + t_ids])
+    lp_t = np.asarray(logprobs.token_logprobs(tcfg, jax.tree.map(
+        lambda x, k=i // 2: x[k], bank.params), full))[0, len(prompt):].sum()
+    lp_s = sampled.arr["sampler_logprobs"][i][mask[i]].sum()
+    np.testing.assert_allclose(got[i].sum(), lp_s - lp_t, rtol=1e-4, atol=1e-3)

@@ -96,18 +96,47 @@ def logratio_table(cells: Sequence[dict], grid_cells) -> list:
 
 
 HELDOUT_KEY = 13  # the eval's held-out rollout key (`stages.eval.heldout_kl`)
+# What `heldout_kl` measured, in words.
+MEASURES = {"exact": "exact per-token KL",
+            "sampled": "sampled sequence log-ratio per token (teachers of another tokenizer)"}
+
+
+def logratio_rows(scoring, sampled) -> np.ndarray:
+  """[B, T] each generated token's share of its rollout's log pi(y) - log pi_T(y) for
+  teachers of another tokenizer (no shared vocabulary, so no exact KL): the teacher scores
+  the response in its own tokens and each aligned span's log-ratio, unclipped, is spread
+  over the span's tokens (`alignment.cross_teacher_logprobs`), so a row sums to the
+  rollout's sequence log-ratio, whose mean over pi's own rollouts estimates the sequence
+  KL(pi || pi_T) without bias. 0 off the generated tokens and on a row the teacher could
+  not take."""
+  from mopd_jax.teachers import alignment, bank as teachers  # pylint: disable=g-import-not-at-top
+  arr, n = sampled.arr, sampled.arr["tokens"].shape[0]
+  scored = teachers.scatter_stratified(
+      np.asarray(teachers.score_stratified(scoring, sampled.tokens, sampled.input_mask)),
+      sampled.index, n)
+  lp_t = alignment.cross_teacher_logprobs(arr, scored, spans=sampled.spans,
+                                          alignments=sampled.alignments, r_max=np.inf,
+                                          assign="spread")
+  mask = np.asarray(arr["loss_mask"], bool).copy()
+  mask[[i for i, a in enumerate(sampled.alignments) if a is None]] = False
+  return np.where(mask, np.asarray(arr["sampler_logprobs"], np.float32) - lp_t, 0.0)
 
 
 def heldout_batches(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *, scoring,
                     examples: Mapping[str, Sequence], rng, batch: int = 32):
-  """Yields (sampled, [B, T] exact KL rows) of pi's rollouts after `examples[d]` at every
+  """Yields (sampled, [B, T] per-token rows) of pi's rollouts after `examples[d]` at every
   effort of `setup.cells`, `batch` prompts per cell per call, the i-th call keyed by
-  fold_in(rng, i): the batches `heldout_kl` measures (and `experiments/kl_tail.py` ranks)."""
+  fold_in(rng, i): the batches `heldout_kl` measures (and `experiments/kl_tail.py` ranks).
+  The rows are the exact KL over the whole vocabulary, or, with teachers of another
+  tokenizer (`setup.teacher_tok`), the sampled log-ratio (`logratio_rows`)."""
   n = min(len(examples[d]) for d, _ in setup.cells)
   for i, start in enumerate(range(0, n, batch)):
     per_cell = [list(examples[d][start:start + batch]) for d, _ in setup.cells]
     sampled = mopd.sample_batch(setup, params, per_cell, rng=jax.random.fold_in(rng, i))
-    yield sampled, vocab_kl.exact_kl_rows(model_cfg, params, scoring, sampled=sampled)
+    if setup.teacher_tok is not None:
+      yield sampled, logratio_rows(scoring, sampled)
+    else:
+      yield sampled, vocab_kl.exact_kl_rows(model_cfg, params, scoring, sampled=sampled)
 
 
 def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *, scoring,
@@ -118,20 +147,29 @@ def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *
   effort of `setup.cells`, `batch` prompts per cell per call; `scoring` is the bank at its
   scoring temperature.
 
-  Returns {"kl_exact", "kl_exact_se", "rollouts", "tokens", "cells": {"d/e": {"kl_exact",
-  "kl_exact_se", "rollouts"}}}: each the mean over the generated tokens, with the standard
-  error of that ratio of sums over independent rollouts (a rare rollout that leaves its
-  teacher's style carries a large KL over its tokens, so the error is reported with it)."""
+  Returns {"kl_exact", "kl_exact_se", "rollouts", "tokens", "measure", "cells": {"d/e":
+  {"kl_exact", "kl_exact_se", "rollouts"}}}: each the mean over the generated tokens, with
+  the standard error of that ratio of sums over independent rollouts (a rare rollout that
+  leaves its teacher's style carries a large KL over its tokens, so the error is reported
+  with it). `measure`: "exact", or with teachers of another tokenizer "sampled" (the
+  sequence log-ratio per token, `logratio_rows`; rows the teacher could not take left out).
+  """
   sums, counts, cell_ids = [], [], []
+  cross = setup.teacher_tok is not None
   for sampled, kl in heldout_batches(model_cfg, params, setup, scoring=scoring,
                                      examples=examples, rng=rng, batch=batch):
     rows = len(sampled.lengths)
-    mask = np.asarray(sampled.arr["loss_mask"], bool)[:rows]
+    mask = np.asarray(sampled.arr["loss_mask"], bool)[:rows].copy()
+    if cross:
+      mask[[i for i, a in enumerate(sampled.alignments[:rows]) if a is None]] = False
     sums.append((kl[:rows] * mask).sum(1))
     counts.append(mask.sum(1))
     cell_ids.append(np.asarray(sampled.cell_ids)[:rows])
   sums, counts, cell_ids = map(np.concatenate, (sums, counts, cell_ids))
+  keep = counts > 0 if cross else np.ones(len(sums), bool)
+  sums, counts, cell_ids = sums[keep], counts[keep], cell_ids[keep]
   out = {**_token_mean(sums, counts), "rollouts": len(sums), "tokens": int(counts.sum()),
+         "measure": "sampled" if cross else "exact",
          "tail": rollout_tail(sums, counts), "cells": {}}
   for j, (d, e) in enumerate(setup.cells):
     sel = cell_ids == j
@@ -170,7 +208,8 @@ def rising_cells(held: dict, before: str, after: str = "student", *, z: float = 
 
 
 def heldout_lines(held: dict) -> list:
-  """report.md's paragraph and per-cell table of the held-out exact KL (`eval.kl_rollouts`):
+  """report.md's paragraph and per-cell table of the held-out KL (`eval.kl_rollouts`; its
+  `measure`):
   pi_SFT, the initialised student and the final student, with standard errors and the two
   drops the expected results divide."""
   names = {"sft": "pi_SFT", "init": "the initialised student", "student": "the final student"}
@@ -178,8 +217,10 @@ def heldout_lines(held: dict) -> list:
   if len(have) < 2:
     return []
   first = held[have[0]]
-  lines = ["", f"Exact per-token KL to the routed teachers on held-out prompts, each policy's "
-           f"own rollouts of {first['rollouts']} test prompts (± standard error): " + ", ".join(
+  measure = MEASURES[first.get("measure", "exact")]
+  lines = ["", f"{measure[0].upper() + measure[1:]} to the routed teachers on held-out "
+           f"prompts, each policy's own rollouts of {first['rollouts']} test prompts "
+           f"(± standard error): " + ", ".join(
                f"{names[p]} {held[p]['kl_exact']:.4f} ± {held[p]['kl_exact_se']:.4f}"
                for p in have) + "."]
   pairs = [("sft", "init", "the init's drop"),
@@ -192,7 +233,7 @@ def heldout_lines(held: dict) -> list:
       lines.append(f"- {what}: {names[a]} / {names[b]} = x{r[0]:.2f} ± {r[1]:.2f}")
   tails = [p for p in have if held[p].get("tail")]
   if tails:
-    lines += ["", "Per-rollout exact KL (each rollout's mean over its tokens): quantiles, and "
+    lines += ["", f"Per-rollout {measure} (each rollout's mean over its tokens): quantiles, and "
               "the share of the summed KL carried by the top 1% / 5% of rollouts:", "",
               "| policy | p50 | p90 | p99 | max | top 1% | top 5% |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {names[p]} | " + " | ".join(f"{held[p]['tail'][k]:.4f}" for k in (

@@ -126,9 +126,9 @@ def heldout_kl(inp: Inputs, policies: dict) -> dict:
     out[policy] = agreement.heldout_kl(inp.model_cfg, params, inp.kl_setup,
                                        scoring=inp.kl_scoring, examples=examples,
                                        rng=jax.random.PRNGKey(agreement.HELDOUT_KEY))
-    print(f"[eval] {policy}: exact per-token KL to the routed teachers on its own rollouts "
-          f"of {out[policy]['rollouts']} test prompts: {out[policy]['kl_exact']:.4f} "
-          f"+- {out[policy]['kl_exact_se']:.4f}")
+    print(f"[eval] {policy}: {agreement.MEASURES[out[policy]['measure']]} to the routed "
+          f"teachers on its own rollouts of {out[policy]['rollouts']} test prompts: "
+          f"{out[policy]['kl_exact']:.4f} +- {out[policy]['kl_exact_se']:.4f}")
   return out
 
 

@@ -189,13 +189,13 @@ def eval_inputs(ctx: Run) -> eval_stage.Inputs:
   splits, the engines and the loaders of the policies."""
   ec = ctx.config.eval
   scorer, cells, bank, kl_setup, kl_scoring = None, (), None, None, None
-  # The held-out exact KL reads the teachers' params beside the student's, in this process,
-  # over one vocabulary.
+  # The held-out KL reads the teachers' params beside the student's, in this process: the
+  # exact KL over one vocabulary, or for teachers of another tokenizer the sampled sequence
+  # log-ratio (`agreement.logratio_rows`).
   cross = ctx.teacher_tok is not ctx.tok
-  kl = ec.kl_rollouts > 0 and ctx.config.placement.teachers == "colocated" and not cross
+  kl = ec.kl_rollouts > 0 and ctx.config.placement.teachers == "colocated"
   if ec.kl_rollouts and not kl:
-    print("[eval] eval.kl_rollouts: the exact KL needs co-located teachers of the student's "
-          "vocabulary; not measured")
+    print("[eval] eval.kl_rollouts: the held-out KL needs co-located teachers; not measured")
   if ec.teacher_logratio and cross:
     raise config_mod.ConfigError("eval.teacher_logratio scores pi_SFT's and the student's "
                                  "tokens; teachers of another tokenizer "
@@ -210,7 +210,8 @@ def eval_inputs(ctx: Run) -> eval_stage.Inputs:
     kl_scoring = scoring_bank(ctx, bank)
     kl_setup = mopd_lib.StepSetup(bank, ctx.engines.student,
                                   {d: ctx.task(d) for d in ctx.grid.domains},
-                                  ctx.grid.cells, ctx.grid.taus, view=ctx.view)
+                                  ctx.grid.cells, ctx.grid.taus, view=ctx.view,
+                                  teacher_tok=ctx.teacher_tok if cross else None)
   return eval_stage.Inputs(
       scorer=scorer, teacher_cells=cells, kl_setup=kl_setup, kl_scoring=kl_scoring,
       cfg=ctx.config.eval, grid=ctx.grid, view=ctx.view, model_cfg=ctx.model_cfg,
