@@ -12,7 +12,9 @@ prompts, batches and keys, so the mean printed first equals the eval's), and pri
 the top 1% of rollouts, then the `--top` rollouts: cell, mean KL, prompt, and every
 generated token with its exact KL against the teacher at the scoring temperature. A
 rollout that leaves the teacher's track shows as a token sampled at a small KL followed by
-tokens whose KL is several nats.
+tokens whose KL is several nats. With teachers of another tokenizer
+(`configs/toy.py:cross_tokenizer`) the measure is the eval's there, the sampled log-ratio:
+each aligned span's log pi - log pi_T spread over its tokens (`agreement.logratio_rows`).
 """
 import collections
 import json
@@ -40,7 +42,8 @@ def ranked(inp, ctx, params, *, prompts: int) -> dict:
   from mopd_jax.evaluation import agreement  # pylint: disable=g-import-not-at-top
   from mopd_jax.training import mopd
   grid = inp.grid
-  setup = mopd.StepSetup(inp.bank, inp.engine, inp.tasks, grid.cells, grid.taus, view=inp.view)
+  setup = mopd.StepSetup(inp.bank, inp.engine, inp.tasks, grid.cells, grid.taus, view=inp.view,
+                         teacher_tok=inp.teacher_tok if inp.cross else None)
   examples = {}
   for d in grid.domains:
     test = ctx.data.split(d, "test")
@@ -53,8 +56,8 @@ def ranked(inp, ctx, params, *, prompts: int) -> dict:
     tokens = np.asarray(sampled.arr["tokens"])
     for r in range(len(sampled.lengths)):
       pos = np.where(mask[r])[0]
-      if not len(pos):
-        continue
+      if not len(pos) or (sampled.alignments is not None and sampled.alignments[r] is None):
+        continue  # nothing generated, or a row the teachers' tokenizer could not take
       d, e = setup.cells[sampled.cell_ids[r]]
       kl_sum += float(kl[r][pos].sum())
       tok_sum += len(pos)
@@ -73,8 +76,10 @@ def main(argv):
   from mopd_jax.stages import wiring  # pylint: disable=g-import-not-at-top
   ctx, params = common.run_and_params(argv, config=_CONFIG.value, workdir=_WORKDIR.value,
                                       params=_PARAMS.value)
-  out = ranked(wiring.mopd_inputs(ctx), ctx, params, prompts=_PROMPTS.value)
-  print(f"exact per-token KL over {out['rollouts']} rollouts: {out['kl_exact']:.4f}")
+  inp = wiring.mopd_inputs(ctx)
+  out = ranked(inp, ctx, params, prompts=_PROMPTS.value)
+  measure = "exact per-token KL" if not inp.cross else "sampled log-ratio per token"
+  print(f"{measure} over {out['rollouts']} rollouts: {out['kl_exact']:.4f}")
   print(f"cells of the top 1% of rollouts: {out['top1pct_cells']}")
   for r in out["ranked"][:_TOP.value]:
     print(f"--- {r['cell']} mean KL {r['mean_kl']:.3f} after {r['prompt']!r}")

@@ -110,6 +110,16 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
       "routed teachers on held-out prompts" in open(tmp_path / "wd" / "report.md").read()
   exact_rows = [c for c in report["checks"] if c["name"].startswith("held-out exact KL")]
   assert exact_rows and all(c["ok"] is None and c["value"] is None for c in exact_rows)
+  # `experiments.kl_tail` ranks the same rollouts by the same measure: its mean is the eval's.
+  tail = subprocess.run([sys.executable, "-m", "experiments.kl_tail", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
+                         "--config.mopd.loss=mopd", hf_paths,
+                         f"--config.teacher.tokenizer_path={path}", "--prompts=2", "--top=1"],
+                        cwd=ROOT, env=suite_cli.env(), capture_output=True, text=True,
+                        timeout=600)
+  assert tail.returncode == 0, tail.stderr[-3000:]
+  assert (f"sampled log-ratio per token over {held['student']['rollouts']} rollouts: "
+          f"{held['student']['kl_exact']:.4f}") in tail.stdout, tail.stdout
   assert "`other tokenizer` = a teacher of another tokenizer" in open(
       tmp_path / "wd" / "report.md").read()
   # The same teachers read as if they had the student's tokenizer: refused.
