@@ -19,8 +19,9 @@ For each seed s:
      teachers (`teacher.hf_paths`, `teacher.tokenizer_path`) in `DIR/seed_<s>`.
 Then `DIR/sweep.md` (experiments.sweep's summary of the students' reports) and
 `DIR/cross_tokenizer.md`: per seed, the share of the teachers' tokens that span two or more
-characters, the student's span log-ratio over its first and last tenth of MOPD steps, the
-rows the teachers could not take, and the expected results met. Every step resumes: finished
+characters, the rows the teachers could not take, the held-out sampled log-ratio of pi_SFT,
+the initialised and the final student, the student's span log-ratio over its first and last
+tenth of MOPD steps, and the student's expected results met. Every step resumes: finished
 stages are skipped. Extra `--config.field=value` flags go to the student's runs.
 """
 from __future__ import annotations
@@ -88,13 +89,17 @@ def export(factory: str, config: str, overrides: list) -> dict:
 
 
 def summary(workdir: str, rows: list) -> str:
-  lines = ["| seed | teachers' tokens of 2+ chars (MOPD rollouts) | span log-ratio, first / last tenth of "
-           "the MOPD steps | rows not aligned | expected results met (of those measured) | "
-           "missed |",
-           "|---|---|---|---|---|---|"]
+  lines = ["| seed | teachers' tokens of 2+ chars (MOPD rollouts) | rows not aligned | held-out "
+           "log-ratio per token, pi_SFT / initialised / final (± s.e.) | span log-ratio, first / "
+           "last tenth of the MOPD steps | student results met | other results missed |",
+           "|---|---|---|---|---|---|---|"]
   for r in rows:
-    lines.append(f"| {r['seed']} | {r['multi']:.2f} | {r['first']:.4f} / {r['last']:.4f} | "
-                 f"{r['unaligned']:.0f} | {r['met']} of {r['total']} | "
+    held = " / ".join(f"{h[0]:.3f} ± {h[1]:.3f}" for h in r["heldout"]) or "-"
+    met = f"{r['student_met']} of {r['student_total']}"
+    if r["student_missed"]:
+      met += ": missed " + "; ".join(r["student_missed"])
+    lines.append(f"| {r['seed']} | {r['multi']:.2f} | {r['unaligned']:.0f} | {held} | "
+                 f"{r['first']:.3f} / {r['last']:.3f} | {met} | "
                  f"{'; '.join(r['missed']) or 'none'} |")
   text = "\n".join(lines) + "\n"
   storage.write_text(storage.join(workdir, "cross_tokenizer.md"), text)
@@ -102,19 +107,27 @@ def summary(workdir: str, rows: list) -> str:
 
 
 def seed_row(workdir: str, seed: int, multi: float) -> dict:
+  """One seed's row of the summary: the student's expected results (`student ...` rows of its
+  report), the others missed, the held-out sampled log-ratio of pi_SFT, the initialised
+  and the final student (`agreement.logratio_rows`) and the MOPD steps' span log-ratio."""
   student = sweep.seed_dir(workdir, seed)
   history = checkpoint.read_json(storage.join(student, "mopd", "history.json"))
   kl = np.asarray([h["kl"] for h in history])
   tenth = max(1, len(kl) // 10)
   report = checkpoint.read_json(storage.join(student, "report.json"))
   checks = [c for c in report.get("checks", []) if c.get("ok") is not None]
+  mine = [c for c in checks if c["name"].startswith("student ")]
+  held = report.get("kl_heldout") or {}
   shares = [h["teacher_multi_token_share"] for h in history if "teacher_multi_token_share" in h]
   return {"seed": seed, "multi": float(np.mean(shares)) if shares else multi,
           "first": float(kl[:tenth].mean()),
           "last": float(kl[-tenth:].mean()),
           "unaligned": float(sum(h.get("unaligned_rows", 0.0) for h in history)),
-          "met": sum(c["ok"] is True for c in checks), "total": len(checks),
-          "missed": [c["name"] for c in checks if c["ok"] is False]}
+          "heldout": [(held[p]["kl_exact"], held[p]["kl_exact_se"])
+                      for p in ("sft", "init", "student") if p in held],
+          "student_met": sum(c["ok"] is True for c in mine), "student_total": len(mine),
+          "student_missed": [c["name"] for c in mine if c["ok"] is False],
+          "missed": [c["name"] for c in checks if c["ok"] is False and c not in mine]}
 
 
 def main(argv=None) -> None:

@@ -362,3 +362,34 @@ def test_held_out_log_ratio_across_tokenizers_sums_to_the_sequence_log_ratio(bpe
         lambda x, k=i // 2: x[k], bank.params), full))[0, len(prompt):].sum()
     lp_s = sampled.arr["sampler_logprobs"][i][mask[i]].sum()
     np.testing.assert_allclose(got[i].sum(), lp_s - lp_t, rtol=1e-4, atol=1e-3)
+
+
+def test_the_cross_tokenizer_summary_reads_each_seeds_report(tmp_path):
+  """`experiments.cross_tokenizer`'s per-seed row: the student's expected results apart from
+  the others, the held-out sampled log-ratio of pi_SFT, the initialised and the final
+  student, the span log-ratio's first and last tenth of the MOPD steps."""
+  from experiments import cross_tokenizer
+  seed_dir = tmp_path / "seed_3"  # sweep.seed_dir
+  (seed_dir / "mopd").mkdir(parents=True)
+  history = [{"kl": 0.3 - 0.01 * i, "unaligned_rows": float(i == 4),
+              "teacher_multi_token_share": 0.4} for i in range(20)]
+  (seed_dir / "mopd" / "history.json").write_text(json.dumps(history))
+  held = {p: {"kl_exact": k, "kl_exact_se": 0.01, "measure": "sampled"}
+          for p, k in (("sft", 0.6), ("init", 0.2), ("student", 0.1))}
+  checks = [{"name": "student gen/high accuracy / teacher's", "ok": False},
+            {"name": "student gen/max accuracy / teacher's", "ok": True},
+            {"name": "teacher gen/max accuracy - pi_SFT gen/max accuracy", "ok": False},
+            {"name": "held-out exact KL, pi_SFT / the initialised student", "ok": None}]
+  (seed_dir / "report.json").write_text(json.dumps({"checks": checks, "kl_heldout": held}))
+  row = cross_tokenizer.seed_row(str(tmp_path), 3, 0.38)
+  assert row["student_met"] == 1 and row["student_total"] == 2
+  assert row["student_missed"] == ["student gen/high accuracy / teacher's"]
+  assert row["missed"] == ["teacher gen/max accuracy - pi_SFT gen/max accuracy"]
+  assert row["heldout"] == [(0.6, 0.01), (0.2, 0.01), (0.1, 0.01)]
+  assert row["first"] == pytest.approx(0.295) and row["last"] == pytest.approx(0.115)
+  assert row["unaligned"] == 1.0 and row["multi"] == pytest.approx(0.4)
+  text = cross_tokenizer.summary(str(tmp_path), [row])
+  assert ("| 3 | 0.40 | 1 | 0.600 ± 0.010 / 0.200 ± 0.010 / 0.100 ± 0.010 | 0.295 / 0.115 | "
+          "1 of 2: missed student gen/high accuracy / teacher's | teacher gen/max accuracy - "
+          "pi_SFT gen/max accuracy |") in text
+  assert (tmp_path / "cross_tokenizer.md").read_text() == text
