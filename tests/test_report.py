@@ -28,7 +28,11 @@ def test_report_checks_evaluate_the_bars():
   assert got["teacher cod/low over-budget rate"] is False
   assert got["teacher agt/low over-budget rate"] is True
   assert got["student gen/max accuracy / teacher's"] is None  # no student cells
-  assert got[report.KL_DROP_CHECK] is False  # a 4x drop
+  # Only the sampled log-ratio measured: its drop (4x) is shown under its own name, not
+  # judged against the exact KL's bar (whose row would claim pi_SFT's exact KL).
+  assert report.KL_DROP_CHECK not in got and got[report.KL_DROP_SAMPLED_ROW] is None
+  assert [c["value"] for c in report.checks(rep)
+          if c["name"] == report.KL_DROP_SAMPLED_ROW] == [pytest.approx(4.0)]
   assert got["teacher factory wall seconds (sft + rl)"] is True
   assert got["pipeline wall seconds"] is False
   assert "the last tenth of the MOPD steps): x4.0" in " ".join(report.markdown(rep).split())
@@ -47,7 +51,7 @@ def test_report_checks_evaluate_the_bars():
   # claimed, the bar stays undecided, and the first / last tenths' means are shown.
   curve = [[i, 0.2 - 0.025 * i] for i in range(10)]
   rep["kl"] = {"initial": 0.2, "final": curve[-1][1], "curve": curve}
-  assert {c["name"]: c["ok"] for c in report.checks(rep)}[report.KL_DROP_CHECK] is None
+  assert {c["name"]: c["ok"] for c in report.checks(rep)}[report.KL_DROP_SAMPLED_ROW] is None
   md = report.markdown(rep)
   assert "no ratio" in md and "first / last 1 steps 0.2000 / -0.0250" in md, md
   # Where the exact KL was measured the bar reads it, averaged over a tenth of the measured
