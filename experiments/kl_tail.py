@@ -52,12 +52,12 @@ def ranked(inp, ctx, params, *, prompts: int) -> dict:
   rng = jax.random.PRNGKey(agreement.HELDOUT_KEY)
   for sampled, kl in agreement.heldout_batches(inp.model_cfg, params, setup, scoring=inp.scoring,
                                                examples=examples, rng=rng):
-    mask = np.asarray(sampled.arr["loss_mask"], bool)
+    mask = agreement.measured_mask(sampled)  # less the rows the teachers could not take
     tokens = np.asarray(sampled.arr["tokens"])
     for r in range(len(sampled.lengths)):
       pos = np.where(mask[r])[0]
-      if not len(pos) or (sampled.alignments is not None and sampled.alignments[r] is None):
-        continue  # nothing generated, or a row the teachers' tokenizer could not take
+      if not len(pos):
+        continue
       d, e = setup.cells[sampled.cell_ids[r]]
       kl_sum += float(kl[r][pos].sum())
       tok_sum += len(pos)

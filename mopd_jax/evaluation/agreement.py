@@ -117,9 +117,17 @@ def logratio_rows(scoring, sampled) -> np.ndarray:
   lp_t = alignment.cross_teacher_logprobs(arr, scored, spans=sampled.spans,
                                           alignments=sampled.alignments, r_max=np.inf,
                                           assign="spread")
-  mask = np.asarray(arr["loss_mask"], bool).copy()
-  mask[[i for i, a in enumerate(sampled.alignments) if a is None]] = False
-  return np.where(mask, np.asarray(arr["sampler_logprobs"], np.float32) - lp_t, 0.0)
+  return np.where(measured_mask(sampled), np.asarray(arr["sampler_logprobs"], np.float32) - lp_t,
+                  0.0)
+
+
+def measured_mask(sampled) -> np.ndarray:
+  """[B, T] the generated tokens a held-out measure reads: all of them, less the rows a
+  teacher of another tokenizer could not take (`sampled.alignments` None there)."""
+  mask = np.asarray(sampled.arr["loss_mask"], bool).copy()
+  if sampled.alignments is not None:
+    mask[[i for i, a in enumerate(sampled.alignments) if a is None]] = False
+  return mask
 
 
 def heldout_batches(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *, scoring,
@@ -159,9 +167,7 @@ def heldout_kl(model_cfg: models.ModelConfig, params, setup: "mopd.StepSetup", *
   for sampled, kl in heldout_batches(model_cfg, params, setup, scoring=scoring,
                                      examples=examples, rng=rng, batch=batch):
     rows = len(sampled.lengths)
-    mask = np.asarray(sampled.arr["loss_mask"], bool)[:rows].copy()
-    if cross:
-      mask[[i for i, a in enumerate(sampled.alignments[:rows]) if a is None]] = False
+    mask = measured_mask(sampled)[:rows]
     sums.append((kl[:rows] * mask).sum(1))
     counts.append(mask.sum(1))
     cell_ids.append(np.asarray(sampled.cell_ids)[:rows])
@@ -233,8 +239,8 @@ def heldout_lines(held: dict) -> list:
       lines.append(f"- {what}: {names[a]} / {names[b]} = x{r[0]:.2f} ± {r[1]:.2f}")
   tails = [p for p in have if held[p].get("tail")]
   if tails:
-    lines += ["", f"Per-rollout {measure} (each rollout's mean over its tokens): quantiles, and "
-              "the share of the summed KL carried by the top 1% / 5% of rollouts:", "",
+    lines += ["", f"Per-rollout {measure} (each rollout's mean over its tokens): quantiles, "
+              "and the share of the summed KL carried by the top 1% / 5% of rollouts:", "",
               "| policy | p50 | p90 | p99 | max | top 1% | top 5% |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {names[p]} | " + " | ".join(f"{held[p]['tail'][k]:.4f}" for k in (
         "p50", "p90", "p99", "max")) + f" | {held[p]['tail']['top1pct_share']:.2f} | "
