@@ -77,9 +77,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     return True
 
 
-def _serve(handler) -> tuple:
-  """(server, its base URL): `handler` served from a daemon thread on a loopback port."""
-  httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+def _serve(handler, port: int = 0) -> tuple:
+  """(server, its base URL): `handler` served from a daemon thread on loopback `port` (0: a
+  free one)."""
+  httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
   httpd.daemon_threads = True
   threading.Thread(target=httpd.serve_forever, daemon=True).start()
   return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
@@ -98,6 +99,7 @@ class Behaviour:
   max_model_len: int = 4096
   max_logprobs: int = 20
   null_k0: bool = False  # early V1: prompt_logprobs=0 answered with null
+  port: int = 0  # --port (0: a free one)
   flat_errors: bool = False  # older vLLM: {"object": "error", "message": ...}
   # An OpenAI-compatible server that ignores `prompt_logprobs` (SGLang's /v1/completions):
   # its choices carry no prompt_logprobs at all.
@@ -215,7 +217,7 @@ class VllmStandIn:
                          "prompt_logprobs": None, "prompt_token_ids": None,
                          "kv_transfer_params": None})
 
-    self.httpd, self.url = _serve(H)
+    self.httpd, self.url = _serve(H, b.port)
 
   def close(self):
     self.httpd.shutdown()
@@ -239,7 +241,7 @@ class SglangStandIn:
   without the Bearer token. Scores: `scores(model, ids, k)`, as `VllmStandIn`'s."""
 
   def __init__(self, model: str = "gen/max", *, api_key: Optional[str] = None,
-               max_model_len: int = 4096, scores: Callable = fake_scores):
+               max_model_len: int = 4096, scores: Callable = fake_scores, port: int = 0):
     self.requests, self.bodies = 0, []
     self.scores = scores
     standin = self
@@ -294,7 +296,7 @@ class SglangStandIn:
         return self.reply(200, {"text": "!", "output_ids": [7], "meta_info": meta})
 
     H.api_key = api_key
-    self.httpd, self.url = _serve(H)
+    self.httpd, self.url = _serve(H, port)
 
   def close(self):
     self.httpd.shutdown()
@@ -334,11 +336,11 @@ def main(argv=None) -> None:
 
       python tests/engine_standins.py vllm serve DIR --served-model-name gen/max \
           --dtype float32 --skip-tokenizer-init [--max-model-len N] [--max-logprobs 20] \
-          [--api-key KEY] --port 0
+          [--api-key KEY] --port PORT
       python tests/engine_standins.py sglang --model-path DIR --served-model-name gen/max \
-          [--api-key KEY] --port 0
+          [--api-key KEY] --port PORT
 
-  Prints `listening on URL` and serves until killed."""
+  Prints `listening on URL` (`--port 0`: a free port) and serves until killed."""
   import argparse
   import sys
   argv = sys.argv[1:] if argv is None else argv
@@ -366,10 +368,10 @@ def main(argv=None) -> None:
     s = VllmStandIn(Behaviour(served=names, roots={n: a.model for n in names},
                               api_key=a.api_key, scores=scores,
                               max_model_len=a.max_model_len or cfg.max_seq_len,
-                              max_logprobs=a.max_logprobs))
+                              max_logprobs=a.max_logprobs, port=a.port))
   else:
     s = SglangStandIn(a.served_model_name or a.model, api_key=a.api_key,
-                      max_model_len=cfg.max_seq_len, scores=scores)
+                      max_model_len=cfg.max_seq_len, scores=scores, port=a.port)
   print(f"listening on {s.url}", flush=True)
   threading.Event().wait()
 
