@@ -107,8 +107,8 @@ def logratio_rows(scoring, sampled) -> np.ndarray:
   the response in its own tokens and each aligned span's log-ratio, unclipped, is spread
   over the span's tokens (`alignment.cross_teacher_logprobs`), so a row sums to the
   rollout's sequence log-ratio, whose mean over pi's own rollouts estimates the sequence
-  KL(pi || pi_T) without bias. 0 off the generated tokens and on a row the teacher could
-  not take."""
+  KL(pi || pi_T) without bias (pi_T(y): the probability of the teacher's own tokenization of
+  y). 0 off the generated tokens and on a row the teacher could not take."""
   from mopd_jax.teachers import alignment, bank as teachers  # pylint: disable=g-import-not-at-top
   arr, n = sampled.arr, sampled.arr["tokens"].shape[0]
   scored = teachers.scatter_stratified(
