@@ -500,3 +500,25 @@ def test_an_endpoint_may_declare_its_engine(standin):
   finally:
     for s in servers.values():
       s.close()
+
+
+def test_stand_ins_listen_on_the_port_they_are_given():
+  """The stand-ins, like the engines, listen on the port their command line names (the
+  docs' launch lines give fixed ports); 0 takes a free one."""
+  from engine_standins import SglangStandIn
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  for make in (lambda p: VllmStandIn(Behaviour(port=p)), lambda p: SglangStandIn(port=p)):
+    srv = make(port)
+    try:
+      assert srv.url == f"http://127.0.0.1:{port}"
+      with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    finally:
+      srv.close()
+    free = make(0)
+    try:
+      assert int(free.url.rsplit(":", 1)[1]) > 0
+    finally:
+      free.close()
