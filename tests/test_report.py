@@ -7,7 +7,7 @@ import pytest
 def test_report_checks_evaluate_the_bars():
   """Each bar is computed from the cells, the KL curve and the wall times; a missing policy
   leaves its checks undecided (None) rather than failed."""
-  from mopd_jax.evaluation import report
+  from mopd_jax.evaluation import kl_curves, report
   from toy_grid import DOMAINS as TOY_DOMAINS
   lengths = {"low": 3.0, "high": 9.0, "max": 19.0}
   cells = []
@@ -59,14 +59,14 @@ def test_report_checks_evaluate_the_bars():
   exact = [[5 * i, 0.5] for i in range(3)] + [[5 * i, 0.2] for i in range(3, 27)] + [
       [5 * i, 0.05] for i in range(27, 29)] + [[145, 0.09]]
   rep["kl_exact_curve"] = exact
-  assert report.kl_drop(rep) == (pytest.approx(0.5 / ((0.05 + 0.05 + 0.09) / 3)), "exact")
+  assert kl_curves.kl_drop(rep) == (pytest.approx(0.5 / ((0.05 + 0.05 + 0.09) / 3)), "exact")
   assert {c["name"]: c["ok"] for c in report.checks(rep)}[report.KL_DROP_CHECK] is True
   assert "the exact KL, the first tenth's over the last tenth of the MOPD steps): x7.9" \
       in " ".join(report.markdown(rep).split())
   # With the teacher-SFT init the distillation starts at pi_SFT: its exact KL before the init
   # (mopd/start.json) is the start of the drop.
   rep["kl_start"] = {"policy": "sft", "kl_exact": 1.9, "cells": {}}
-  assert report.kl_drop(rep) == (pytest.approx(1.9 / ((0.05 + 0.05 + 0.09) / 3)),
+  assert kl_curves.kl_drop(rep) == (pytest.approx(1.9 / ((0.05 + 0.05 + 0.09) / 3)),
                                  "exact, from pi_SFT before the teacher-SFT init")
   md = " ".join(report.markdown(rep).split())
   assert "Exact per-token KL of pi_SFT, the student's start before its teacher-SFT " \
@@ -78,8 +78,8 @@ def test_report_checks_evaluate_the_bars():
   # measured points (one of which, a rollout's excursion, can double the mean).
   exact = [[s, 0.2] for s in range(0, 54, 3)] + [[s, 0.02] for s in range(54, 59)] + [[59, 0.2]]
   rep["kl_exact_curve"] = exact
-  assert report.kl_windows(exact)[1].tolist() == [0.02] * 5 + [0.2]
-  assert report.kl_drop(rep)[0] == pytest.approx(1.9 / ((5 * 0.02 + 0.2) / 6))
+  assert kl_curves.kl_windows(exact)[1].tolist() == [0.02] * 5 + [0.2]
+  assert kl_curves.kl_drop(rep)[0] == pytest.approx(1.9 / ((5 * 0.02 + 0.2) / 6))
   md = " ".join(report.markdown(rep).split())
   assert "mean over the first / last tenth of the steps (2 / 6 measured) 0.2000 / 0.0500, " \
       "the last tenth's standard error 0.0300" in md, md
@@ -93,7 +93,7 @@ def test_report_checks_evaluate_the_bars():
       "sft": held(0.2, 0.01, {"gen/low": (0.2, 0.01), "gen/max": (0.2, 0.01)}),
       "init": held(0.025, 0.002, {"gen/low": (0.02, 0.002), "gen/max": (0.03, 0.002)}),
       "student": held(0.01, 0.001, {"gen/low": (0.001, 0.0005), "gen/max": (0.0365, 0.002)})}
-  assert report.kl_drop(rep)[1] != "exact, held-out"
+  assert kl_curves.kl_drop(rep)[1] != "exact, held-out"
   from mopd_jax.evaluation import agreement
   ratio, se = agreement.heldout_drop(rep["kl_heldout"])  # pi_SFT / the final student
   assert ratio == pytest.approx(20.0) and se == pytest.approx(20.0 * np.hypot(0.05, 0.1))

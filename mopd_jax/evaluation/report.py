@@ -7,7 +7,7 @@ from typing import Optional
 import jax
 import numpy as np
 
-from mopd_jax.evaluation import agreement, report_plots
+from mopd_jax.evaluation import agreement, kl_curves, report_plots
 from mopd_jax.io import checkpoint, profiling, storage
 from mopd_jax.tasks.grid import Grid
 from mopd_jax.teachers import parity
@@ -50,7 +50,7 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, *, grid: Grid) ->
           start := storage.join(workdir, "mopd", "start.json")) else None),
       "kl_exact_per_cell": exact_per_cell,
       # Each cell's exact KL, first over last tenth of its measured steps (informational).
-      "kl_exact_drop_per_cell": kl_drop_per_cell(exact_per_cell),
+      "kl_exact_drop_per_cell": kl_curves.kl_drop_per_cell(exact_per_cell),
       # Effort sensitivity and loss shares on the steps that measured them (diagnostics.py).
       **diagnostics.report_entries(history),
       "reward_curve": [[h["step"], h["reward_mean"]] for h in history],
@@ -117,7 +117,7 @@ def checks(rep: dict) -> list:
     gap = abs(c["outside_accuracy"] - c["same_accuracy"])
     add(f"outside teacher {name} validation accuracy - same-origin teacher's", gap,
         "<= 0.10", ok=gap <= 0.10 + 1e-9)
-  drop, source = kl_drop(rep)
+  drop, source = kl_curves.kl_drop(rep)
   exact = source != "sampled"  # else shown under its own name, not held to the exact KL's bar
   add(KL_DROP_CHECK if exact else KL_DROP_SAMPLED_ROW, drop, ">= 5" if exact else "-",
       ok=None if drop is None or not exact else drop >= 5)
@@ -144,8 +144,9 @@ def checks(rep: dict) -> list:
 
 KL_DROP_CHECK = ("exact per-token KL on the MOPD batches, pi_SFT's before the init / the "
                  "last tenth of the MOPD steps'")
-# Without an exact KL (teachers served or of another tokenizer): the MOPD steps' sampled
-# log-ratio, its first tenth after any init and noisy (one rollout moves a step 10x).
+# Without the exact KL (`mopd.exact_kl_every=0`, teachers served or of another tokenizer) the
+# MOPD steps' sampled log-ratio: its first tenth is after any init, so the drop says what the
+# steps did, and one rollout off its teacher's style moves a step's value 10x: shown only.
 KL_DROP_SAMPLED_ROW = ("sampled per-token log-ratio on the MOPD batches, the first / the "
                        "last tenth of the MOPD steps' (shown, not judged)")
 # The held-out measures (`eval.kl_rollouts`): each policy's exact KL to its routed teachers
@@ -161,59 +162,9 @@ WALL_TIME_CHECKS = ("teacher factory wall seconds (sft + rl)", "pipeline wall se
 
 
 def is_wall_time(name: str) -> bool:
-  """Whether an expected result is a wall-time bar (machine-dependent: sweeps leave it out)."""
+  """Whether an expected result is a wall-time bar (machine-dependent, so sweeps count the
+  method's results without them)."""
   return name in WALL_TIME_CHECKS
-
-
-def kl_windows(curve) -> tuple:
-  """(head, tail): the values of a [[step, value], ...] curve in the first and in the last
-  tenth of its span of steps (at least one step each). A curve measured every step holds a
-  tenth of its points in each; one measured every k steps (`mopd.exact_kl_every`) holds
-  those that fall in them, and the MOPD stage measures every step of the last tenth."""
-  steps = [s for s, _ in curve]
-  vals = np.asarray([v for _, v in curve], np.float64)
-  n = max(1, (steps[-1] - steps[0] + 1) // 10)
-  return (vals[[s < steps[0] + n for s in steps]], vals[[s > steps[-1] - n for s in steps]])
-
-
-def kl_window_means(curve) -> tuple:
-  """(first, last, n_first, n_last): the means of `kl_windows`' head and tail and how many
-  points each holds."""
-  head, tail = kl_windows(curve)
-  return float(head.mean()), float(tail.mean()), len(head), len(tail)
-
-
-def kl_drop(rep: dict) -> tuple:
-  """(ratio, source): how far the per-token KL of the student to its routed teachers falls
-  over the MOPD run: the mean over its first tenth of steps over the mean over its last
-  tenth (every step of which the stage measures), of the exact full-vocabulary KL where
-  measured (`mopd.exact_kl_every`, "exact"; pi_SFT's before the teacher-SFT init,
-  mopd/start.json, replaces the first tenth), else of the sampled-token estimate
-  ("sampled", from a few dozen rollouts a step, one of which can move it 10x). (None, source)
-  when there is nothing to measure or the end's KL is at or below 0."""
-  exact = rep.get("kl_exact_curve") or []
-  curve, source = (exact, "exact") if len(exact) >= 2 else (rep["kl"].get("curve") or [],
-                                                             "sampled")
-  if len(curve) < 2:
-    return None, source
-  first, last, _, _ = kl_window_means(curve)
-  start = rep.get("kl_start")
-  if start and source == "exact":  # the distillation starts at pi_SFT, before its init
-    first, source = start["kl_exact"], "exact, from pi_SFT before the teacher-SFT init"
-  return (first / last if last > 0 else None), source
-
-
-def kl_drop_per_cell(per_cell: dict) -> dict:
-  """{cell: {first, last, n, drop}} of each cell's [[step, KL], ...] curve, reduced as
-  `kl_drop` reduces the run's: the means over the first and the last tenth of its steps
-  (n points in the last), and their ratio (None when the last tenth's mean is at or below 0)."""
-  out = {}
-  for name, curve in per_cell.items():
-    if curve:
-      first, last, _, n = kl_window_means(curve)
-      out[name] = {"first": first, "last": last, "n": n,
-                   "drop": first / last if last > 0 else None}
-  return out
 
 
 def binomial_se(p: float, n: int) -> Optional[float]:
@@ -326,7 +277,7 @@ def markdown(rep: dict) -> str:
               "and the toy does not separate that effort from pi_SFT's behaviour."]
   kl = rep["kl"]
   if kl["curve"]:
-    first, last, n, _ = kl_window_means(kl["curve"])
+    first, last, n, _ = kl_curves.kl_window_means(kl["curve"])
     single = (f"x{kl['initial'] / kl['final']:.1f}" if kl["final"] > 0 else
               "at or below 0 at the last step, so no ratio")
     lines += ["", f"Per-token KL student vs routed teacher, sampled-token estimate: first step "
@@ -335,8 +286,8 @@ def markdown(rep: dict) -> str:
                   f" (x{first / last:.1f})." if last > 0 else ".")]
   exact = rep.get("kl_exact_curve") or []
   if exact:
-    first, last, m1, m2 = kl_window_means(exact)
-    tail = kl_windows(exact)[1]
+    first, last, m1, m2 = kl_curves.kl_window_means(exact)
+    tail = kl_curves.kl_windows(exact)[1]
     se = (f", the last tenth's standard error {np.std(tail, ddof=1) / np.sqrt(len(tail)):.4f}"
           if len(tail) > 1 else "")
     lines += ["", f"Exact per-token KL over the whole vocabulary (on the student's own "
@@ -349,7 +300,7 @@ def markdown(rep: dict) -> str:
     lines += ["", f"Exact per-token KL of pi_SFT, the student's start before its teacher-SFT "
               f"initialisation, on its own rollouts of the first step's prompts: "
               f"{start['kl_exact']:.4f}."]
-  ratio, source = kl_drop(rep)
+  ratio, source = kl_curves.kl_drop(rep)
   if ratio is not None:
     measure = ("the exact KL, pi_SFT's before the teacher-SFT init" if source.startswith(
         "exact,") else f"the {source} KL, the first tenth's")

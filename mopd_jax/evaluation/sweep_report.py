@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from mopd_jax.evaluation import agreement, report
+from mopd_jax.evaluation import agreement, kl_curves, report
 from mopd_jax.tasks.grid import Grid
 
 
@@ -51,7 +51,7 @@ def sweep(reports: dict) -> dict:
           "per_seed": per_seed,
           "kl_curves": {str(s): reports[s]["kl"]["curve"] for s in seeds},
           "kl_exact_curves": {str(s): reports[s].get("kl_exact_curve") or [] for s in seeds},
-          "kl_drop": {str(s): dict(zip(("ratio", "source"), report.kl_drop(reports[s])))
+          "kl_drop": {str(s): dict(zip(("ratio", "source"), kl_curves.kl_drop(reports[s])))
                       for s in seeds},
           # pi_SFT's over the student's exact KL on held-out prompts (eval.kl_rollouts).
           "kl_heldout_drop": {str(s): dict(zip(("ratio", "se"), held)) for s in seeds

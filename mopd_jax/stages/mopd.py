@@ -258,7 +258,7 @@ class Distillation:
     inp = self.inp
     steps = inp.cfg.steps
     ends = step in (0, steps - 1)
-    # The KL-drop result averages the last tenth of the steps (report.kl_windows): each of
+    # The KL-drop result averages the last tenth of the steps (kl_curves.kl_windows): each of
     # them is measured, as one step's value alone moves several-fold with its rollouts.
     last_tenth = step >= steps - max(1, steps // 10)
     exact = bool(self.every) and (step % self.every == 0 or ends or last_tenth)
