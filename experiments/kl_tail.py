@@ -78,7 +78,8 @@ def main(argv):
                                       params=_PARAMS.value)
   inp = wiring.mopd_inputs(ctx)
   out = ranked(inp, ctx, params, prompts=_PROMPTS.value)
-  measure = "exact per-token KL" if not inp.cross else "sampled log-ratio per token"
+  from mopd_jax.evaluation import agreement  # pylint: disable=g-import-not-at-top
+  measure = agreement.MEASURES["sampled" if inp.cross else "exact"]  # as the eval names it
   print(f"{measure} over {out['rollouts']} rollouts: {out['kl_exact']:.4f}")
   print(f"cells of the top 1% of rollouts: {out['top1pct_cells']}")
   for r in out["ranked"][:_TOP.value]:

@@ -118,8 +118,9 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
                         cwd=ROOT, env=suite_cli.env(), capture_output=True, text=True,
                         timeout=600)
   assert tail.returncode == 0, tail.stderr[-3000:]
-  assert (f"sampled log-ratio per token over {held['student']['rollouts']} rollouts: "
-          f"{held['student']['kl_exact']:.4f}") in tail.stdout, tail.stdout
+  assert (f"sampled sequence log-ratio per token (teachers of another tokenizer) over "
+          f"{held['student']['rollouts']} rollouts: {held['student']['kl_exact']:.4f}"
+          ) in tail.stdout, tail.stdout
   assert "`other tokenizer` = a teacher of another tokenizer" in open(
       tmp_path / "wd" / "report.md").read()
   # The same teachers read as if they had the student's tokenizer: refused.
