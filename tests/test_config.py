@@ -120,6 +120,8 @@ CASES = [
      "mopd.loss_args.vocab_kl sets {'future_kl': 1.0}, but mopd.loss='mopd'"),
     ("c.mopd.loss = 'vocab_kl'; c.mopd.loss_args.vocab_kl.future_kl = -1.0",
      "mopd.loss_args.vocab_kl: future_kl must be"),
+    ("c.mopd.loss = 'vocab_kl'; c.mopd.loss_args.vocab_kl = {'future_kl': 0.0, 'clip': 'yes'}",
+     "mopd.loss_args.vocab_kl: vocab_kl.clip must be true or false"),
     ("c.rl.loss_args.pmd.token_clp = 1.0", "rl.loss_args.pmd.token_clp"),
     ("c.rl.loss_args.grpo.eps_low = 0.1",
      "rl.loss_args.grpo sets {'eps_low': 0.1}, but rl.loss='pmd'"),

@@ -47,10 +47,13 @@ def test_vocab_kl_loss_is_the_row_mean_of_the_exact_kl(effort_free):
   assert float(m["num_rows"]) == 5 and float(m["num_tokens"]) == mask.sum()
 
 
-def test_vocab_kl_gradient_is_the_expected_eq15_gradient():
-  """At one position, eq. 15's gradient r(y) grad log pi(y) (r unclipped) averaged over
-  every token y weighted by the student's pi(y) equals the vocab_kl gradient: the loss is
-  eq. 15's update with its expectation over the sampled token taken exactly."""
+@pytest.mark.parametrize("clip,r_max", [(False, 1e3), (True, 0.1)])
+def test_vocab_kl_gradient_is_the_expected_eq15_gradient(clip, r_max):
+  """At one position, eq. 15's gradient r(y) grad log pi(y) averaged over every token y
+  weighted by the student's pi(y) equals the vocab_kl gradient: the loss is eq. 15's update
+  with its expectation over the sampled token taken exactly; r unclipped, or with
+  `vocab_kl.clip` clipped at r_max as eq. 15 clips it (0.1 binds for these two random
+  models), while the loss's value stays the exact KL."""
   import jax
   import jax.numpy as jnp
   from mopd_jax import models
@@ -79,22 +82,28 @@ def test_vocab_kl_gradient_is_the_expected_eq15_gradient():
                               lengths=np.ones(1), over=np.zeros(1, bool), spans=spans)
   batch = _batch(s_cfg, student, bank, sampled)
   arrays = vocab_kl.stratified(sampled, like=student)
-  g_vocab = jax.grad(lambda p: vocab_kl.vocab_kl_loss(
+  loss_cfg = train.LossConfig(kind="vocab_kl", r_max=r_max,
+                              args=registry.VocabKLArgs(clip=clip))
+  value, g_vocab = jax.value_and_grad(lambda p: vocab_kl.vocab_kl_loss(
       s_cfg, p, bank.model_cfg, teacher_params_K=bank.params, arrays=arrays, batch=batch,
-      loss_cfg=train.LossConfig(kind="vocab_kl", r_max=1e3))[0])(student)
+      loss_cfg=loss_cfg)[0])(student)
 
   # Every token y at the response position: the student's and the teacher's log-probs.
   ls = jax.nn.log_softmax(models.forward(s_cfg, student, jnp.asarray(arr["tokens"]))[0, -2])
   t_params = jax.tree.map(lambda x: x[0], bank.params)
   lt = jax.nn.log_softmax(models.forward(s_cfg, t_params, jnp.asarray(t_arr["tokens"]))[0, -2])
   p_s = np.exp(np.asarray(ls))
+  np.testing.assert_allclose(float(value), np.sum(p_s * (np.asarray(ls) - np.asarray(lt))),
+                             rtol=1e-4)
+  if clip:
+    assert np.mean(np.abs(np.asarray(lt) - np.asarray(ls)) > r_max) > 0.2
 
   def eq15_grad(y):
     tokens = jnp.asarray(arr["tokens"]).at[0, -1].set(y)
     def loss(p):
       lp = jax.nn.log_softmax(models.forward(s_cfg, p, tokens)[0, -2])[y]
       return losses.mopd_loss(lp[None, None], lt[y][None, None], jnp.ones((1, 1), bool),
-                              r_max=1e3)[0]
+                              r_max=r_max if clip else 1e3)[0]
     return jax.grad(loss)(student)
 
   expected = jax.tree.map(jnp.zeros_like, student)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -116,11 +117,16 @@ def token_stats_from_hidden(cfg: ModelConfig, params, hidden_BxTxD, *, tokens_Bx
 
 
 def kl_from_hidden(cfg_p: ModelConfig, params_p, hidden_p_BxTxD, *, cfg_q: ModelConfig, params_q,
-                   hidden_q_BxTxD, chunk_size: int = 64):
+                   hidden_q_BxTxD, chunk_size: int = 64, r_max: float = math.inf):
   """[B, T] exact KL(p || q) over the whole vocabulary of each next-token distribution:
   `out[b, t]` compares the two models' predictions of token t (from their hidden states at
   t - 1, which the caller aligns); 0 at t = 0. Chunked like `token_stats_from_hidden`, so
-  [B, T, V] logits never exist. Both heads may differ (a student and its teacher)."""
+  [B, T, V] logits never exist. Both heads may differ (a student and its teacher).
+
+  With a finite `r_max` the values are the same KL, but the gradient in p's params is
+  -sum_y p(y) clip(log q(y) - log p(y), -r_max, r_max) grad log p(y): the expectation over
+  y ~ p of K3 eq. 15's per-token gradient with its reward clip (with no clip it is the KL's
+  own gradient, since sum_y grad p(y) = 0)."""
   cfg_p, params_p = models.materialize(cfg_p, params_p)
   cfg_q, params_q = models.materialize(cfg_q, params_q)
   b, t, _ = hidden_p_BxTxD.shape
@@ -131,7 +137,14 @@ def kl_from_hidden(cfg_p: ModelConfig, params_p, hidden_p_BxTxD, *, cfg_q: Model
     hp, hq = x
     lp = jax.nn.log_softmax(models.logits_from_hidden(cfg_p, params_p, hp), axis=-1)
     lq = jax.nn.log_softmax(models.logits_from_hidden(cfg_q, params_q, hq), axis=-1)
-    return carry, jnp.sum(jnp.exp(lp) * (lp - lq), axis=-1)
+    kl = jnp.sum(jnp.exp(lp) * (lp - lq), axis=-1)
+    if math.isinf(r_max):
+      return carry, kl
+    # The KL's value with eq. 15's clipped expected gradient: sg(kl) + (s - sg(s)).
+    weight = jax.lax.stop_gradient(jnp.exp(lp) * jnp.clip(lq - lp, -r_max, r_max))
+    surrogate = -jnp.sum(weight * lp, axis=-1)
+    return carry, (jax.lax.stop_gradient(kl) + surrogate
+                   - jax.lax.stop_gradient(surrogate))
 
   _, ys = jax.lax.scan(step, None, (to_chunks(hidden_p_BxTxD[:, :-1]),
                                     to_chunks(hidden_q_BxTxD[:, :-1])))

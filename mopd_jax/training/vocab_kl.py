@@ -10,7 +10,10 @@ grad log pi(y | s) = grad KL(pi(. | s) || pi_T(. | s)) (the term sum_y grad pi(y
 So minimising the per-position KL over the visited prefixes, each row's mean over its
 generated tokens (eq. 15's 1/|y|), follows eq. 15's expected update without its sampling
 noise, which dominates once the student is near its teachers (docs/choices.md). The
-prefixes are still the student's own samples: the distillation stays on-policy.
+prefixes are still the student's own samples: the distillation stays on-policy. Eq. 15
+clips r at r_max; the KL's gradient does not, and `vocab_kl.clip=True` takes the clipped
+expectation, sum_y pi(y | s) clip(r(y)) grad log pi(y | s), instead (the loss's value stays
+the KL; measured in docs/toy_results.md: it does not lower the held-out KL).
 
 Layout: the student's hidden states of its [B, T] batch are gathered into the teachers'
 stratified [K, b, T'] layout (row `rows[k, i]`, positions shifted by `shift[k, i]`, the
@@ -22,6 +25,7 @@ gradient stopped: they never enter the optimizer state or the student checkpoint
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -79,9 +83,10 @@ def _to_teacher_layout(x_BxT, arrays: Stratified, width: int):
 
 def stratified_kl(student_cfg: models.ModelConfig, student_params,
                   teacher_cfg: models.ModelConfig, *, teacher_params_K, arrays: Stratified,
-                  chunk_size: int = 64, with_logprobs: bool = False):
+                  chunk_size: int = 64, with_logprobs: bool = False, r_max: float = math.inf):
   """[K, b, T'] exact KL(student || teacher k) of each next token on the teachers' layout,
-  differentiable in the student's params (the teachers' gradient is stopped). With
+  differentiable in the student's params (the teachers' gradient is stopped; a finite
+  `r_max` gives it eq. 15's clipped expected gradient, `logprobs.kl_from_hidden`). With
   `with_logprobs`, (that KL, the student's log-prob of each sampled token on the same
   layout)."""
   s_cfg, s_params = models.materialize(student_cfg, student_params)
@@ -93,7 +98,7 @@ def stratified_kl(student_cfg: models.ModelConfig, student_params,
     t_cfg, p = models.materialize(teacher_cfg, p)
     h_t = models.hidden_states(t_cfg, p, tok, input_mask=m)
     return logprobs.kl_from_hidden(s_cfg, s_params, h_s, cfg_q=t_cfg, params_q=p,
-                                   hidden_q_BxTxD=h_t, chunk_size=chunk_size)
+                                   hidden_q_BxTxD=h_t, chunk_size=chunk_size, r_max=r_max)
 
   kl = jax.vmap(one)(jax.lax.stop_gradient(teacher_params_K), arrays.teacher_tokens,
                      arrays.teacher_mask, hs)
@@ -157,7 +162,8 @@ def vocab_kl_loss(student_cfg: models.ModelConfig, student_params,
   future_kl, chunk_size = loss_cfg.args.future_kl, loss_cfg.chunk_size
   out = stratified_kl(student_cfg, student_params, teacher_cfg,
                       teacher_params_K=teacher_params_K, arrays=arrays,
-                      chunk_size=chunk_size, with_logprobs=bool(future_kl))
+                      chunk_size=chunk_size, with_logprobs=bool(future_kl),
+                      r_max=loss_cfg.r_max if loss_cfg.args.clip else math.inf)
   kl_KxbxT, lp_KxbxT = out if future_kl else (out, None)
   width = arrays.teacher_tokens.shape[-1]
   mask = _to_teacher_layout(batch.loss_mask, arrays, width) & (arrays.rows >= 0)[..., None]
