@@ -189,7 +189,7 @@ def test_future_kl_term_on_the_teachers_layout_matches_the_students_layout():
 
 
 def test_vocab_kl_config_rules():
-  from mopd_jax.training import step as train, vocab_kl
+  from mopd_jax.training import vocab_kl
   from configs import toy
   import dataclasses
   c = configure.build(toy.get_config("fast"), None)
@@ -213,7 +213,7 @@ def test_future_kl_term_completes_the_gradient_of_the_sequence_kl():
   import itertools
   import jax
   import jax.numpy as jnp
-  from mopd_jax.training import step as train, vocab_kl
+  from mopd_jax.training import vocab_kl
   rng = np.random.RandomState(0)
   v = 3
   q1 = jax.nn.log_softmax(jnp.asarray(rng.randn(v)))
@@ -248,3 +248,45 @@ def test_future_kl_term_completes_the_gradient_of_the_sequence_kl():
   for k in theta:
     np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
   assert not np.allclose(without["a"], want["a"], rtol=1e-3, atol=1e-4)
+
+
+def test_future_kl_baseline_keeps_the_expected_gradient_and_cancels_a_shared_cost():
+  """`groups`: each row's future KL minus the mean of the other rows of its group. Two rows
+  of one group drawn independently from a tabular two-token policy (every pair enumerated):
+  the expected gradient equals the term's without the baseline (leave-one-out: the baseline
+  does not depend on the row's own tokens); and where every rollout's continuation costs
+  the same, the baselined term's gradient is 0 on every pair, while the plain term's is
+  not (checks that can fail: the first does with a baseline that includes the row itself,
+  which halves the term here)."""
+  import itertools
+  import jax
+  import jax.numpy as jnp
+  from mopd_jax.training import vocab_kl
+  rng = np.random.RandomState(1)
+  v = 3
+  theta = {"a": jnp.asarray(rng.randn(v)), "b": jnp.asarray(rng.randn(v, v))}
+  kl2 = jnp.asarray(rng.rand(v))  # the second position's KL after each first token
+
+  def expected(th, groups, kl_after):
+    p1, p2 = jax.nn.log_softmax(th["a"]), jax.nn.log_softmax(th["b"], -1)
+    sp1, sp2 = jax.lax.stop_gradient(p1), jax.lax.stop_gradient(p2)
+    rollouts = list(itertools.product(range(v), range(v)))
+    total = 0.0
+    for (a1, a2), (b1, b2) in itertools.product(rollouts, rollouts):
+      w = jnp.exp(sp1[a1] + sp2[a1, a2] + sp1[b1] + sp2[b1, b2])
+      lp = jnp.stack([jnp.stack([p1[a1], p2[a1, a2]]), jnp.stack([p1[b1], p2[b1, b2]])])
+      kl = jnp.stack([jnp.stack([0.1, kl_after[a1]]), jnp.stack([0.1, kl_after[b1]])])
+      total = total + w * vocab_kl.future_kl_term(kl, lp, jnp.ones((2, 2), bool),
+                                                  groups=groups)[0]
+    return total
+
+  plain = jax.grad(lambda th: expected(th, 0, kl2))(theta)
+  based = jax.grad(lambda th: expected(th, 1, kl2))(theta)
+  for k in theta:
+    np.testing.assert_allclose(based[k], plain[k], rtol=1e-5, atol=1e-7)
+  lp = jnp.log(jnp.asarray([[0.2, 0.5], [0.3, 0.6]]))
+  kl = jnp.asarray([[0.1, 0.7], [0.4, 0.7]])
+  grad = lambda g: jax.grad(lambda x: vocab_kl.future_kl_term(
+      kl, x, jnp.ones((2, 2), bool), groups=g)[0])(lp)
+  np.testing.assert_allclose(grad(1), 0.0, atol=1e-7)
+  assert np.abs(np.asarray(grad(0))).max() > 0.1

@@ -269,15 +269,19 @@ def _outcome_loss(loss_cfg, st, batch):
 class VocabKLArgs:
   """The vocab_kl loss's own settings: the weight of its future-KL term (each sampled token's
   log-probability gradient times the exact KL of the rest of its rollout,
-  `vocab_kl.future_kl_term`; 0 = off), and `clip`: the gradient is eq. 15's expectation
+  `vocab_kl.future_kl_term`; 0 = off) and whether it subtracts each cell's leave-one-out
+  mean future KL (`future_baseline`), and `clip`: the gradient is eq. 15's expectation
   with its reward clipped at `mopd.r_max` (`logprobs.kl_from_hidden`), not the KL's own."""
   future_kl: float = 0.0
+  future_baseline: bool = False
   clip: bool = False
 
   def __post_init__(self):
     _check_number("future_kl", self.future_kl, positive=False)
-    if not isinstance(self.clip, bool):
-      raise ValueError(f"vocab_kl.clip must be true or false, got {self.clip!r}")
+    for name in ("future_baseline", "clip"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"vocab_kl.{name} must be true or false, got "
+                         f"{getattr(self, name)!r}")
 
 
 @register_loss("vocab_kl", separable=False, teachers_in_step=True, args=VocabKLArgs)

@@ -130,20 +130,32 @@ def exact_kl_rows(student_cfg: models.ModelConfig, student_params, bank: teacher
   return sampled.student_layout(rows) * np.asarray(sampled.arr["loss_mask"], np.float32)
 
 
-def future_kl_term(kl_NxT, logprobs_NxT, mask_NxT):
+def future_kl_term(kl_NxT, logprobs_NxT, mask_NxT, *, groups: int = 0):
   """(term, its metrics): the score-function part of the gradient of each row's summed KL,
   as a surrogate whose gradient is the mean over rows of
-  (1/|y|) sum_t grad log pi(y_t | s_t) * sum_{t' > t} KL_t'. The per-position exact KL
-  (`token_kl_loss`) differentiates each visited prefix's KL but not the choice of the token
-  that leads to the next prefixes; this term charges a sampled token with the KL of what
-  follows it, so a token after which the rollout leaves the teacher's track (its later KL
-  large) is pushed down. The future KL is a constant of the gradient (stopped)."""
+  (1/|y|) sum_t grad log pi(y_t | s_t) * A_t, A_t = sum_{t' > t} KL_t' - b_t. The
+  per-position exact KL (`token_kl_loss`) differentiates each visited prefix's KL but not
+  the choice of the token that leads to the next prefixes; this term charges a sampled token
+  with the KL of what follows it, so a token after which the rollout leaves the teacher's
+  track (its later KL large) is pushed down. The future KL is a constant of the gradient
+  (stopped). `groups` = 0: no baseline (b_t = 0). `groups` = G > 0: the N rows are G
+  consecutive groups (the teachers' layout: one cell per group) and b_t is the mean future
+  KL at position t over the other rows of the row's group that reach t (leave-one-out, so
+  b_t does not depend on the row's own tokens and the gradient's expectation is unchanged):
+  a row whose continuation costs what its cell's usually does adds nothing."""
   m = mask_NxT.astype(jnp.float32)
   kl = jax.lax.stop_gradient(kl_NxT.astype(jnp.float32)) * m
   future = jnp.cumsum(kl[:, ::-1], axis=-1)[:, ::-1] - kl  # sum over t' > t
+  adv = future
+  if groups:
+    g = lambda x: x.reshape((groups, -1) + x.shape[1:])
+    fut_g, m_g = g(future * m), g(m)
+    others = jnp.sum(m_g, axis=1, keepdims=True) - m_g
+    base = (jnp.sum(fut_g, axis=1, keepdims=True) - fut_g) / jnp.maximum(others, 1.0)
+    adv = future - jnp.where(others > 0, base, 0.0).reshape(future.shape)
   n = m.sum(-1)
   rows = n > 0
-  per_row = (logprobs_NxT.astype(jnp.float32) * future * m).sum(-1) / jnp.maximum(n, 1.0)
+  per_row = (logprobs_NxT.astype(jnp.float32) * adv * m).sum(-1) / jnp.maximum(n, 1.0)
   term = jnp.where(rows, per_row, 0.0).sum() / jnp.maximum(rows.sum(), 1)
   mean_future = (future * m).sum() / jnp.maximum(m.sum(), 1.0)
   return term, {"future_kl_mean": jax.lax.stop_gradient(mean_future)}
@@ -172,8 +184,10 @@ def vocab_kl_loss(student_cfg: models.ModelConfig, student_params,
   loss, metrics = losses.token_kl_loss(kl_KxbxT.reshape((-1, width)),
                                        mask.reshape((-1, width)))
   if future_kl:
-    term, m_future = future_kl_term(kl_KxbxT.reshape((-1, width)),
-                                    lp_KxbxT.reshape((-1, width)), mask.reshape((-1, width)))
+    term, m_future = future_kl_term(
+        kl_KxbxT.reshape((-1, width)), lp_KxbxT.reshape((-1, width)),
+        mask.reshape((-1, width)),
+        groups=kl_KxbxT.shape[0] if loss_cfg.args.future_baseline else 0)
     loss = loss + future_kl * term
     metrics = {**metrics, **m_future}
   _, m = losses.mopd_loss(batch.sampler_logprobs, batch.teacher_logprobs, batch.loss_mask,
