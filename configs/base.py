@@ -274,7 +274,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.loss_args.topk = dict(k=8)  # teacher tokens per position
   # The weight of the future-KL term, which charges each sampled token with the exact KL of
   # the rest of its rollout (mopd_jax/training/vocab_kl.py `future_kl_term`); 0 = off.
-  c.mopd.loss_args.vocab_kl = dict(future_kl=0.0, future_baseline=False, clip=False)
+  c.mopd.loss_args.vocab_kl = dict(future_kl=0.0, future_baseline=False, clip=False,
+                                     per="row")
   # Weight of the outcome-reward term: alpha * (verifier reward - its (domain, effort)
   # cell's batch mean) on every generated token, REINFORCE; 0 = pure distillation.
   c.mopd.alpha = 0.0

@@ -28,20 +28,24 @@ def _batch(s_cfg, params, bank, sampled):
   return mopd.train_batch(arr, teacher_lp)
 
 
-@pytest.mark.parametrize("effort_free", [False, True])
-def test_vocab_kl_loss_is_the_row_mean_of_the_exact_kl(effort_free):
-  """The loss is the mean over rows of each row's mean exact KL over its generated tokens,
-  the diagnostic `exact_kl_rows` (itself checked against dense logits in test_mopd.py)."""
+@pytest.mark.parametrize("effort_free,per", [(False, "row"), (True, "row"), (True, "token")])
+def test_vocab_kl_loss_is_the_row_mean_of_the_exact_kl(effort_free, per):
+  """The loss is the mean over rows of each row's mean exact KL over its generated tokens
+  (`vocab_kl.per='row'`), or the mean over every generated token (`per='token'`), of the
+  diagnostic `exact_kl_rows` (itself checked against dense logits in test_mopd.py)."""
   from mopd_jax.training import step as train, vocab_kl
   s_cfg, student, bank, sampled = _setup(effort_free)
   batch = _batch(s_cfg, student, bank, sampled)
   loss, m = vocab_kl.vocab_kl_loss(
       s_cfg, student, bank.model_cfg, teacher_params_K=bank.params,
       arrays=vocab_kl.stratified(sampled, like=student), batch=batch,
-      loss_cfg=train.LossConfig(kind="vocab_kl", chunk_size=16))
+      loss_cfg=train.LossConfig(kind="vocab_kl", chunk_size=16,
+                                args=registry.VocabKLArgs(per=per)))
   rows = vocab_kl.exact_kl_rows(s_cfg, student, bank, sampled=sampled, chunk_size=16)
   mask = np.asarray(sampled.arr["loss_mask"], bool)
-  want = np.mean(rows.sum(1) / mask.sum(1))
+  want = np.mean(rows.sum(1) / mask.sum(1)) if per == "row" else rows[mask].mean()
+  # The two reductions differ here by about 6e-4 (relative), well beyond the rtol below.
+  assert not np.isclose(np.mean(rows.sum(1) / mask.sum(1)), rows[mask].mean(), rtol=2e-4)
   np.testing.assert_allclose(float(loss), want, rtol=1e-5)
   np.testing.assert_allclose(float(m["kl_vocab"]), rows[mask].mean(), rtol=1e-5)
   assert float(m["num_rows"]) == 5 and float(m["num_tokens"]) == mask.sum()

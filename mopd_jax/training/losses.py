@@ -265,15 +265,21 @@ def topk_kl_loss(student_topk_logprobs, teacher_topk_logprobs,
   return loss, stop(metrics)
 
 
-def token_kl_loss(kl_BxT, loss_mask) -> tuple[Array, Metrics]:
-  """The mean over rows of each row's mean of a per-token KL over its masked tokens (eq. 15's
-  1/|y| and row weights), for a KL computed exactly per position (`vocab_kl.py`: the whole
-  vocabulary against the routed teacher). Metrics: ``kl_vocab`` (its token mean),
-  ``num_tokens``, ``num_rows``."""
+def token_kl_loss(kl_BxT, loss_mask, *, per: str = "row") -> tuple[Array, Metrics]:
+  """A per-token KL computed exactly per position (`vocab_kl.py`: the whole vocabulary
+  against the routed teacher) reduced over the masked tokens: `per="row"`, the mean over
+  rows of each row's mean (eq. 15's 1/|y| and row weights: every rollout weighs the same);
+  `per="token"`, the mean over every token of the batch (a rollout weighs its length, as
+  in the held-out per-token KL). Metrics: ``kl_vocab`` (its token mean), ``num_tokens``,
+  ``num_rows``."""
   same_shapes(2, kl_BxT=kl_BxT, loss_mask=loss_mask)
+  if per not in ("row", "token"):
+    raise ValueError(f"token_kl_loss: per must be 'row' or 'token', got {per!r}")
   mask = as_mask(loss_mask)
   kl = jnp.where(mask, f32(kl_BxT), 0.0)
   loss, n_tokens, n_rows = row_normalised_mean(kl, mask)
+  if per == "token":
+    loss = token_mean(kl, mask)
   return loss, stop({"kl_vocab": token_mean(kl, mask), "num_tokens": n_tokens,
                       "num_rows": n_rows})
 

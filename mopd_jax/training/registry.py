@@ -271,12 +271,18 @@ class VocabKLArgs:
   log-probability gradient times the exact KL of the rest of its rollout,
   `vocab_kl.future_kl_term`; 0 = off) and whether it subtracts each cell's leave-one-out
   mean future KL (`future_baseline`), and `clip`: the gradient is eq. 15's expectation
-  with its reward clipped at `mopd.r_max` (`logprobs.kl_from_hidden`), not the KL's own."""
+  with its reward clipped at `mopd.r_max` (`logprobs.kl_from_hidden`), not the KL's own;
+  `per`: the KL's mean per rollout, then over rollouts (eq. 15's 1/|y|), or over every
+  token of the batch (`losses.token_kl_loss`)."""
   future_kl: float = 0.0
   future_baseline: bool = False
   clip: bool = False
+  per: str = "row"
 
   def __post_init__(self):
+    if self.per not in ("row", "token"):
+      raise ValueError(f"vocab_kl.per must be 'row' (eq. 15's 1/|y|) or 'token', got "
+                       f"{self.per!r}")
     _check_number("future_kl", self.future_kl, positive=False)
     for name in ("future_baseline", "clip"):
       if not isinstance(getattr(self, name), bool):

@@ -182,7 +182,7 @@ def vocab_kl_loss(student_cfg: models.ModelConfig, student_params,
   pos = jnp.arange(width)[None, None, :] + arrays.shift[..., None]
   mask &= (pos >= 0) & (pos < batch.tokens.shape[1])
   loss, metrics = losses.token_kl_loss(kl_KxbxT.reshape((-1, width)),
-                                       mask.reshape((-1, width)))
+                                       mask.reshape((-1, width)), per=loss_cfg.args.per)
   if future_kl:
     term, m_future = future_kl_term(
         kl_KxbxT.reshape((-1, width)), lp_KxbxT.reshape((-1, width)),
