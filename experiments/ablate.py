@@ -29,6 +29,10 @@ The rows (`ROWS`), each testing one claim:
 - future_kl: the `vocab_kl` loss with its future-KL term (`mopd.loss_args.vocab_kl.future_kl=1`),
   the rest of the sequence-level KL's gradient: whether charging a token with the KL of what
   follows it removes the rare rollouts that leave the teacher's track;
+- clip: the `vocab_kl` gradient with eq. 15's reward clip (`mopd.loss_args.vocab_kl.clip`):
+  whether bounding the pull of the 20-nat off-track positions lowers the KL;
+- token_mean: the `vocab_kl` loss as a mean over every token (`mopd.loss_args.vocab_kl.per`)
+  rather than eq. 15's 1/|y| per rollout: the weighting the held-out KL itself uses;
 - from_sft: `configs/toy.py:from_sft`, on-policy steps only, from pi_SFT;
 - from_sft_eq15: the same with K3 eq. 15's sampled-token loss: what the loss does from pi_SFT.
 """
@@ -54,6 +58,8 @@ ROWS = {
     "sft_compute": ("", ["--config.mopd.steps=1", "--config.mopd.lr=1e-12"], False),
     "rl_compute": ("", ["--config.mopd.loss=outcome", "--config.mopd.alpha=1.0"], True),
     "future_kl": ("", ["--config.mopd.loss_args.vocab_kl.future_kl=1.0"], True),
+    "clip": ("", ["--config.mopd.loss_args.vocab_kl.clip=True"], True),
+    "token_mean": ("", ["--config.mopd.loss_args.vocab_kl.per=token"], True),
     "from_sft": (":from_sft", [], False),
     "from_sft_eq15": (":from_sft", ["--config.mopd.loss=mopd"], False),
 }

@@ -9,7 +9,7 @@ the initialised student, `sft/params` pi_SFT) of a run made with the same `--con
 overrides, samples them after the first `--prompts` test prompts of each domain at every
 effort exactly as the eval's held-out KL does (`agreement.heldout_batches`: the same
 prompts, batches and keys, so the mean printed first equals the eval's), and prints the cells of
-the top 1% of rollouts, each cell's onset (`onsets`: its worst response position and the
+the top 1% of rollouts, each cell's onsets (`agreement.kl_onsets`: its worst response positions and the
 share of the KL carried by the rows above `--onset` nats there), then the `--top` rollouts:
 cell, mean KL, prompt, and every generated token with its exact KL against the teacher at
 the scoring temperature. A rollout that leaves the teacher's track shows as a token
@@ -75,35 +75,6 @@ def ranked(inp, ctx, params, *, prompts: int) -> dict:
           "top1pct_cells": dict(collections.Counter(r["cell"] for r in top)), "ranked": rows}
 
 
-def onsets(rows: list, *, threshold: float, top: int = 3) -> dict:
-  """Per cell, where its KL enters: the `top` response positions (token indices), among
-  those at least half its rows reach, whose KL averaged over the rows reaching them is
-  largest; for each, that mean, the rows whose KL there exceeds `threshold`, and their share
-  of the cell's summed KL and of every cell's. A position every rollout passes (the `agt`
-  call's first argument letter) whose rare errors lead off the track shows as a small mean
-  with a large share."""
-  total = sum(k for r in rows for _, k in r["tokens"]) or 1.0
-  out = {}
-  for cell in sorted({r["cell"] for r in rows}):
-    mine = [[k for _, k in r["tokens"]] for r in rows if r["cell"] == cell]
-    width = max(len(k) for k in mine)
-    sums, counts = np.zeros(width), np.zeros(width)
-    for k in mine:
-      sums[:len(k)] += k
-      counts[:len(k)] += 1
-    # Positions at least half the cell's rows reach: the track, not one long rollout's end.
-    means = np.where(counts * 2 >= len(mine), sums / np.maximum(counts, 1), -1.0)
-    cell_sum = sum(sum(k) for k in mine) or 1.0
-    out[cell] = []
-    for pos in np.argsort(-means, kind="stable")[:top]:
-      hit = [k for k in mine if len(k) > pos and k[pos] > threshold]
-      out[cell].append({"position": int(pos), "mean_kl": float(means[pos]), "rows": len(mine),
-                        "rows_above": len(hit),
-                        "share_of_cell": sum(sum(k) for k in hit) / cell_sum,
-                        "share_of_all": sum(sum(k) for k in hit) / total})
-  return out
-
-
 def main(argv):
   from mopd_jax.stages import wiring  # pylint: disable=g-import-not-at-top
   ctx, params = common.run_and_params(argv, config=_CONFIG.value, workdir=_WORKDIR.value,
@@ -114,7 +85,11 @@ def main(argv):
   measure = agreement.MEASURES["sampled" if inp.cross else "exact"]  # as the eval names it
   print(f"{measure} over {out['rollouts']} rollouts: {out['kl_exact']:.4f}")
   print(f"cells of the top 1% of rollouts: {out['top1pct_cells']}")
-  out["onsets"] = onsets(out["ranked"], threshold=_ONSET.value)
+  from mopd_jax.evaluation import agreement  # pylint: disable=g-import-not-at-top
+  by_cell = collections.defaultdict(list)
+  for r in out["ranked"]:
+    by_cell[r["cell"]].append([k for _, k in r["tokens"]])
+  out["onsets"] = agreement.kl_onsets(dict(by_cell), threshold=_ONSET.value)
   for cell, positions in out["onsets"].items():
     print(f"{cell} ({positions[0]['rows']} rows), response positions with the largest mean "
           f"KL; rows above {_ONSET.value} nats there, their share of the cell's KL / of all: " +

@@ -140,3 +140,21 @@ def test_heldout_kl_is_the_token_mean_of_the_exact_kl_with_its_error():
   zero = agreement.heldout_kl(CFG, policy, _kl_setup(same, views.EFFORT_EVERYWHERE),
                               scoring=same, examples={"gen": exs}, rng=rng, batch=4)
   assert abs(zero["kl_exact"]) < 1e-5 and zero["kl_exact_se"] < 1e-5
+
+
+def test_kl_onsets_find_the_position_where_rollouts_leave_the_track():
+  """Three rows of one cell: position 1 is an error in one row (2 nats, after which its KL
+  stays high) and about 0 elsewhere; among the positions half the rows reach (the lone long
+  row's last position is left out) `kl_onsets` ranks position 2 first (mean 1.5 over the two
+  rows reaching it) and the error's own second, counts the one row above the threshold at
+  each and gives its share of the cell's and of every cell's summed KL."""
+  rows = {"agt/max": [[0.0, 2.0, 3.0, 9.0], [0.1, 0.0], [0.1, 0.0, 0.0]], "gen/low": [[1.0]]}
+  o = agreement.kl_onsets(rows, threshold=0.5, top=2)
+  first = o["agt/max"][0]
+  assert first["position"] == 2 and np.isclose(first["mean_kl"], 1.5)  # rows 1 and 3 reach it
+  assert first["rows_above"] == 1 and first["rows"] == 3
+  np.testing.assert_allclose(first["share_of_cell"], 14.0 / 14.2)
+  np.testing.assert_allclose(first["share_of_all"], 14.0 / 15.2)
+  assert o["agt/max"][1]["position"] == 1 and o["agt/max"][1]["rows_above"] == 1
+  assert [p["position"] for p in o["gen/low"]] == [0]
+

@@ -507,26 +507,6 @@ def test_kl_tail_ranks_the_held_out_rollouts(workdir, tmp_path):
   assert "response positions with the largest mean KL" in proc.stdout
 
 
-def test_kl_tail_onsets_find_the_position_where_rollouts_leave_the_track():
-  """Three rows of one cell: the second position is an error in one row (2 nats, after which
-  its KL stays high) and 0 elsewhere; `onsets` ranks that position first among those half
-  the rows reach (the lone long row's tail is left out), counts the one row above the
-  threshold and gives its share of the cell's and of every cell's summed KL."""
-  from experiments import kl_tail
-  rows = [{"cell": "agt/max", "tokens": [["a", 0.0], ["b", 2.0], ["c", 3.0], ["d", 9.0]]},
-          {"cell": "agt/max", "tokens": [["a", 0.1], ["b", 0.0]]},
-          {"cell": "agt/max", "tokens": [["a", 0.1], ["b", 0.0], ["c", 0.0]]},
-          {"cell": "gen/low", "tokens": [["x", 1.0]]}]
-  o = kl_tail.onsets(rows, threshold=0.5, top=2)
-  first = o["agt/max"][0]
-  assert first["position"] == 2 and np.isclose(first["mean_kl"], 1.5)  # rows 1 and 3 reach it
-  assert first["rows_above"] == 1 and first["rows"] == 3
-  np.testing.assert_allclose(first["share_of_cell"], 14.0 / 14.2)
-  np.testing.assert_allclose(first["share_of_all"], 14.0 / 15.2)
-  assert o["agt/max"][1]["position"] == 1 and o["agt/max"][1]["rows_above"] == 1
-  assert [p["position"] for p in o["gen/low"]] == [0]
-
-
 _CACHE_CHILD = r"""
 import os, sys
 import jax, jax.numpy as jnp

@@ -268,6 +268,36 @@ def rollout_tail(sums: np.ndarray, counts: np.ndarray) -> dict:
           "top1pct_share": share(0.01), "top5pct_share": share(0.05)}
 
 
+def kl_onsets(rows_by_cell: dict, *, threshold: float, top: int = 3) -> dict:
+  """Where each cell's held-out KL enters. `rows_by_cell`: {cell: [each rollout's per-token
+  KL over its generated tokens]}. Per cell, the `top` response positions (token indices),
+  among those at least half its rows reach, whose KL averaged over the rows reaching them is
+  largest; for each, that mean, the rows whose KL there exceeds `threshold`, and their share
+  of the cell's summed KL and of every cell's. A position every rollout passes (the `agt`
+  call's first argument letter) whose rare errors lead off the track shows as a small mean
+  with a large share."""
+  total = sum(sum(k) for rows in rows_by_cell.values() for k in rows) or 1.0
+  out = {}
+  for cell in sorted(rows_by_cell):
+    mine = rows_by_cell[cell]
+    width = max(len(k) for k in mine)
+    sums, counts = np.zeros(width), np.zeros(width)
+    for k in mine:
+      sums[:len(k)] += k
+      counts[:len(k)] += 1
+    # Positions at least half the cell's rows reach: the track, not one long rollout's end.
+    means = np.where(counts * 2 >= len(mine), sums / np.maximum(counts, 1), -1.0)
+    cell_sum = sum(sum(k) for k in mine) or 1.0
+    out[cell] = []
+    for pos in np.argsort(-means, kind="stable")[:top]:
+      hit = [k for k in mine if len(k) > pos and k[pos] > threshold]
+      out[cell].append({"position": int(pos), "mean_kl": float(means[pos]), "rows": len(mine),
+                        "rows_above": len(hit),
+                        "share_of_cell": sum(sum(k) for k in hit) / cell_sum,
+                        "share_of_all": sum(sum(k) for k in hit) / total})
+  return out
+
+
 def _token_mean(sums: np.ndarray, counts: np.ndarray) -> dict:
   """The token mean sum(sums) / sum(counts) over rollouts and its standard error (the
   linearised ratio estimator's, over the rollouts)."""
