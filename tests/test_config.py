@@ -124,6 +124,8 @@ CASES = [
      "mopd.loss_args.vocab_kl: vocab_kl.clip must be true or false"),
     ("c.mopd.loss = 'vocab_kl'; c.mopd.loss_args.vocab_kl.per = 'sequence'",
      "mopd.loss_args.vocab_kl: vocab_kl.per must be 'row'"),
+    ("c.mopd.loss = 'vocab_kl'; c.mopd.loss_args.vocab_kl.future_baseline = True",
+     "it needs vocab_kl.future_kl > 0"),
     ("c.rl.loss_args.pmd.token_clp = 1.0", "rl.loss_args.pmd.token_clp"),
     ("c.rl.loss_args.grpo.eps_low = 0.1",
      "rl.loss_args.grpo sets {'eps_low': 0.1}, but rl.loss='pmd'"),

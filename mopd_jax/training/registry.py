@@ -288,6 +288,9 @@ class VocabKLArgs:
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"vocab_kl.{name} must be true or false, got "
                          f"{getattr(self, name)!r}")
+    if self.future_baseline and not self.future_kl:
+      raise ValueError("vocab_kl.future_baseline is the future-KL term's baseline; it needs "
+                       "vocab_kl.future_kl > 0")
 
 
 @register_loss("vocab_kl", separable=False, teachers_in_step=True, args=VocabKLArgs)
