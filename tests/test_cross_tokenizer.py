@@ -284,7 +284,8 @@ def test_an_engine_measures_responses_in_the_tokens_budgets_are_counted_in(bpe_t
   """`RolloutEngine.result`, the one place a response meets its budget: an engine writing
   BPE tokens that counts in characters reports character lengths, and a finished response
   longer than its budget in characters is over it though its BPE length fits; without a
-  counting tokenizer, lengths are the engine's own tokens."""
+  counting tokenizer, lengths are the engine's own tokens. Lengths an earlier result
+  measured are taken as given."""
   import configs.qwen3_mopd as q
   from mopd_jax.config.tokenizer_options import TokenizerOptions
   from mopd_jax.io import hf
@@ -304,7 +305,15 @@ def test_an_engine_measures_responses_in_the_tokens_budgets_are_counted_in(bpe_t
   assert res.lengths.tolist() == [n_char] * 3
   assert res.over_budget.tolist() == [False, True, True]
   assert res.texts == [bpe.decode(ids)] * 3
+  # A second result of the same trajectories (a step's own budgets after the sampler's) takes
+  # the lengths the first measured rather than counting them again; the engine's own
+  # tokens ignore them.
+  again = counting.result([traj(True)] * 2, [n_char + 1, n_char - 1], counted=res.lengths[:2])
+  assert again.lengths.tolist() == [n_char] * 2 and again.over_budget.tolist() == [False, True]
+  assert counting.result([traj(True)], [n_char], counted=[n_char + 1]).over_budget.tolist() == [
+      True]
   own = turns.RolloutEngine(cfg, bpe, max_response_tokens=64)
+  assert own.result([traj(True)], [len(ids)], counted=[999]).lengths.tolist() == [len(ids)]
   res = own.result([traj(True), traj(True)], [len(ids), n_char - 1])
   assert res.lengths.tolist() == [len(ids)] * 2 and not res.over_budget.any()
   assert own.result([traj(True)], [len(ids) - 1]).over_budget.tolist() == [True]

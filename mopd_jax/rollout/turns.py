@@ -206,15 +206,20 @@ class RolloutEngine:
     return self.result(trajs, budgets)
 
   def result(self, trajs: Sequence[Trajectory], budgets: Sequence[int], *,
-             texts: Optional[Sequence[str]] = None) -> RolloutResult:
+             texts: Optional[Sequence[str]] = None,
+             counted: Optional[Sequence[int]] = None) -> RolloutResult:
     """The RolloutResult of this engine's `trajs`: their `texts` (None: decoded here), their
-    lengths in the tokens budgets are counted in (`count_tok`'s, else their own) and over
-    budget when not finished or longer than `budgets` in those tokens. The one place a
-    response is measured against its budget."""
+    lengths in the tokens budgets are counted in (`count_tok`'s, else their own; `counted`:
+    those lengths as an earlier result of the same trajectories measured them, None:
+    measured here) and over budget when not finished or longer than `budgets` in those
+    tokens. The one place a response is measured against its budget."""
     trajs = list(trajs)
-    counted = None
-    if self.count_tok is not None:
+    if self.count_tok is None:
+      counted = None
+    elif counted is None:
       counted = np.asarray([count_in(self.tok, self.count_tok, t.ids) for t in trajs], int)
+    else:
+      counted = np.asarray(counted, int)
     n = counted if counted is not None else [t.num_tokens for t in trajs]
     over = np.asarray([not t.finished or k > b for t, k, b in zip(trajs, n, budgets)], bool)
     texts = [self.tok.decode(t.ids) for t in trajs] if texts is None else list(texts)

@@ -290,16 +290,21 @@ def sample_batch(setup: StepSetup, params, examples_per_cell: Sequence[list], *,
         environment=tasks[d].environment))
   trajs = [None] * len(rows)
   texts = [None] * len(rows)
+  lengths = np.zeros(len(rows), int)  # in the tokens budgets are counted in
   for d, (idx, res) in res_by_domain.items():
     for j, i in enumerate(idx):
       trajs[i], texts[i] = res.trajectories[j], res.texts[j]
-  return _assemble(setup, rows, efforts, trajs=trajs, texts=texts, rows_per_teacher=b)
+    lengths[idx] = res.lengths
+  return _assemble(setup, rows, efforts, trajs=trajs, texts=texts, rows_per_teacher=b,
+                   counted=lengths)
 
 
 def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher: int,
-              pad_to: int = 0) -> SampledBatch:
+              pad_to: int = 0, counted=None) -> SampledBatch:
   """The SampledBatch of rollouts `trajs` (decoded `texts`) of `rows` (examples) at
   `efforts`: verified, padded, stratified by teacher into `rows_per_teacher` rows each.
+  `counted`: their lengths as the sampling engine's result measured them (None: measured
+  here).
   `pad_to`: the student's batch gets empty rows (no loss tokens; weight 0 in every
   row-normalised loss) up to this many rows; the per-row diagnostics keep only the real
   rows."""
@@ -309,7 +314,7 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
   domains = [ex.domain for ex in rows]
   teacher_ids = [bank.router.index(d, e) for d, e in zip(domains, efforts)]
   budgets = np.asarray([task_base.budget(ex, taus[e]) for ex, e in zip(rows, efforts)])
-  measured = setup.engine.result(trajs, budgets, texts=texts)
+  measured = setup.engine.result(trajs, budgets, texts=texts, counted=counted)
   lengths, over = measured.lengths, measured.over_budget
   acc = np.zeros(len(rows))
   for d in dict.fromkeys(domains):  # each domain's rows in one batch (a code sandbox pool)

@@ -109,6 +109,7 @@ def _run_split(engine: rollout.RolloutEngine, samplers: tuple, rows: list, *, sh
   parts = [[i for i in range(len(rows)) if (i % group_size < half) == first]
            for first in (True, False)]
   trajs, texts = [None] * len(rows), [None] * len(rows)
+  lengths = np.zeros(len(rows), int)  # in the tokens budgets are counted in
   for j, (params, idx) in enumerate(zip(samplers, parts)):
     if not idx:
       continue
@@ -117,7 +118,8 @@ def _run_split(engine: rollout.RolloutEngine, samplers: tuple, rows: list, *, sh
                      environment=environment)
     for k, i in enumerate(idx):
       trajs[i], texts[i] = res.trajectories[k], res.texts[k]
-  return engine.result(trajs, budgets, texts=texts)
+    lengths[idx] = res.lengths
+  return engine.result(trajs, budgets, texts=texts, counted=lengths)
 
 
 @dataclasses.dataclass(frozen=True)
