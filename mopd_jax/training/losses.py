@@ -265,6 +265,9 @@ def topk_kl_loss(student_topk_logprobs, teacher_topk_logprobs,
   return loss, stop(metrics)
 
 
+KL_REDUCTIONS = ("row", "token")  # token_kl_loss's `per`: eq. 15's 1/|y|, or a token mean
+
+
 def token_kl_loss(kl_BxT, loss_mask, *, per: str = "row") -> tuple[Array, Metrics]:
   """A per-token KL computed exactly per position (`vocab_kl.py`: the whole vocabulary
   against the routed teacher) reduced over the masked tokens: `per="row"`, the mean over
@@ -273,8 +276,8 @@ def token_kl_loss(kl_BxT, loss_mask, *, per: str = "row") -> tuple[Array, Metric
   in the held-out per-token KL). Metrics: ``kl_vocab`` (its token mean), ``num_tokens``,
   ``num_rows``."""
   same_shapes(2, kl_BxT=kl_BxT, loss_mask=loss_mask)
-  if per not in ("row", "token"):
-    raise ValueError(f"token_kl_loss: per must be 'row' or 'token', got {per!r}")
+  if per not in KL_REDUCTIONS:
+    raise ValueError(f"token_kl_loss: per must be one of {KL_REDUCTIONS}, got {per!r}")
   mask = as_mask(loss_mask)
   kl = jnp.where(mask, f32(kl_BxT), 0.0)
   loss, n_tokens, n_rows = row_normalised_mean(kl, mask)

@@ -280,7 +280,7 @@ class VocabKLArgs:
   per: str = "row"
 
   def __post_init__(self):
-    if self.per not in ("row", "token"):
+    if self.per not in losses.KL_REDUCTIONS:
       raise ValueError(f"vocab_kl.per must be 'row' (eq. 15's 1/|y|) or 'token', got "
                        f"{self.per!r}")
     _check_number("future_kl", self.future_kl, positive=False)
