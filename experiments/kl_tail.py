@@ -8,14 +8,15 @@ Loads the params under `DIR/<params>` (the final student by default; `mopd/init_
 the initialised student, `sft/params` pi_SFT) of a run made with the same `--config` and
 overrides, samples them after the first `--prompts` test prompts of each domain at every
 effort exactly as the eval's held-out KL does (`agreement.heldout_batches`: the same
-prompts, batches and keys, so the mean printed first equals the eval's), and prints the cells of
-the top 1% of rollouts, each cell's onsets (`agreement.kl_onsets`: its worst response positions and the
-share of the KL carried by the rows above `--onset` nats there), then the `--top` rollouts:
-cell, mean KL, prompt, and every generated token with its exact KL against the teacher at
-the scoring temperature. A rollout that leaves the teacher's track shows as a token
-sampled at a small KL followed by tokens whose KL is several nats. With teachers of another tokenizer
-(`configs/toy.py:cross_tokenizer`) the measure is the eval's there, the sampled log-ratio:
-each aligned span's log pi - log pi_T spread over its tokens (`agreement.logratio_rows`).
+prompts, batches and keys, so the mean printed first equals the eval's), and prints the
+cells of the top 1% of rollouts, each cell's onsets (`agreement.kl_onsets`: its worst
+response positions and the share of the KL carried by the rows above `--onset` nats there),
+then the `--top` rollouts: cell, mean KL, prompt, and every generated token with its exact
+KL against the teacher at the scoring temperature. A rollout that leaves the teacher's track
+shows as a token sampled at a small KL followed by tokens whose KL is several nats. With
+teachers of another tokenizer (`configs/toy.py:cross_tokenizer`) the measure is the eval's
+there, the sampled log-ratio: each aligned span's log pi - log pi_T spread over its tokens
+(`agreement.logratio_rows`).
 """
 import collections
 import json
@@ -33,8 +34,8 @@ _PARAMS = flags.DEFINE_string("params", "mopd/params", "Params under the workdir
 _PROMPTS = flags.DEFINE_integer("prompts", 128, "Test prompts per domain (at every effort).")
 _TOP = flags.DEFINE_integer("top", 12, "Rollouts to print.")
 _OUT = flags.DEFINE_string("out", "", "Write the ranked rollouts as JSON here.")
-_ONSET = flags.DEFINE_float("onset", 0.5, "A row's KL at its cell's worst position above "
-                            "which `onsets` counts it as leaving the track there.")
+_ONSET = flags.DEFINE_float("onset", 0.5, "A row's KL at one of its cell's worst positions "
+                            "above which `agreement.kl_onsets` counts it as leaving the track.")
 
 
 

@@ -291,10 +291,10 @@ def kl_onsets(rows_by_cell: dict, *, threshold: float, top: int = 3) -> dict:
     out[cell] = []
     for pos in np.argsort(-means, kind="stable")[:top]:
       hit = [k for k in mine if len(k) > pos and k[pos] > threshold]
+      hit_sum = sum(sum(k) for k in hit)
       out[cell].append({"position": int(pos), "mean_kl": float(means[pos]), "rows": len(mine),
-                        "rows_above": len(hit),
-                        "share_of_cell": sum(sum(k) for k in hit) / cell_sum,
-                        "share_of_all": sum(sum(k) for k in hit) / total})
+                        "rows_above": len(hit), "share_of_cell": hit_sum / cell_sum,
+                        "share_of_all": hit_sum / total})
   return out
 
 
