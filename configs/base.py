@@ -273,7 +273,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.loss_args.pg = dict(eps_low=0.2, eps_high=0.28, log_ratio_clip=20.0)
   c.mopd.loss_args.topk = dict(k=8)  # teacher tokens per position
   # The weight of the future-KL term, which charges each sampled token with the exact KL of
-  # the rest of its rollout (mopd_jax/training/vocab_kl.py `future_kl_term`); 0 = off.
+  # the rest of its rollout (mopd_jax/training/vocab_kl.py `future_kl_term`); 0 = off;
+  # future_baseline: that KL less its cell's leave-one-out mean at the same position; clip:
+  # the gradient as eq. 15's expectation with its reward clipped at mopd.r_max; per: "row"
+  # (eq. 15's 1/|y|) or "token" (a mean over the batch's tokens). Each measured not to
+  # lower the toy's held-out KL (docs/toy_results.md).
   c.mopd.loss_args.vocab_kl = dict(future_kl=0.0, future_baseline=False, clip=False,
                                      per="row")
   # Weight of the outcome-reward term: alpha * (verifier reward - its (domain, effort)
