@@ -306,6 +306,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # cosine decay over init_sft_steps).
   c.mopd.init_lr = 3e-3
   c.mopd.init_warmup_steps = 0
+  # What the init fits at each position of a teacher trajectory: "tokens" (SFT on the token
+  # the teacher sampled) | "distribution" (the forward KL(teacher || student) over the
+  # teacher's init_top_k most likely tokens at its scoring temperature; 0 = the whole
+  # vocabulary), computed once per pool row and kept on the host.
+  c.mopd.init_target = "tokens"
+  c.mopd.init_top_k = 0
   # Every this many steps, the exact per-token KL(student || routed teacher) over the whole
   # vocabulary (chunked; one more forward of the student and the teachers) beside the
   # sampled-token estimate; the report's KL plot uses it. 0 = off; co-located teachers only.

@@ -216,6 +216,14 @@ def _algorithm_checks(c: config_mod.RunConfig) -> None:
                      "spans of the response: use mopd.loss='mopd'")
   if kind.teachers_in_step:
     vocab_kl.check_config(m, teachers=c.placement.teachers, endpoints=c.teacher.endpoints)
+  if m.init_target == "distribution" and m.init != "teacher_sft":
+    raise ValueError(f"mopd.init_target='distribution' sets what the teacher-SFT init fits; "
+                     f"it needs mopd.init='teacher_sft', got {m.init!r}")
+  if m.init_target == "distribution" and c.teacher.tokenizer_path:
+    raise ValueError("mopd.init_target='distribution' fits the student's next-token "
+                     "distribution to the teacher's over one vocabulary; teachers of another "
+                     f"tokenizer (teacher.tokenizer_path={c.teacher.tokenizer_path!r}) need "
+                     "mopd.init_target='tokens'")
 
 
 def _those(stage: str, prop: str) -> str:

@@ -137,6 +137,12 @@ CASES = [
      "teachers of another tokenizer (teacher.tokenizer_path='/t/tokenizer.json') score spans"),
     ("c.teacher.tokenizer_path = '/t/tokenizer.json'; c.mopd.loss = 'vocab_kl'; " + _HF_ALL,
      "use mopd.loss='mopd'"),
+    ("c.mopd.init_target = 'logits'", "mopd.init_target"),
+    ("c.mopd.init_top_k = -1", "mopd.init_top_k"),
+    ("c.mopd.init_target = 'distribution'; c.mopd.init = 'sft'",
+     "it needs mopd.init='teacher_sft'"),
+    ("c.teacher.tokenizer_path = '/t/tokenizer.json'; c.mopd.init_target = 'distribution'; "
+     + _HF_ALL, "need mopd.init_target='tokens'"),
 ]
 
 

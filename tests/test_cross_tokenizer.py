@@ -199,7 +199,7 @@ def test_the_teacher_sft_init_learns_the_teachers_responses_in_the_students_toke
       cross=True, cfg=types.SimpleNamespace(init_samples_per_cell=2), seed=0,
       tasks={"agt": types.SimpleNamespace(environment=None)},
       budgets=lambda examples, e: [64] * len(examples))
-  pool = stage.teacher_pool(inp)
+  pool, _ = stage.teacher_pool(inp)
   assert len(pool) == 1  # the response with a character the student lacks is left out
   t = pool[0]
   assert t.prompt_ids == student.encode_prompt(exs[0].prompt, "high")

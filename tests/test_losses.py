@@ -307,6 +307,41 @@ def test_topk_kl_zero_at_teacher_positive_otherwise():
   assert float(jnp.max(jnp.abs(g_s))) > 0
 
 
+def test_forward_kl_is_the_exact_forward_kl_over_the_vocabulary_and_its_top_k_minimum():
+  """`forward_topk_kl_loss` with k = V: the token mean of KL(teacher || student), gradient
+  p_s - p_t in the student's logits (per token, over the token count). With k < V its
+  gradient is M p_s - p_t on the top-k (M the teacher's mass there): zero at the teacher
+  renormalised on its top-k."""
+  z_s, z_t, _, mask = _setup(21)
+  full = lambda z: jax.nn.log_softmax(z, -1)
+  ids = jax.lax.top_k(z_t, V)[1]
+  pick = lambda z, ids=ids: jnp.take_along_axis(full(z), ids, -1)
+  (loss, m), g = jax.value_and_grad(
+      lambda z: losses.forward_topk_kl_loss(pick(z), pick(z_t), mask), has_aux=True)(z_s)
+  ps, pt = np.exp(np.asarray(full(z_s))), np.exp(np.asarray(full(z_t)))
+  per_tok = (pt * (np.log(pt) - np.log(ps))).sum(-1)
+  mk = np.asarray(mask)
+  np.testing.assert_allclose(loss, per_tok[mk].mean(), rtol=1e-5)  # a token mean
+  np.testing.assert_allclose(m["teacher_topk_mass"], 1.0, rtol=1e-5)
+  np.testing.assert_allclose(g, (ps - pt) * mk[..., None] / mk.sum(), atol=1e-6)
+  # A teacher's top 3 only: zero gradient at the teacher renormalised on its top 3.
+  ids3 = jax.lax.top_k(z_t, 3)[1]
+  lp_t3 = pick(z_t, ids3)
+  off = np.ones(z_t.shape, bool)
+  np.put_along_axis(off, np.asarray(ids3), False, -1)
+  target = np.where(off, -1e4, np.asarray(z_t))  # student logits: the top 3's alone
+  g3 = jax.grad(lambda z: losses.forward_topk_kl_loss(pick(z, ids3), lp_t3, mask)[0])(
+      jnp.asarray(target))
+  np.testing.assert_allclose(g3, 0.0, atol=1e-6)
+  g_s = jax.grad(lambda z: losses.forward_topk_kl_loss(pick(z, ids3), lp_t3, mask)[0])(z_s)
+  mass = np.take_along_axis(pt, np.asarray(ids3), -1).sum(-1, keepdims=True)
+  want = np.zeros_like(ps)
+  sel = lambda x: np.take_along_axis(x, np.asarray(ids3), -1)
+  np.put_along_axis(want, np.asarray(ids3), mass * sel(ps) - sel(pt), -1)
+  want = np.where(off, mass * ps, want)  # off the top 3: M p_s
+  np.testing.assert_allclose(g_s, want * mk[..., None] / mk.sum(), atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- validation
 
 

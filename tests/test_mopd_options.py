@@ -1,6 +1,8 @@
 """MOPD-stage options: the outcome-reward term (`mopd.alpha`), the top-k distillation loss
 (`mopd.loss = "topk"`), the teacher-SFT init's optimiser (`mopd.init_lr`,
-`mopd.init_warmup_steps`) and the outside-teacher ablation (`configs/toy_outside_teacher.py`)."""
+`mopd.init_warmup_steps`), its soft targets (`mopd.init_target`) and the outside-teacher
+ablation (`configs/toy_outside_teacher.py`)."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -203,3 +205,55 @@ def test_init_lr_must_be_positive():
   c.mopd.init_lr = 0.0
   with pytest.raises(config_mod.ConfigError, match="init_lr"):
     configure.build(c, 1)
+
+
+def test_soft_target_init_fits_each_response_position_to_its_teachers_distribution():
+  """`mopd.init_target='distribution'`: `teacher_targets` holds teacher k's whole next-token
+  distribution (its top-k with k the vocabulary, at the scoring bank's temperature) at each
+  response position of its trajectories after its own effort-free prompt; `targets_on` lays
+  them after the student's prompt (one token longer: the effort), and the init's
+  `forward_kl` loss is the token mean of KL(teacher(. | x, y<t) || student(. | e, x, y<t))
+  over the response tokens."""
+  from mopd_jax.stages import mopd as stage
+  from mopd_jax.training import registry
+  v = CFG.vocab_size
+  tparams = [models.init_params(CFG, jax.random.PRNGKey(i)) for i in (1, 2)]
+  scoring = teachers.build_bank(CFG, tparams, names=("gen/high", "gen/max"))
+  scoring = scoring.replace(params=models.with_temperature(scoring.params, 0.5))
+  student = models.init_params(CFG, jax.random.PRNGKey(3))
+  exs = get_task("gen", domain="gen").generate(0, 2)
+  r = np.random.RandomState(0)
+  trajs = [rollout.Trajectory(TOK.encode_prompt(ex.prompt, None),
+                              [int(i) for i in r.randint(5, 40, n)], [1] * n, [0.0] * n, True)
+           for ex, n in zip(exs, (5, 8))]
+  targets = stage.teacher_targets(scoring, 1, trajs, pad_id=TOK.pad_id, top_k=v)
+  lsm = lambda params, arr: np.asarray(jax.nn.log_softmax(models.forward(
+      CFG, params, jnp.asarray(arr["tokens"]), input_mask=jnp.asarray(arr["input_mask"])), -1))
+  want_t = lsm(models.with_temperature(tparams[1], 0.5), rollout.pad_batch(trajs, TOK.pad_id))
+  for i, (t, (lp, ids)) in enumerate(zip(trajs, targets)):
+    assert lp.shape == ids.shape == (t.num_tokens, v)
+    full = np.zeros((t.num_tokens, v), np.float32)
+    np.put_along_axis(full, ids, lp, -1)
+    p = len(t.prompt_ids)
+    np.testing.assert_allclose(full, want_t[i, p - 1:p - 1 + t.num_tokens], atol=2e-5)
+  # After the student's prompt (with its effort), through the train step's loss.
+  s_trajs = [dataclasses.replace(t, prompt_ids=TOK.encode_prompt(ex.prompt, "max"))
+             for t, ex in zip(trajs, exs)]
+  arr = rollout.pad_batch(s_trajs, TOK.pad_id)
+  lp, ids = stage.targets_on(arr, s_trajs, targets)
+  st = logprobs.token_stats(CFG, student, jnp.asarray(arr["tokens"]),
+                            input_mask=jnp.asarray(arr["input_mask"]), top_k=v,
+                            topk_ids_BxTxK=jnp.asarray(ids))
+  loss, m = registry.loss_from_stats(
+      train.LossConfig(kind="forward_kl", args=registry.TopkArgs(v)), st,
+      train.TrainBatch.from_padded(arr, teacher_topk_logprobs=lp, teacher_topk_ids=ids))
+  want_s = lsm(student, arr)
+  kls = []
+  for i, (t, s) in enumerate(zip(trajs, s_trajs)):
+    pt, ps, n = len(t.prompt_ids), len(s.prompt_ids), t.num_tokens
+    assert ps == pt + 1
+    lt, ls = want_t[i, pt - 1:pt - 1 + n], want_s[i, ps - 1:ps - 1 + n]
+    kls += list((np.exp(lt) * (lt - ls)).sum(-1))
+  np.testing.assert_allclose(float(loss), np.mean(kls), rtol=1e-4)
+  assert float(m["num_tokens"]) == 13 and float(loss) > 0
+

@@ -76,6 +76,25 @@ def test_vocab_kl_loss_through_the_stage(workdir, tmp_path):
   assert {report.INIT_DROP_CHECK, report.ON_POLICY_DROP_CHECK, report.RISING_CHECK} <= names
 
 
+def test_soft_target_init_through_the_stage(workdir, tmp_path):
+  """`mopd.init_target=distribution` through the real stage: the teacher-SFT init fits the
+  teachers' whole next-token distributions (the init's `forward_kl` loss), so its student
+  differs from the token-SFT init's of the same pool and updates, and MOPD starts from it."""
+  wd = str(tmp_path / "soft")
+  shutil.copytree(workdir, wd)
+  for stage in ("mopd", "eval", "report"):
+    shutil.rmtree(os.path.join(wd, stage), ignore_errors=True)
+  proc = _run_cli(wd, "--config.stages=mopd", "--config.mopd.init_target=distribution",
+                  "--config.mopd.steps=1")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  soft = _params(os.path.join(wd, "mopd", "init_params"))
+  hard = _params(os.path.join(workdir, "mopd", "init_params"))
+  assert soft.keys() == hard.keys()
+  assert any(not np.array_equal(soft[k], hard[k]) for k in soft)
+  assert all(np.isfinite(v).all() for v in soft.values())
+  assert len(json.load(open(os.path.join(wd, "mopd", "history.json")))) == 1
+
+
 @pytest.mark.slow
 def test_mopd_stage_with_an_effort_mix(workdir, tmp_path):
   """mopd.effort_mix through the real stage: cells of varying size, every effort drawn."""

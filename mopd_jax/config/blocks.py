@@ -135,6 +135,8 @@ class MopdConfig:
   init_sft_steps: int = _f(Int())
   init_lr: float = _f(Num(strict=True))
   init_warmup_steps: int = _f(Int(0))
+  init_target: str = _f(OneOf(choices.INIT_TARGETS))
+  init_top_k: int = _f(Int(0))  # 0 = the whole vocabulary
   exact_kl_every: int = _f(Int(0))
   partial_rollout_tokens: int = _f(Int(0))
   partial_mode: str = _f(OneOf(choices.PARTIAL_MODES))

@@ -20,3 +20,6 @@ PARTIAL_MODES = ("recompute", "importance")
 # verifiers' outcome alone (`outcome`, with mopd.alpha > 0: the ablation's RL row).
 # Whether a MOPD step's efforts draw distinct prompts or share them (mopd_jax/training/mopd.py).
 PROMPT_MODES = ("distinct", "shared")
+# What the teacher-SFT init fits at each position of a teacher's trajectory: the token the
+# teacher sampled (SFT) or the teacher's next-token distribution (forward KL on its top-k).
+INIT_TARGETS = ("tokens", "distribution")

@@ -265,6 +265,41 @@ def topk_kl_loss(student_topk_logprobs, teacher_topk_logprobs,
   return loss, stop(metrics)
 
 
+def forward_topk_kl_loss(student_topk_logprobs, teacher_topk_logprobs,
+                         loss_mask) -> tuple[Array, Metrics]:
+  """Forward KL(teacher || student) on the teacher's top-k tokens, a mean over every
+  loss-mask token (SFT's weighting, `nll_loss`): the soft-target form of SFT on a teacher's
+  own trajectories, each position matched to the teacher's whole next-token distribution
+  rather than to the one token it sampled.
+
+  Both inputs are [B, T, k] log-probs of the same ids (the teacher's top-k). Per token:
+  ``sum_v p_t (log p_t - log p_s)``. With k the vocabulary it is the exact forward KL; with
+  a smaller k its minimum is the teacher's distribution renormalised on its top-k (the
+  gradient in the student's logits is ``M p_s - p_t`` on the top-k, M the teacher's mass
+  there). Gradient flows through the student only; log-probs are floored at -1e3.
+
+  Metrics: ``forward_kl`` (the value), ``teacher_topk_mass`` (token mean of sum_v p_t),
+  ``num_tokens``, ``num_rows``.
+  """
+  shape = same_shapes(3, student_topk_logprobs=student_topk_logprobs,
+                       teacher_topk_logprobs=teacher_topk_logprobs)
+  if tuple(jnp.shape(loss_mask)) != shape[:2]:
+    raise ValueError(f"loss_mask must have shape {shape[:2]} to match top-k "
+                     f"log-probs {shape}, got {jnp.shape(loss_mask)}")
+  mask = as_mask(loss_mask)
+  m = mask[..., None]
+  lp_s = jnp.maximum(jnp.where(m, f32(student_topk_logprobs), 0.0), _TOPK_LOGPROB_FLOOR)
+  lp_t = jax.lax.stop_gradient(
+      jnp.maximum(jnp.where(m, f32(teacher_topk_logprobs), 0.0), _TOPK_LOGPROB_FLOOR))
+  p_t = jnp.where(m, jnp.exp(lp_t), 0.0)
+  kl_BxT = jnp.sum(p_t * (lp_t - lp_s), axis=-1)
+  value = token_mean(kl_BxT, mask)
+  return value, stop({"forward_kl": value,
+                      "teacher_topk_mass": token_mean(jnp.sum(p_t, axis=-1), mask),
+                      "num_tokens": jnp.sum(mask, dtype=jnp.float32),
+                      "num_rows": jnp.sum(jnp.any(mask, axis=-1), dtype=jnp.float32)})
+
+
 KL_REDUCTIONS = ("row", "token")  # token_kl_loss's `per`: eq. 15's 1/|y|, or a token mean
 
 
@@ -288,7 +323,7 @@ def token_kl_loss(kl_BxT, loss_mask, *, per: str = "row") -> tuple[Array, Metric
 
 
 __all__ = ["mopd_reward", "mopd_loss", "mopd_advantages", "topk_kl_loss", "token_kl_loss",
-           "nll_loss"]
+           "forward_topk_kl_loss", "nll_loss"]
 
 
 # ----------------------------------------------------------------------------

@@ -252,6 +252,17 @@ def _topk_loss(loss_cfg, st, batch):
   return loss + _outcome_term(lp, batch), m
 
 
+# The teacher-SFT init's soft targets (`mopd.init_target='distribution'`): supervised on a
+# teacher's own trajectories like "sft", against its top-k next-token distribution. No
+# config's `loss` field names an "sft" loss; the MOPD stage's init builds it.
+@register_loss("forward_kl", separable=False, topk=True, weighting="tokens", stage="sft",
+               args=TopkArgs)
+def _forward_kl_loss(loss_cfg, st, batch):
+  del loss_cfg
+  return losses.forward_topk_kl_loss(st.topk_logprobs, batch.teacher_topk_logprobs,
+                                     batch.loss_mask)
+
+
 # RL on the student with the tasks' verifiable rewards in MOPD's place (the ablation's RL
 # row): REINFORCE on mopd.alpha x each rollout's outcome advantage, the teachers unused by
 # the update (their sampled-token KL is still reported).
