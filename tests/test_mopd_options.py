@@ -257,3 +257,19 @@ def test_soft_target_init_fits_each_response_position_to_its_teachers_distributi
   np.testing.assert_allclose(float(loss), np.mean(kls), rtol=1e-4)
   assert float(m["num_tokens"]) == 13 and float(loss) > 0
 
+
+
+def test_soft_target_init_keeps_the_whole_vocabulary_only_where_the_host_holds_it():
+  """`mopd.init_top_k` 0 keeps the whole vocabulary: the toy's 102 tokens, but a 152k
+  vocabulary over a pool of 9 x 128 rollouts of 4096 tokens is refused at the stage's start
+  with the field to set; a smaller top-k is kept as given."""
+  import types
+  from mopd_jax.stages import mopd as stage
+  cfg = lambda k: types.SimpleNamespace(init_top_k=k, init_samples_per_cell=128)
+  bank = lambda v: types.SimpleNamespace(model_cfg=types.SimpleNamespace(vocab_size=v),
+                                         num_teachers=9)
+  assert stage.init_top_k(cfg(0), bank(102), max_response_tokens=64) == 102
+  assert stage.init_top_k(cfg(500), bank(102), max_response_tokens=64) == 102
+  with pytest.raises(ValueError, match=r"GiB on the host.*set mopd\.init_top_k"):
+    stage.init_top_k(cfg(0), bank(151_936), max_response_tokens=4096)
+  assert stage.init_top_k(cfg(64), bank(151_936), max_response_tokens=4096) == 64

@@ -32,12 +32,12 @@ from jax.sharding import Mesh
 from mopd_jax import models
 from mopd_jax.config import schema as config_mod
 from mopd_jax.io import checkpoint, tokenizer
+from mopd_jax.models import logprobs as logprobs_mod
 from mopd_jax.rollout import partial, turns as rollout
 from mopd_jax.stages import loops, sources
 from mopd_jax.tasks import base as task_base, grid as grid_mod, views
 from mopd_jax.teachers import (alignment, async_scoring, bank as teachers,
                                client as teacher_client, parity, placement)
-from mopd_jax.models import logprobs as logprobs_mod
 from mopd_jax.training import diagnostics, mopd, registry, step as train, vocab_kl
 
 IN_FLIGHT = "_in_flight"  # the data state's entry of the partial-rollout pool (not a domain)
@@ -349,8 +349,9 @@ def teacher_sft_init(inp: Inputs, student):
   budget, then SFT on the pooled set. Returns (params, pool size); the pool size is None
   when a restart found the init already finished."""
   total, soft = inp.cfg.init_sft_steps, inp.cfg.init_target == "distribution"
-  loss_cfg = (train.LossConfig(kind="forward_kl",
-                               args=registry.TopkArgs(init_top_k(inp.cfg, inp.scoring)))
+  top_k = init_top_k(inp.cfg, inp.scoring,
+                     max_response_tokens=inp.teacher_engine.max_response_tokens) if soft else 0
+  loss_cfg = (train.LossConfig(kind="forward_kl", args=registry.TopkArgs(top_k))
               if soft else train.LossConfig(kind="sft"))
   trainer = train.Trainer(inp.model_cfg, loss_cfg, init_optim(inp.cfg), mesh=inp.mesh)
   with inp.loops.training("mopd init: teacher SFT", inp.files.path("mopd", "init_ckpt"),
@@ -359,7 +360,7 @@ def teacher_sft_init(inp: Inputs, student):
     if loop.start_step == total:
       return state.params, None  # finished before a restart: no need to rebuild the pool
     # Deterministic: rebuilt alike after a restart (the targets too).
-    pool, targets = teacher_pool(inp, with_targets=soft)
+    pool, targets = teacher_pool(inp, top_k=top_k)
     # One width for the whole pool: one compilation.
     width = rollout.padded_width(max(len(t.prompt_ids) + len(t.ids) for t in pool))
     for step in range(loop.start_step, total):
@@ -388,11 +389,28 @@ def init_optim(cfg: config_mod.MopdConfig) -> train.OptimConfig:
                            length_groups=cfg.length_groups)
 
 
-def init_top_k(cfg: config_mod.MopdConfig, scoring: teachers.TeacherBank) -> int:
+# The most host memory the soft-target init's kept teacher top-k may take (log-prob and id,
+# 8 bytes per kept token, at every response position of the whole pool).
+INIT_TARGETS_MAX_BYTES = 4 << 30
+
+
+def init_top_k(cfg: config_mod.MopdConfig, scoring: teachers.TeacherBank, *,
+               max_response_tokens: int) -> int:
   """The teachers' tokens per position the soft-target init keeps (`mopd.init_top_k`; 0 or
-  more than the vocabulary: the whole vocabulary)."""
+  more than the vocabulary: the whole vocabulary). ValueError when the pool's targets
+  could outgrow `INIT_TARGETS_MAX_BYTES` (a real vocabulary kept whole)."""
   vocab = scoring.model_cfg.vocab_size
-  return vocab if cfg.init_top_k <= 0 else min(cfg.init_top_k, vocab)
+  k = vocab if cfg.init_top_k <= 0 else min(cfg.init_top_k, vocab)
+  most = cfg.init_samples_per_cell * scoring.num_teachers * max_response_tokens * k * 8
+  if most > INIT_TARGETS_MAX_BYTES:
+    raise ValueError(
+        f"mopd.init_target='distribution' keeps the teachers' top-{k} at every response "
+        f"position of the init's pool: up to {most / 2**30:.1f} GiB on the host for "
+        f"{cfg.init_samples_per_cell} rollouts per cell of up to {max_response_tokens} "
+        f"tokens (the bound is {INIT_TARGETS_MAX_BYTES / 2**30:.0f} GiB); set mopd.init_top_k "
+        "to fewer tokens (0 keeps the whole vocabulary of "
+        f"{vocab})")
+  return k
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("top_k",))
@@ -434,13 +452,12 @@ def targets_on(arr: dict, trajs: list, targets: list) -> tuple:
   return lp, ids
 
 
-def teacher_pool(inp: Inputs, *, with_targets: bool = False) -> tuple:
+def teacher_pool(inp: Inputs, *, top_k: int = 0) -> tuple:
   """(trajectories, targets): the teacher trajectories that finished within their cell's
   budget (each teacher samples after its own prompt, `view.teacher(e)`; the student trains
-  on the response after its prompt, `view.student(e)`), and with `with_targets` each one's
+  on the response after its prompt, `view.student(e)`), and with `top_k` > 0 each one's
   teacher top-k (`teacher_targets`, at `mopd.teacher_temperature`; else None)."""
-  pool, targets = [], [] if with_targets else None
-  top_k = init_top_k(inp.cfg, inp.scoring) if with_targets else 0
+  pool, targets = [], [] if top_k else None
   for k, name in enumerate(inp.bank.router.names):
     d, e = name.split("/")
     tparams = jax.tree.map(lambda x, k=k: x[k], inp.bank.params)
@@ -453,7 +470,7 @@ def teacher_pool(inp: Inputs, *, with_targets: bool = False) -> tuple:
     # in its own tokens.
     kept = [(t, ex) for t, ex, over in zip(res.trajectories, exs, res.over_budget)
             if not over]
-    if with_targets:
+    if top_k:
       targets += teacher_targets(inp.scoring, k, [t for t, _ in kept], pad_id=inp.tok.pad_id,
                                  top_k=top_k)
     for t, ex in kept:
