@@ -135,16 +135,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.validation_examples = 16 if fast else 64
 
   # The student starts from pi_SFT fine-tuned on its teachers' trajectories (K3 §4.1.2:
-  # the experts' trajectories at every effort are collected for SFT and MOPD): 200 updates
+  # the experts' trajectories at every effort are collected for SFT and MOPD): 300 updates
   # on 128 rollouts per cell put each effort's style choice in the student (seed 0: its
-  # KL(low || high) along its own rollouts 0.19 after them; 0.0005 after 60 updates on 64);
+  # KL(low || high) along its own rollouts 0.19 after 200; 0.0005 after 60 updates on 64;
+  # at 200 seed 1's init still wrote `gen` alike at high and max, its KL(high || max)
+  # 0.015-0.021 against 0.28-0.56 after 300, and missed the init's 5x, as did seed 2's);
   # 60 on-policy MOPD steps of 6 prompts per cell (54 rollouts) then distil the rest at a
   # fine-tuning rate (with eq. 15 at 1e-3 the seed-0 student's KL to its teachers rose from
   # 0.05 after the init to 0.43 within 25 steps before settling back). 400 updates on 512
-  # rollouts per cell fit the teachers better (the init's held-out drop x9-x22 on seeds 0-2
-  # against x3.0 and x3.2 on seeds 1 and 2 here, where 128 rollouts are overfit), but the 60
-  # steps after that init reach only x1.89 on seed 0: the held-out KL then sits at a floor
-  # set by rare off-track rollouts (docs/toy_results.md, "The init's size").
+  # rollouts per cell fit the teachers better (the init's held-out drop x9-x22 on seeds
+  # 0-2), but the 60 steps after that init reach only x1.89 on seed 0: the held-out KL then
+  # sits at a floor set by rare off-track rollouts (docs/toy_results.md, "The init's size").
   # The loss: K3 eq. 15's per-token update with its expectation over the sampled token taken
   # exactly (`vocab_kl`, mopd_jax/training/vocab_kl.py): the exact KL to the routed teacher over the
   # whole vocabulary at every position of the student's own rollouts. Eq. 15's one-token
@@ -159,7 +160,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.loss = "mopd" if fast else "vocab_kl"
   c.mopd.init = "teacher_sft"
   c.mopd.init_samples_per_cell = 8 if fast else 128  # teacher rollouts per cell
-  c.mopd.init_sft_steps = 3 if fast else 200  # SFT updates on them
+  c.mopd.init_sft_steps = 3 if fast else 300  # SFT updates on them
   # A fine-tuning rate with a warmup: at pi_SFT's own peak rate (3e-3) from the first update
   # seed 3's init loss rose from 0.13 to 0.28 within 20 updates, and pi_SFT's agt/max copy of
   # the question's name was lost (KL to its teacher at that character 0.27 -> 1.07), which
