@@ -167,7 +167,7 @@ def test_the_teacher_sft_init_learns_the_teachers_responses_in_the_students_toke
   from mopd_jax.config.tokenizer_options import TokenizerOptions
   from mopd_jax.io.tokenizer import CharTokenizer, load_tokenizer
   from mopd_jax.rollout import turns as rollout
-  from mopd_jax.stages import mopd as stage
+  from mopd_jax.stages import mopd_init as stage
   from mopd_jax.tasks import base, views
   student = CharTokenizer()
   teacher = load_tokenizer(bpe_teachers[0], options=TokenizerOptions(chat=False))

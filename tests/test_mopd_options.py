@@ -178,7 +178,7 @@ def test_teacher_sft_init_fine_tunes_at_its_own_rate_after_a_warmup():
   rate): no move at its first update, the peak rate at the warmup's end, and the toy's own
   setting is a fine-tuning rate below pi_SFT's."""
   from configs import toy
-  from mopd_jax.stages import mopd as mopd_stage
+  from mopd_jax.stages import mopd_init as mopd_stage
   c = toy.get_config()
   built = configure.build(c, 1)
   assert built.mopd.init_lr < built.sft.lr and built.mopd.init_warmup_steps > 0
@@ -214,7 +214,7 @@ def test_soft_target_init_fits_each_response_position_to_its_teachers_distributi
   them after the student's prompt (one token longer: the effort), and the init's
   `forward_kl` loss is the token mean of KL(teacher(. | x, y<t) || student(. | e, x, y<t))
   over the response tokens."""
-  from mopd_jax.stages import mopd as stage
+  from mopd_jax.stages import mopd_init as stage
   from mopd_jax.training import registry
   v = CFG.vocab_size
   tparams = [models.init_params(CFG, jax.random.PRNGKey(i)) for i in (1, 2)]
@@ -264,7 +264,7 @@ def test_soft_target_init_keeps_the_whole_vocabulary_only_where_the_host_holds_i
   vocabulary over a pool of 9 x 128 rollouts of 4096 tokens is refused at the stage's start
   with the field to set; a smaller top-k is kept as given."""
   import types
-  from mopd_jax.stages import mopd as stage
+  from mopd_jax.stages import mopd_init as stage
   cfg = lambda k: types.SimpleNamespace(init_top_k=k, init_samples_per_cell=128)
   bank = lambda v: types.SimpleNamespace(model_cfg=types.SimpleNamespace(vocab_size=v),
                                          num_teachers=9)

@@ -44,10 +44,10 @@ def _batch(kind):
   pos = np.arange(T)[None]
   lp = -r.rand(B, T).astype(np.float32)
   extra = {}
-  if kind == "topk":
+  if loss_kinds.LOSS_KINDS[kind].topk:  # the teacher's top-k (topk, forward_kl)
     extra = dict(teacher_topk_logprobs=jnp.asarray(-r.rand(B, T, K), jnp.float32),
                  teacher_topk_ids=jnp.asarray(r.randint(0, 64, (B, T, K)), jnp.int32))
-  if kind == "outcome":
+  if loss_kinds.LOSS_KINDS[kind].needs_outcome:
     extra = dict(advantages=jnp.asarray(r.randn(B, T), jnp.float32))
   return train.TrainBatch(
       tokens=jnp.asarray(r.randint(0, 64, (B, T)), jnp.int32),
