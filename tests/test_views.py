@@ -114,8 +114,8 @@ def test_the_run_builds_the_view_its_config_sets(flag, tmp_path):
 # keyword, or None: a `view=` keyword)
 STAGE_CALLS = (("sft", "SftDraw", None), ("rl", "PhaseSampling", None),
                ("rl", "measure", "prompt_effort"), ("rl", "evaluate", "effort"),
-               ("mopd", "StepSetup", None), ("mopd", "run", 2),
-               ("mopd", "encode_prompt", 2), ("eval", "evaluate", "effort"))
+               ("mopd", "StepSetup", None), ("mopd_init", "run", 2),
+               ("mopd_init", "encode_prompt", 2), ("eval", "evaluate", "effort"))
 
 
 VIEWS = ("ctx.view.", "inp.view.")  # the run's view, or a stage's own inputs' view
@@ -127,8 +127,9 @@ def test_stages_ask_the_runs_view():
   (`ctx.view.teacher(e)`, `ctx.view.of(policy, e)`, ...); no module outside views.py reads
   `teacher.effort_in_prompt`."""
   import mopd_jax
-  from mopd_jax.stages import eval as eval_stage, mopd, rl, sft as sft_stage
-  modules = {"sft": sft_stage, "rl": rl, "mopd": mopd, "eval": eval_stage}
+  from mopd_jax.stages import eval as eval_stage, mopd, mopd_init, rl, sft as sft_stage
+  modules = {"sft": sft_stage, "rl": rl, "mopd": mopd, "mopd_init": mopd_init,
+             "eval": eval_stage}
   found = set()
   for name, module in modules.items():
     tree = ast.parse(inspect.getsource(module))
