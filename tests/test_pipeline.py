@@ -29,6 +29,13 @@ def _params(path) -> dict:
           for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
+def _copy_without(workdir, wd, stages) -> None:
+  """A copy of the tiny run at `wd` without the outputs of `stages` (to be rerun)."""
+  shutil.copytree(workdir, wd)
+  for stage in stages:
+    shutil.rmtree(os.path.join(wd, stage), ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def workdir(tiny_run):
   proc, wd = tiny_run
@@ -59,9 +66,7 @@ def test_vocab_kl_loss_through_the_stage(workdir, tmp_path):
   sampled-token `kl`), and the eval measures the initialised student's held-out KL beside
   pi_SFT's and the final student's."""
   wd = str(tmp_path / "vocab_kl")
-  shutil.copytree(workdir, wd)
-  for stage in ("mopd", "eval", "report"):
-    shutil.rmtree(os.path.join(wd, stage), ignore_errors=True)
+  _copy_without(workdir, wd, ("mopd", "eval", "report"))
   proc = _run_cli(wd, "--config.stages=mopd,eval,report", "--config.mopd.loss=vocab_kl",
                   "--config.mopd.length_groups=1")
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -81,9 +86,7 @@ def test_soft_target_init_through_the_stage(workdir, tmp_path):
   teachers' whole next-token distributions (the init's `forward_kl` loss), so its student
   differs from the token-SFT init's of the same pool and updates, and MOPD starts from it."""
   wd = str(tmp_path / "soft")
-  shutil.copytree(workdir, wd)
-  for stage in ("mopd", "eval", "report"):
-    shutil.rmtree(os.path.join(wd, stage), ignore_errors=True)
+  _copy_without(workdir, wd, ("mopd", "eval", "report"))
   proc = _run_cli(wd, "--config.stages=mopd", "--config.mopd.init_target=distribution",
                   "--config.mopd.steps=1")
   assert proc.returncode == 0, proc.stderr[-3000:]

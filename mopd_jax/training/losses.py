@@ -223,6 +223,23 @@ def mopd_advantages(student_logprobs, teacher_logprobs, loss_mask,
 # ----------------------------------------------------------------------------
 
 
+def _topk_inputs(student_topk_logprobs, teacher_topk_logprobs, loss_mask) -> tuple:
+  """(mask [B, T], the student's and the teacher's top-k log-probs [B, T, k]) checked for
+  shape, 0 off the mask and floored at -1e3 (so zero probabilities stay finite), the
+  teacher's a constant of the gradient."""
+  shape = same_shapes(3, student_topk_logprobs=student_topk_logprobs,
+                       teacher_topk_logprobs=teacher_topk_logprobs)
+  if tuple(jnp.shape(loss_mask)) != shape[:2]:
+    raise ValueError(f"loss_mask must have shape {shape[:2]} to match top-k "
+                     f"log-probs {shape}, got {jnp.shape(loss_mask)}")
+  mask = as_mask(loss_mask)
+  m = mask[..., None]
+  lp_s = jnp.maximum(jnp.where(m, f32(student_topk_logprobs), 0.0), _TOPK_LOGPROB_FLOOR)
+  lp_t = jax.lax.stop_gradient(
+      jnp.maximum(jnp.where(m, f32(teacher_topk_logprobs), 0.0), _TOPK_LOGPROB_FLOOR))
+  return mask, lp_s, lp_t
+
+
 def topk_kl_loss(student_topk_logprobs, teacher_topk_logprobs,
                  loss_mask) -> tuple[Array, Metrics]:
   """Reverse KL restricted to the teacher's top-k tokens, row-normalised.
@@ -240,18 +257,7 @@ def topk_kl_loss(student_topk_logprobs, teacher_topk_logprobs,
   ``teacher_topk_mass`` (token means of sum_v p), ``num_tokens``,
   ``num_rows``.
   """
-  shape = same_shapes(3, student_topk_logprobs=student_topk_logprobs,
-                       teacher_topk_logprobs=teacher_topk_logprobs)
-  if tuple(jnp.shape(loss_mask)) != shape[:2]:
-    raise ValueError(f"loss_mask must have shape {shape[:2]} to match top-k "
-                     f"log-probs {shape}, got {jnp.shape(loss_mask)}")
-  mask_BxT = as_mask(loss_mask)
-  m = mask_BxT[..., None]
-  lp_s = jnp.maximum(jnp.where(m, f32(student_topk_logprobs), 0.0),
-                     _TOPK_LOGPROB_FLOOR)
-  lp_t = jax.lax.stop_gradient(
-      jnp.maximum(jnp.where(m, f32(teacher_topk_logprobs), 0.0),
-                  _TOPK_LOGPROB_FLOOR))
+  mask_BxT, lp_s, lp_t = _topk_inputs(student_topk_logprobs, teacher_topk_logprobs, loss_mask)
   p_s, p_t = jnp.exp(lp_s), jnp.exp(lp_t)
   kl_BxT = jnp.sum(p_s * (lp_s - lp_t) - p_s + p_t, axis=-1)
   loss, n_tokens, n_rows = row_normalised_mean(kl_BxT, mask_BxT)
@@ -281,17 +287,8 @@ def forward_topk_kl_loss(student_topk_logprobs, teacher_topk_logprobs,
   Metrics: ``forward_kl`` (the value), ``teacher_topk_mass`` (token mean of sum_v p_t),
   ``num_tokens``, ``num_rows``.
   """
-  shape = same_shapes(3, student_topk_logprobs=student_topk_logprobs,
-                       teacher_topk_logprobs=teacher_topk_logprobs)
-  if tuple(jnp.shape(loss_mask)) != shape[:2]:
-    raise ValueError(f"loss_mask must have shape {shape[:2]} to match top-k "
-                     f"log-probs {shape}, got {jnp.shape(loss_mask)}")
-  mask = as_mask(loss_mask)
-  m = mask[..., None]
-  lp_s = jnp.maximum(jnp.where(m, f32(student_topk_logprobs), 0.0), _TOPK_LOGPROB_FLOOR)
-  lp_t = jax.lax.stop_gradient(
-      jnp.maximum(jnp.where(m, f32(teacher_topk_logprobs), 0.0), _TOPK_LOGPROB_FLOOR))
-  p_t = jnp.where(m, jnp.exp(lp_t), 0.0)
+  mask, lp_s, lp_t = _topk_inputs(student_topk_logprobs, teacher_topk_logprobs, loss_mask)
+  p_t = jnp.where(mask[..., None], jnp.exp(lp_t), 0.0)
   kl_BxT = jnp.sum(p_t * (lp_t - lp_s), axis=-1)
   value = token_mean(kl_BxT, mask)
   return value, stop({"forward_kl": value,
