@@ -25,8 +25,10 @@ def teacher_sft_init(inp, student):
   """pi_SFT further fine-tuned on trajectories of every teacher, each after the student's
   prompt with its effort (K3 §4.1.2): rollouts of teacher (d, e) on training prompts (as
   the teacher sees them) at effort e's budget, kept when they finish within the cell's
-  budget, then SFT on the pooled set. Returns (params, pool size); the pool size is None
-  when a restart found the init already finished."""
+  budget, then SFT on the pooled set: on the tokens the teachers sampled, or with
+  `mopd.init_target=distribution` on each teacher's top-k next-token distribution
+  (`teacher_targets`). Returns (params, pool size); the pool size is None when a restart
+  found the init already finished."""
   total, soft = inp.cfg.init_sft_steps, inp.cfg.init_target == "distribution"
   top_k = init_top_k(inp.cfg, inp.scoring,
                      max_response_tokens=inp.teacher_engine.max_response_tokens) if soft else 0
@@ -46,10 +48,11 @@ def teacher_sft_init(inp, student):
       # A pure function of (seed, step): a resumed init draws the same batches.
       rng = np.random.RandomState([inp.seed + 500, step])
       picked = rng.randint(len(pool), size=inp.sft.batch_size)
-      arr = rollout.pad_batch([pool[i] for i in picked], inp.tok.pad_id, width)
+      rows = [pool[i] for i in picked]
+      arr = rollout.pad_batch(rows, inp.tok.pad_id, width)
       extra = {}
       if soft:
-        lp, ids = targets_on(arr, [pool[i] for i in picked], [targets[i] for i in picked])
+        lp, ids = targets_on(arr, rows, [targets[i] for i in picked])
         extra = {"teacher_topk_logprobs": lp, "teacher_topk_ids": ids}
       state, m = trainer.step(state, train.TrainBatch.from_padded(arr, **extra))
       m = {k: float(v) for k, v in jax.device_get(m).items()}
