@@ -86,7 +86,6 @@ def main(argv):
   measure = agreement.MEASURES["sampled" if inp.cross else "exact"]  # as the eval names it
   print(f"{measure} over {out['rollouts']} rollouts: {out['kl_exact']:.4f}")
   print(f"cells of the top 1% of rollouts: {out['top1pct_cells']}")
-  from mopd_jax.evaluation import agreement  # pylint: disable=g-import-not-at-top
   by_cell = collections.defaultdict(list)
   for r in out["ranked"]:
     by_cell[r["cell"]].append([k for _, k in r["tokens"]])
