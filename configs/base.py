@@ -300,6 +300,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Student initialisation: sft (pi_SFT, as the MOPD paper assumes) | teacher_sft (pi_SFT
   # further fine-tuned on trajectories of every teacher, each with its effort token).
   c.mopd.init = "sft"
+  # The student's start: pi_SFT with its logits divided by this (its final RMSNorm scale
+  # divided, `functional.with_temperature`), before the init and the steps; 1 = pi_SFT as
+  # trained. Teachers scored at mopd.teacher_temperature T < 1 are their own policies
+  # sharpened by 1/T, a global logit scale that Adam's per-parameter steps move by at most
+  # the rate per update; starting the student at T puts it on the same footing.
+  c.mopd.start_temperature = 1.0
   c.mopd.init_samples_per_cell = 64  # teacher rollouts per cell (teacher_sft)
   c.mopd.init_sft_steps = 60  # SFT updates on them (teacher_sft)
   # The teacher-SFT init fine-tunes pi_SFT: its AdamW peak rate and linear warmup (then

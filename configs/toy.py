@@ -182,6 +182,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # at 1 the seed-0 student matched gen/high's mixture and its greedy answer fell to the
   # direct style (0.41 at 6 tokens against the teacher's 0.65 at 14).
   c.mopd.teacher_temperature = 0.5
+  # The student starts as pi_SFT at the teachers' scoring temperature (its final norm scale
+  # doubled): scored at 0.5 the teachers are their policies with doubled logits, and a
+  # student started at 1 stays under-confident through the init and the steps (seed 4's
+  # final student sampled at 0.85 reads half the held-out KL it reads at 1; the final norm
+  # scale moves 0.93 -> 0.96 in 360 updates). docs/toy_results.md, "The student's start".
+  c.mopd.start_temperature = c.mopd.teacher_temperature
   # Shared prompts: with distinct ones a student of 60 steps wrote agt's three styles in the
   # same mix at every effort.
   c.mopd.prompts_across_efforts = "shared"
@@ -221,6 +227,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Its results (docs/cross_tokenizer.md) are measured with an init of 200 updates; 300 is
     # not measured across tokenizers.
     c.mopd.init_sft_steps = 200
+    c.mopd.start_temperature = 1.0  # likewise: the tempered start is not measured there
   if arg == "tiny":  # fewest steps that still give every loop a middle to interrupt
     # One layer and no QAT: compilation dominates a run this short and both nearly halve it.
     c.model.num_layers = 1

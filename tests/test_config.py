@@ -39,6 +39,7 @@ CASES = [
     ("c.mopd.staleness = 1; c.mopd.loss = 'topk'", "needs mopd.loss='mopd'"),
     ("c.rl.reference = 'teacher'", "rl.reference"),
     ("c.mopd.teacher_temperature = 0.0", "mopd.teacher_temperature"),
+    ("c.mopd.start_temperature = -0.5", "mopd.start_temperature"),
     ("c.rl.loss = 'grpo'", "needs rl.loss='pmd'"),  # the toy's high and low hold pi_SFT
     ("c.rl.reference = 'sampler,sft,sft,sft'", "one per phase"),
     ("c.rl.reference = 'phase'", "rl.reference"),

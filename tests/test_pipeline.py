@@ -98,6 +98,27 @@ def test_soft_target_init_through_the_stage(workdir, tmp_path):
   assert len(json.load(open(os.path.join(wd, "mopd", "history.json")))) == 1
 
 
+def test_the_student_starts_as_pi_sft_at_its_start_temperature(workdir, tmp_path):
+  """`mopd.start_temperature`: the stage's student starts as pi_SFT with its final norm scale
+  divided by it (its logits divided, `models.with_temperature`) and every other weight as
+  pi_SFT's; one step at a rate of 1e-12 leaves that start in the saved student."""
+  wd = str(tmp_path / "start_t")
+  _copy_without(workdir, wd, ("mopd", "eval", "report"))
+  proc = _run_cli(wd, "--config.stages=mopd", "--config.mopd.init=sft",
+                  "--config.mopd.start_temperature=0.25", "--config.mopd.steps=1",
+                  "--config.mopd.lr=1e-12")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  sft = _params(os.path.join(wd, "sft", "params"))
+  student = _params(os.path.join(wd, "mopd", "params"))
+  assert student.keys() == sft.keys()
+  scale = [k for k in sft if "final_norm" in k]
+  assert len(scale) == 1
+  np.testing.assert_allclose(student[scale[0]], sft[scale[0]] / 0.25, rtol=1e-6)
+  assert not np.allclose(student[scale[0]], sft[scale[0]], rtol=0.5)
+  for k in sft.keys() - set(scale):
+    np.testing.assert_allclose(student[k], sft[k], atol=1e-6, err_msg=k)
+
+
 @pytest.mark.slow
 def test_mopd_stage_with_an_effort_mix(workdir, tmp_path):
   """mopd.effort_mix through the real stage: cells of varying size, every effort drawn."""

@@ -131,6 +131,7 @@ class MopdConfig:
   staleness: int = _f(OneOf((0, 1)))
   is_bounds: tuple = _f(Seq(Num(), 2))
   init: str = _f(OneOf(("sft", "teacher_sft")))
+  start_temperature: float = _f(Num(strict=True))
   init_samples_per_cell: int = _f(Int())
   init_sft_steps: int = _f(Int())
   init_lr: float = _f(Num(strict=True))
