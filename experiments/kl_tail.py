@@ -2,7 +2,7 @@
 the routed teachers, with each token's KL.
 
     python -m experiments.kl_tail --config configs/toy.py --workdir DIR \
-        [--params mopd/params] [--prompts 128] [--top 12] [--out tail.json]
+        [--params mopd/params] [--prompts 128] [--top 12] [--temperature 1] [--out tail.json]
 
 Loads the params under `DIR/<params>` (the final student by default; `mopd/init_params` is
 the initialised student, `sft/params` pi_SFT) of a run made with the same `--config` and
@@ -16,7 +16,9 @@ KL against the teacher at the scoring temperature. A rollout that leaves the tea
 shows as a token sampled at a small KL followed by tokens whose KL is several nats. With
 teachers of another tokenizer (`configs/toy.py:cross_tokenizer`) the measure is the eval's
 there, the sampled log-ratio: each aligned span's log pi - log pi_T spread over its tokens
-(`agreement.logratio_rows`).
+(`agreement.logratio_rows`). `--temperature` divides the policy's logits (its final norm
+scale) before it samples and is scored: a policy whose KL falls when sharpened is
+under-confident against its teachers.
 """
 import collections
 import json
@@ -34,6 +36,10 @@ _PARAMS = flags.DEFINE_string("params", "mopd/params", "Params under the workdir
 _PROMPTS = flags.DEFINE_integer("prompts", 128, "Test prompts per domain (at every effort).")
 _TOP = flags.DEFINE_integer("top", 12, "Rollouts to print.")
 _OUT = flags.DEFINE_string("out", "", "Write the ranked rollouts as JSON here.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sample and score the policy with its "
+                                   "logits divided by this (`models.with_temperature`): how "
+                                   "far a sharper or flatter policy is from its teachers.")
+flags.register_validator("temperature", lambda t: t > 0, message="--temperature must be > 0")
 _ONSET = flags.DEFINE_float("onset", 0.5, "A row's KL at one of its cell's worst positions "
                             "above which `agreement.kl_onsets` counts it as leaving the track.")
 
@@ -77,10 +83,12 @@ def ranked(inp, ctx, params, *, prompts: int) -> dict:
 
 
 def main(argv):
+  from mopd_jax import models  # pylint: disable=g-import-not-at-top
   from mopd_jax.stages import wiring  # pylint: disable=g-import-not-at-top
   ctx, params = common.run_and_params(argv, config=_CONFIG.value, workdir=_WORKDIR.value,
                                       params=_PARAMS.value)
   inp = wiring.mopd_inputs(ctx)
+  params = models.with_temperature(params, _TEMPERATURE.value)
   out = ranked(inp, ctx, params, prompts=_PROMPTS.value)
   from mopd_jax.evaluation import agreement  # pylint: disable=g-import-not-at-top
   measure = agreement.MEASURES["sampled" if inp.cross else "exact"]  # as the eval names it

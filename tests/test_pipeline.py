@@ -548,6 +548,11 @@ def test_kl_tail_ranks_the_held_out_rollouts(workdir, tmp_path):
   assert f"{t['kl_exact']:.4f}" in proc.stdout
   assert set(t["onsets"]) == {r["cell"] for r in t["ranked"]}
   assert "response positions with the largest mean KL" in proc.stdout
+  # --temperature divides the policy's logits: another policy, another KL; 1 is the policy.
+  sharp = tmp_path / "sharp.json"
+  _run_experiment("kl_tail", workdir, "--prompts=2", "--top=0", "--temperature=0.5",
+                  f"--out={sharp}")
+  assert json.load(open(sharp))["kl_exact"] != t["kl_exact"]
 
 
 _CACHE_CHILD = r"""
