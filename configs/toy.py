@@ -217,6 +217,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mopd.init = "sft"
     c.mopd.steps = FROM_SFT_STEPS
     c.mopd.lr = 1e-3
+    # Started at pi_SFT as trained: from its own samples alone the student must find each
+    # max cell's full style, which pi_SFT at 0.5 rarely writes (seed 4 started at 0.5: gen/max
+    # stays in the brief style, 0.643 at 14 tokens; docs/toy_results.md "MOPD from pi_SFT").
+    c.mopd.start_temperature = 1.0
   if arg == "cross_tokenizer":
     # The student distils from teachers of another tokenizer, made by their own factory
     # (`python -m experiments.cross_tokenizer`, which passes `teacher.hf_paths` and
