@@ -301,7 +301,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # further fine-tuned on trajectories of every teacher, each with its effort token).
   c.mopd.init = "sft"
   # The student's start: pi_SFT with its logits divided by this (its final RMSNorm scale
-  # divided, `functional.with_temperature`), before the init and the steps; 1 = pi_SFT as
+  # divided, `models.with_temperature`), before the init and the steps; 1 = pi_SFT as
   # trained. Teachers scored at mopd.teacher_temperature T < 1 are their own policies
   # sharpened by 1/T, a global logit scale that Adam's per-parameter steps move by at most
   # the rate per update; starting the student at T puts it on the same footing.

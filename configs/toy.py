@@ -185,7 +185,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The student starts as pi_SFT at the teachers' scoring temperature (its final norm scale
   # doubled): scored at 0.5 the teachers are their policies with doubled logits, and a
   # student started at 1 stays under-confident through the init and the steps (seed 4's
-  # final student sampled at 0.85 reads half the held-out KL it reads at 1; the final norm
+  # final student sampled at 0.85 reads 0.6 of the held-out KL it reads at 1; the final norm
   # scale moves 0.93 -> 0.96 in 360 updates). docs/toy_results.md, "The student's start".
   c.mopd.start_temperature = c.mopd.teacher_temperature
   # Shared prompts: with distinct ones a student of 60 steps wrote agt's three styles in the

@@ -221,13 +221,12 @@ class Distillation:
     """The state a fresh run starts from: pi_SFT at `mopd.start_temperature` (its logits
     divided by it), after the teacher-SFT initialisation when `mopd.init` asks for it."""
     inp = self.inp
-    student = inp.policies.load(inp.files.path("sft", "params"))
-    t = time.time()
+    sft = inp.policies.load(inp.files.path("sft", "params"))
+    student = models.with_temperature(sft, inp.cfg.start_temperature)
     if inp.cfg.init == "teacher_sft":
-      self.measure_start(student)  # pi_SFT as trained: the report's KL drop starts there
+      t = time.time()
+      self.measure_start(sft)  # pi_SFT as trained: the report's KL drop starts there
       self.seconds["start_kl"] = time.time() - t
-    student = models.with_temperature(student, inp.cfg.start_temperature)
-    if inp.cfg.init == "teacher_sft":
       student, pool_size = mopd_init.teacher_sft_init(inp, student)
       # The initialised student, for the eval's held-out KL of the init alone and of the
       # on-policy steps alone (`loops.INIT_PARAMS`).
