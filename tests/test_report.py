@@ -69,8 +69,8 @@ def test_report_checks_evaluate_the_bars():
   assert kl_curves.kl_drop(rep) == (pytest.approx(1.9 / ((0.05 + 0.05 + 0.09) / 3)),
                                  "exact, from pi_SFT before the teacher-SFT init")
   md = " ".join(report.markdown(rep).split())
-  assert "Exact per-token KL of pi_SFT, the student's start before its teacher-SFT " \
-      "initialisation, on its own rollouts of the first step's prompts: 1.9000." in md
+  assert "Exact per-token KL of pi_SFT as trained, where the student starts (at " \
+      "`mopd.start_temperature`) before its teacher-SFT initialisation, on its own rollouts of the first step's prompts: 1.9000." in md
   assert "the exact KL, pi_SFT's before the teacher-SFT init over the last tenth of the " \
       "MOPD steps): x30.0" in md, md
   # The MOPD stage measures every third step and each of the last tenth's: the windows are

@@ -297,9 +297,9 @@ def markdown(rep: dict) -> str:
                   f" (x{first / last:.1f})." if last > 0 else ".")]
   start = rep.get("kl_start")
   if start:
-    lines += ["", f"Exact per-token KL of pi_SFT, the student's start before its teacher-SFT "
-              f"initialisation, on its own rollouts of the first step's prompts: "
-              f"{start['kl_exact']:.4f}."]
+    lines += ["", f"Exact per-token KL of pi_SFT as trained, where the student starts (at "
+              f"`mopd.start_temperature`) before its teacher-SFT initialisation, on its own "
+              f"rollouts of the first step's prompts: {start['kl_exact']:.4f}."]
   ratio, source = kl_curves.kl_drop(rep)
   if ratio is not None:
     measure = ("the exact KL, pi_SFT's before the teacher-SFT init" if source.startswith(
