@@ -209,6 +209,18 @@ def test_vocab_kl_config_rules():
                           endpoints="")
 
 
+def test_from_sft_config_takes_eq15s_clipped_expectation():
+  """`configs/toy.py:from_sft` runs the `vocab_kl` loss with eq. 15's reward clip at r_max
+  (docs/toy_results.md "MOPD from pi_SFT": unclipped, one of gen's high and max cells
+  stalled on seeds 2 and 4); the default config, which starts from the teacher-SFT init,
+  keeps the KL's own gradient."""
+  from configs import toy
+  fs = configure.build(toy.get_config("from_sft"), None).mopd
+  assert (fs.loss, fs.init, fs.loss_args.clip, fs.r_max) == ("vocab_kl", "sft", True, 5.0)
+  default = configure.build(toy.get_config(), None).mopd
+  assert (default.loss, default.loss_args.clip) == ("vocab_kl", False)
+
+
 def test_future_kl_term_completes_the_gradient_of_the_sequence_kl():
   """Per-position KL plus `future_kl_term`, averaged over every rollout weighted by its
   probability, has the gradient of the expected row-mean KL of a tabular two-token policy,
