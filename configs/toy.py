@@ -223,9 +223,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mopd.start_temperature = 1.0
     # Eq. 15's reward clip at r_max inside the expectation (K3's form): the teachers scored at
     # 0.5 put the other styles' first tokens 7-10 nats below pi_SFT's (seed 4's gen), and
-    # unclipped the tokens more than r_max below carry 0.37 of the logits' gradient at the
-    # start (0.60 in gen/high); one of gen's high and max cells then stalled in the other's
-    # style on seeds 2 and 4 (docs/toy_results.md "MOPD from pi_SFT").
+    # unclipped the tokens more than r_max from their teacher carry 0.35 of the logits'
+    # gradient at the start (0.59 in gen/high; `experiments/clip_share.py`); one of gen's
+    # high and max cells then stalled in the other's style on seeds 2 and 4
+    # (docs/toy_results.md "MOPD from pi_SFT").
     c.mopd.loss_args.vocab_kl.clip = True
   if arg == "cross_tokenizer":
     # The student distils from teachers of another tokenizer, made by their own factory

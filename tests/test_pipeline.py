@@ -555,6 +555,28 @@ def test_kl_tail_ranks_the_held_out_rollouts(workdir, tmp_path):
   assert json.load(open(sharp))["kl_exact"] != t["kl_exact"]
 
 
+def test_clip_share_splits_the_kl_gradient_by_cell(workdir, tmp_path):
+  """`python -m experiments.clip_share` on the tiny run's pi_SFT: every cell of the grid,
+  shares in [0, 1], the cells' shares of the gradient summing to 1 with and without the
+  clip, the tokens adding up to "all"; a tiny `--config.mopd.r_max` puts more of the
+  gradient beyond the clip than a huge one, which puts none there."""
+  out, wide, tight = (tmp_path / f for f in ("shares.json", "wide.json", "tight.json"))
+  _run_experiment("clip_share", workdir, "--prompts=2", f"--out={out}")
+  s = json.load(open(out))
+  cells = {k: v for k, v in s.items() if k != "all"}
+  assert len(cells) == 9 and sum(v["tokens"] for v in cells.values()) == s["all"]["tokens"] > 0
+  for key in ("cell_share", "cell_share_clipped"):
+    assert np.isclose(sum(v[key] for v in cells.values()), 1.0, atol=1e-6)
+  assert all(0.0 <= v["beyond"] <= 1.0 for v in s.values())
+  _run_experiment("clip_share", workdir, "--prompts=2", "--config.mopd.r_max=1e4",
+                  f"--out={wide}")
+  _run_experiment("clip_share", workdir, "--prompts=2", "--config.mopd.r_max=0.01",
+                  f"--out={tight}")
+  w, t = json.load(open(wide))["all"], json.load(open(tight))["all"]
+  assert w["beyond"] == 0.0 and np.isclose(w["clip_over_kl"], 1.0, rtol=1e-4)
+  assert t["beyond"] > 0.5 and not np.isclose(t["clip_over_kl"], 1.0, rtol=1e-2)
+
+
 _CACHE_CHILD = r"""
 import os, sys
 import jax, jax.numpy as jnp

@@ -209,6 +209,34 @@ def test_vocab_kl_config_rules():
                           endpoints="")
 
 
+def test_kl_logit_gradients_are_the_two_losses_gradients_in_the_logits():
+  """`vocab_kl.kl_logit_gradients`: g is the gradient of KL(p || q) in p's logits and g_clip
+  that of the clipped surrogate `logprobs.kl_from_hidden` differentiates with a finite
+  r_max; with no token beyond the clip they are equal."""
+  import jax
+  import jax.numpy as jnp
+  from mopd_jax.training import vocab_kl
+  rng = np.random.default_rng(0)
+  z = jnp.asarray(rng.normal(size=(3, 40)) * 3.0)
+  lq = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(3, 40)) * 4.0), -1)
+  r_max = 2.0
+  lp = jax.nn.log_softmax(z, -1)
+  g, g_clip, beyond = vocab_kl.kl_logit_gradients(lp, lq, r_max=r_max)
+  kl = lambda z: jnp.sum(jnp.exp(jax.nn.log_softmax(z, -1)) * (jax.nn.log_softmax(z, -1) - lq))
+  np.testing.assert_allclose(g, jax.grad(kl)(z), rtol=1e-5, atol=1e-7)
+
+  def surrogate(z):  # kl_from_hidden's clipped form: -sum_y sg(p(y) clip(r(y))) log p(y)
+    l = jax.nn.log_softmax(z, -1)
+    w = jax.lax.stop_gradient(jnp.exp(l) * jnp.clip(lq - l, -r_max, r_max))
+    return -jnp.sum(w * l)
+  np.testing.assert_allclose(g_clip, jax.grad(surrogate)(z), rtol=1e-5, atol=1e-7)
+  assert 0 < np.mean(beyond) < 1
+  assert not np.allclose(g, g_clip, atol=1e-4)
+  _, g_wide, none = vocab_kl.kl_logit_gradients(lp, lq, r_max=1e3)
+  assert not np.any(none)
+  np.testing.assert_allclose(g_wide, g, rtol=1e-5, atol=1e-7)
+
+
 def test_from_sft_config_takes_eq15s_clipped_expectation():
   """`configs/toy.py:from_sft` runs the `vocab_kl` loss with eq. 15's reward clip at r_max
   (docs/toy_results.md "MOPD from pi_SFT": unclipped, one of gen's high and max cells

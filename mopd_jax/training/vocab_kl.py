@@ -130,6 +130,59 @@ def exact_kl_rows(student_cfg: models.ModelConfig, student_params, bank: teacher
   return sampled.student_layout(rows) * np.asarray(sampled.arr["loss_mask"], np.float32)
 
 
+def kl_logit_gradients(logp_VxN, logq_VxN, *, r_max: float):
+  """(g, g_clip, beyond) over the last axis (the vocabulary) of each position: g is the
+  gradient of KL(p || q) in p's logits, p * (log p - log q - KL); g_clip the same gradient of
+  the clipped expectation `kl_from_hidden` takes with a finite r_max, p * (W - clip(r)),
+  r = log q - log p, W = sum_y p(y) clip(r(y)); `beyond` marks the tokens whose r lies
+  outside [-r_max, r_max], where the two differ. Arguments are log-softmaxes."""
+  p = jnp.exp(logp_VxN)
+  r = logq_VxN - logp_VxN
+  kl = jnp.sum(p * -r, axis=-1, keepdims=True)
+  rc = jnp.clip(r, -r_max, r_max)
+  g = p * (-r - kl)
+  g_clip = p * (jnp.sum(p * rc, axis=-1, keepdims=True) - rc)
+  return g, g_clip, jnp.abs(r) > r_max
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _clip_share_program(student_cfg, student_params, teacher_cfg, *, teacher_params_K, arrays,
+                        r_max):
+  s_cfg, s_params = models.materialize(student_cfg, student_params)
+  h = models.hidden_states(s_cfg, s_params, arrays.tokens, input_mask=arrays.input_mask)
+  hs = _to_teacher_layout(h, arrays, arrays.teacher_tokens.shape[-1])
+
+  def one(p, rows):  # one teacher's params and its (tokens, mask, student hidden states)
+    tok, m, h_s = rows
+    t_cfg, p = models.materialize(teacher_cfg, p)
+    h_t = models.hidden_states(t_cfg, p, tok, input_mask=m)
+    lp = jax.nn.log_softmax(models.logits_from_hidden(s_cfg, s_params, h_s[:, :-1]), -1)
+    lq = jax.nn.log_softmax(models.logits_from_hidden(t_cfg, p, h_t[:, :-1]), -1)
+    g, g_clip, beyond = kl_logit_gradients(lp, lq, r_max=r_max)
+    sq = lambda x: jnp.pad(jnp.sum(x * x, -1), ((0, 0), (1, 0)))  # token t from position t-1
+    return jnp.stack([sq(g), sq(jnp.where(beyond, g, 0.0)), sq(g_clip)], -1)
+
+  return jax.vmap(one)(teacher_params_K, (arrays.teacher_tokens, arrays.teacher_mask, hs))
+
+
+def clip_share_rows(student_cfg: models.ModelConfig, student_params,
+                    bank: teachers.TeacherBank, *, sampled, r_max: float) -> np.ndarray:
+  """[B, T, 3] per generated token of the student's rollouts `sampled` (0 off the response):
+  the squared norms of the logits' gradient of the exact KL to the routed teacher
+  (`kl_logit_gradients`' g), of its part on the tokens beyond the clip, and of the clipped
+  expectation's g_clip. Where teacher-scored tokens that the student keeps far above its
+  teacher drive the `vocab_kl` update, and what eq. 15's clip (`vocab_kl.clip`) removes.
+  Materialises each teacher's [b, T, V] logits: a diagnostic for small vocabularies."""
+  out = _clip_share_program(student_cfg, student_params, bank.model_cfg,
+                            teacher_params_K=bank.params,
+                            arrays=stratified(sampled, like=student_params),
+                            r_max=float(r_max))
+  rows = teachers.scatter_stratified(np.asarray(distributed.gather(out)), sampled.index,
+                                     sampled.arr["tokens"].shape[0])
+  mask = np.asarray(sampled.arr["loss_mask"], np.float32)[..., None]
+  return sampled.student_layout(rows) * mask
+
+
 def future_kl_term(kl_NxT, logprobs_NxT, mask_NxT, *, groups: int = 0):
   """(term, its metrics): the score-function part of the gradient of each row's summed KL,
   as a surrogate whose gradient is the mean over rows of
