@@ -577,6 +577,26 @@ def test_clip_share_splits_the_kl_gradient_by_cell(workdir, tmp_path):
   assert t["beyond"] > 0.5 and not np.isclose(t["clip_over_kl"], 1.0, rtol=1e-2)
 
 
+def test_greedy_parts_finds_where_the_greedy_answers_part(workdir, tmp_path):
+  """`python -m experiments.greedy_parts` on the tiny run's `gen/high`: the greedy
+  accuracies are the eval stage's for the cell (the same prompts, engine and key), every
+  parted prompt has one parting position, and each policy's margin for its own token there
+  is >= 0 (greedy took its argmax after the very prefix it decoded)."""
+  from experiments import greedy_parts
+  assert [greedy_parts.first_part(a, b) for a, b in
+          (([1, 2, 3], [1, 2, 4]), ([1, 2], [1, 2]), ([1, 2], [1, 2, 5]))] == [2, None, 2]
+  out = tmp_path / "parts.json"
+  _run_experiment("greedy_parts", workdir, "--cell=gen/high", "--examples=4", f"--out={out}")
+  g = json.load(open(out))
+  cells = json.load(open(os.path.join(workdir, "eval.json")))["cells"]
+  for policy in ("student", "teacher"):
+    (acc,) = [c["accuracy"] for c in cells
+              if (c["policy"], c["domain"], c["effort"]) == (policy, "gen", "high")]
+    assert g["accuracy"][policy] == acc
+  assert 0 < g["parted"] <= 4 and sum(g["positions"].values()) == g["parted"]
+  assert all(q[0] >= -1e-4 for q in g["margin_quantiles"].values())
+
+
 _CACHE_CHILD = r"""
 import os, sys
 import jax, jax.numpy as jnp

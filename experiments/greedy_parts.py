@@ -1,0 +1,118 @@
+"""Where a student's greedy answers part from its teacher's in one (domain, effort) cell, and
+how close each policy's own choice was there.
+
+    python -m experiments.greedy_parts --config configs/toy.py --workdir DIR \
+        [--cell cod/high] [--params mopd/params] [--examples 300] [--show 6] [--out parts.json]
+
+Decodes the cell's first `--examples` test prompts greedily with the student under
+`DIR/<params>` (its prompt with the effort) and with the cell's teacher (its prompt as it
+was trained), as the eval does, and for each prompt whose two responses differ finds the
+first response token where they part. There it prints each policy's log-prob margin at
+temperature 1 between its own choice and the other's (a margin near 0 is a near-tie that
+greedy decoding resolves by a hair), the parting positions, and how many of the parted
+prompts each policy answers right. A student whose per-token KL to its teacher is small can
+still lose accuracy this way when the teacher's near-ties lean towards the right answer.
+"""
+import collections
+import json
+
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from experiments import common
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory.")
+_PARAMS = flags.DEFINE_string("params", "mopd/params", "The student's params under the workdir.")
+_CELL = flags.DEFINE_string("cell", "cod/high", "The (domain/effort) cell.")
+_EXAMPLES = flags.DEFINE_integer("examples", 300, "Test prompts of the cell.")
+_SHOW = flags.DEFINE_integer("show", 6, "Parted prompts to print.")
+_OUT = flags.DEFINE_string("out", "", "Write the figures as JSON here.")
+
+
+def first_part(a, b) -> int:
+  """Index of the first token where the id lists `a` and `b` differ (None: equal)."""
+  for i, (x, y) in enumerate(zip(a, b)):
+    if x != y:
+      return i
+  return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def next_logprobs(model_cfg, params, rows, *, pad_id: int) -> np.ndarray:
+  """[N, V] log-probs of the token after each id list of `rows` (left-padded, one batch)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from mopd_jax import models  # pylint: disable=g-import-not-at-top
+  width = max(map(len, rows))
+  arr = np.full((len(rows), width), pad_id, np.int32)
+  mask = np.zeros((len(rows), width), bool)
+  for r, x in enumerate(rows):
+    arr[r, width - len(x):], mask[r, width - len(x):] = x, True
+  h = models.hidden_states(model_cfg, params, arr, input_mask=mask)
+  return np.asarray(jax.nn.log_softmax(models.logits_from_hidden(model_cfg, params, h[:, -1]),
+                                       -1))
+
+
+def main(argv):
+  import jax  # pylint: disable=g-import-not-at-top
+  from mopd_jax.rollout import turns  # pylint: disable=g-import-not-at-top
+  from mopd_jax.stages import wiring  # pylint: disable=g-import-not-at-top
+  from mopd_jax.tasks import base as task_base  # pylint: disable=g-import-not-at-top
+  ctx, student = common.run_and_params(argv, config=_CONFIG.value, workdir=_WORKDIR.value,
+                                       params=_PARAMS.value)
+  inp = wiring.eval_inputs(ctx)
+  if ctx.teacher_tok is not ctx.tok:
+    raise app.UsageError("a teacher of another tokenizer writes other token ids")
+  domain, _, effort = _CELL.value.partition("/")
+  with open(ctx.path("teachers.json")) as f:
+    entry = json.load(f)["teachers"].get(_CELL.value)
+  if domain not in inp.tasks or entry is None:
+    raise app.UsageError(f"--cell={_CELL.value!r} is not a cell of this run")
+  teacher = inp.teachers.load_one(entry)
+  task, test = inp.tasks[domain], inp.data.split(domain, "test")
+  exs = [test[i] for i in range(min(_EXAMPLES.value, len(test)))]
+  budgets = task_base.effort_budgets(exs, effort, inp.grid.taus)
+  policies = {"student": (inp.model_cfg, student, inp.view.of("student", effort)),
+              "teacher": (inp.teacher_cfg, teacher, inp.view.of("teacher", effort))}
+  res, right = {}, {}
+  for name, (cfg, params, shown) in policies.items():
+    r = inp.engines.make(cfg, 0.0).run(params, exs, [shown] * len(exs), budgets=budgets,
+                                       rng=jax.random.PRNGKey(11),
+                                       environment=task.environment)
+    res[name] = r
+    right[name] = task.verify_unless(exs, r.texts, np.asarray(r.over_budget), fill=0.0)
+  tok = inp.engines.make(inp.model_cfg, 0.0).tok
+  parted = []
+  for i in range(len(exs)):
+    a, b = (res[p].trajectories[i].ids for p in ("student", "teacher"))
+    k = first_part(a, b)
+    if k is not None and k < len(a) and k < len(b):
+      parted.append((i, k, a[k], b[k]))
+  out = {"cell": _CELL.value, "examples": len(exs),
+         "accuracy": {p: float(np.mean(right[p])) for p in policies}, "parted": len(parted)}
+  if parted:
+    margins = {}
+    for name, (cfg, params, shown) in policies.items():
+      own, other = (2, 3) if name == "student" else (3, 2)
+      rows = [turns.encode_prompt(tok, exs[i], shown) + list(res[name].trajectories[i].ids[:k])
+              for i, k, *_ in parted]
+      lp = next_logprobs(cfg, params, rows, pad_id=tok.pad_id)
+      margins[name] = [float(lp[j, p[own]] - lp[j, p[other]]) for j, p in enumerate(parted)]
+    q = lambda v: [float(x) for x in np.quantile(v, [0.1, 0.5, 0.9])]
+    out.update({
+        "positions": dict(collections.Counter(int(k) for _, k, *_ in parted)),
+        "margin_quantiles": {p: q(margins[p]) for p in policies},
+        "right_among_parted": {p: int(sum(right[p][i] for i, *_ in parted)) for p in policies}})
+  print(json.dumps({k: v for k, v in out.items()}, indent=1))
+  for i, k, *_ in parted[:_SHOW.value]:
+    print(f"{exs[i].prompt!r} parts at token {k}: student {res['student'].texts[i]!r} "
+          f"({right['student'][i]:.0f}), teacher {res['teacher'].texts[i]!r} "
+          f"({right['teacher'][i]:.0f})")
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
