@@ -34,6 +34,8 @@ The rows (`ROWS`), each testing one claim:
 - token_mean: the `vocab_kl` loss as a mean over every token (`mopd.loss_args.vocab_kl.per`)
   rather than eq. 15's 1/|y| per rollout: the weighting the held-out KL itself uses;
 - from_sft: `configs/toy.py:from_sft`, on-policy steps only, from pi_SFT;
+- from_sft_unclipped: the same without eq. 15's reward clip in `vocab_kl`'s expectation:
+  what the clip does from pi_SFT;
 - from_sft_eq15: the same with K3 eq. 15's sampled-token loss: what the loss does from pi_SFT.
 """
 from __future__ import annotations
@@ -61,7 +63,9 @@ ROWS = {
     "clip": ("", ["--config.mopd.loss_args.vocab_kl.clip=True"], True),
     "token_mean": ("", ["--config.mopd.loss_args.vocab_kl.per=token"], True),
     "from_sft": (":from_sft", [], False),
-    "from_sft_eq15": (":from_sft", ["--config.mopd.loss=mopd"], False),
+    "from_sft_unclipped": (":from_sft", ["--config.mopd.loss_args.vocab_kl.clip=False"], False),
+    "from_sft_eq15": (":from_sft", ["--config.mopd.loss=mopd",
+                                    "--config.mopd.loss_args.vocab_kl.clip=False"], False),
 }
 
 

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import suite_cli
+from experiments import ablate
 from mopd_jax import configure
 
 ROOT = suite_cli.ROOT
@@ -327,3 +328,37 @@ def test_the_parity_tolerance_defaults_by_the_servers_dtype():
   c.teacher.server_dtype = "float16"
   with pytest.raises(ValueError, match="teacher.server_dtype"):
     configure.build(c, 1)
+
+
+@pytest.mark.parametrize("row", sorted(ablate.ROWS))
+def test_an_ablation_row_builds_a_valid_config(row):
+  """Each `experiments.ablate` row's overrides name fields of its config variant, take their
+  fields' types and pass the config's checks, and each lands in the built config (a misspelt
+  path fails here, not after the rows before it have run)."""
+  from configs import toy
+  variant, overrides, _ = ablate.ROWS[row]
+  if row == "sft_compute":
+    overrides = overrides + ablate.sft_compute_overrides(os.path.join(ROOT, "configs", "toy.py"))
+  c = toy.get_config(variant.lstrip(":") or None)
+  parsed = []
+  for o in overrides:
+    key, value = o[len("--config."):].split("=")
+    *parents, leaf = key.split(".")
+    block = c
+    for part in parents:
+      block = block[part]
+    old = block[leaf]  # a KeyError for a misspelt path
+    new = {"True": True, "False": False}[value] if isinstance(old, bool) else type(old)(value)
+    block[leaf] = new
+    parsed.append((key, new))
+  rc = configure.build(c, None)
+  for key, new in parsed:
+    parts = key.split(".")
+    if parts[:2] == ["mopd", "loss_args"]:  # built: the chosen loss's own block, or none
+      if parts[2] != rc.mopd.loss:
+        continue  # another loss's block, left at its default (the config refuses a change)
+      parts = parts[:2] + parts[3:]
+    got = rc
+    for part in parts:
+      got = got[part] if isinstance(got, dict) else getattr(got, part)
+    assert got == new, (row, key, got)
