@@ -130,14 +130,15 @@ def exact_kl_rows(student_cfg: models.ModelConfig, student_params, bank: teacher
   return sampled.student_layout(rows) * np.asarray(sampled.arr["loss_mask"], np.float32)
 
 
-def kl_logit_gradients(logp_VxN, logq_VxN, *, r_max: float):
-  """(g, g_clip, beyond) over the last axis (the vocabulary) of each position: g is the
-  gradient of KL(p || q) in p's logits, p * (log p - log q - KL); g_clip the same gradient of
-  the clipped expectation `kl_from_hidden` takes with a finite r_max, p * (W - clip(r)),
-  r = log q - log p, W = sum_y p(y) clip(r(y)); `beyond` marks the tokens whose r lies
-  outside [-r_max, r_max], where the two differ. Arguments are log-softmaxes."""
-  p = jnp.exp(logp_VxN)
-  r = logq_VxN - logp_VxN
+def kl_logit_gradients(logp, logq, *, r_max: float):
+  """(g, g_clip, beyond), each [..., V], from the log-softmaxes `logp` and `logq` over the
+  last axis (the vocabulary): g is the gradient of KL(p || q) in p's logits,
+  p * (log p - log q - KL); g_clip the same gradient of the clipped expectation
+  `logprobs.kl_from_hidden` takes with a finite r_max, p * (W - clip(r)), r = log q - log p,
+  W = sum_y p(y) clip(r(y)); `beyond` marks the tokens whose r lies outside
+  [-r_max, r_max], the only ones where g and g_clip differ in their own terms."""
+  p = jnp.exp(logp)
+  r = logq - logp
   kl = jnp.sum(p * -r, axis=-1, keepdims=True)
   rc = jnp.clip(r, -r_max, r_max)
   g = p * (-r - kl)
@@ -170,8 +171,8 @@ def clip_share_rows(student_cfg: models.ModelConfig, student_params,
   """[B, T, 3] per generated token of the student's rollouts `sampled` (0 off the response):
   the squared norms of the logits' gradient of the exact KL to the routed teacher
   (`kl_logit_gradients`' g), of its part on the tokens beyond the clip, and of the clipped
-  expectation's g_clip. Where teacher-scored tokens that the student keeps far above its
-  teacher drive the `vocab_kl` update, and what eq. 15's clip (`vocab_kl.clip`) removes.
+  expectation's g_clip: how much of the `vocab_kl` update the tokens far from their
+  teacher's log-prob drive, and what eq. 15's clip (`vocab_kl.clip`) removes.
   Materialises each teacher's [b, T, V] logits: a diagnostic for small vocabularies."""
   out = _clip_share_program(student_cfg, student_params, bank.model_cfg,
                             teacher_params_K=bank.params,
