@@ -56,9 +56,10 @@ def main(argv):
     raise app.UsageError("teachers of another tokenizer have no whole-vocabulary KL to clip")
   grid, r_max = inp.grid, ctx.config.mopd.r_max
   setup = mopd.StepSetup(inp.bank, inp.engine, inp.tasks, grid.cells, grid.taus, view=inp.view)
-  examples = {d: [ctx.data.split(d, "test")[i]
-                  for i in range(min(_PROMPTS.value, len(ctx.data.split(d, "test"))))]
-              for d in grid.domains}
+  examples = {}
+  for d in grid.domains:
+    test = ctx.data.split(d, "test")
+    examples[d] = [test[i] for i in range(min(_PROMPTS.value, len(test)))]
   sums = collections.defaultdict(lambda: np.zeros(4))
   for sampled, _ in agreement.heldout_batches(
       inp.model_cfg, params, setup, scoring=inp.scoring, examples=examples,

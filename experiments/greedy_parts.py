@@ -82,8 +82,8 @@ def main(argv):
                                        environment=task.environment)
     res[name] = r
     right[name] = task.verify_unless(exs, r.texts, np.asarray(r.over_budget), fill=0.0)
-  tok = inp.engines.make(inp.model_cfg, 0.0).tok
-  parted = []
+  tok = ctx.tok
+  parted = []  # (prompt index, parting position, the student's token, the teacher's)
   for i in range(len(exs)):
     a, b = (res[p].trajectories[i].ids for p in ("student", "teacher"))
     k = first_part(a, b)
@@ -94,7 +94,7 @@ def main(argv):
   if parted:
     margins = {}
     for name, (cfg, params, shown) in policies.items():
-      own, other = (2, 3) if name == "student" else (3, 2)
+      own, other = (2, 3) if name == "student" else (3, 2)  # its token and the other's
       rows = [turns.encode_prompt(tok, exs[i], shown) + list(res[name].trajectories[i].ids[:k])
               for i, k, *_ in parted]
       lp = next_logprobs(cfg, params, rows, pad_id=tok.pad_id)
@@ -104,7 +104,7 @@ def main(argv):
         "positions": dict(collections.Counter(int(k) for _, k, *_ in parted)),
         "margin_quantiles": {p: q(margins[p]) for p in policies},
         "right_among_parted": {p: int(sum(right[p][i] for i, *_ in parted)) for p in policies}})
-  print(json.dumps({k: v for k, v in out.items()}, indent=1))
+  print(json.dumps(out, indent=1))
   for i, k, *_ in parted[:_SHOW.value]:
     print(f"{exs[i].prompt!r} parts at token {k}: student {res['student'].texts[i]!r} "
           f"({right['student'][i]:.0f}), teacher {res['teacher'].texts[i]!r} "
