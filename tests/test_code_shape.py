@@ -27,8 +27,6 @@ POSITIONAL_BY_PROTOCOL = {
                               "arguments, residuals, cotangents)",
     "models/logprobs.py:token_stats_from_hidden.chunk": "jax.checkpoint body that lax.scan's step "
                                                  "calls with a chunk's arrays unpacked",
-    "training/vocab_kl.py:stratified_kl.one": "mapped by jax.vmap, which passes mapped arrays "
-                                        "positionally",
     "teachers/bank.py:score_stratified.one": "mapped by jax.vmap, which passes mapped arrays "
                                         "positionally",
     "rollout/continuous.py:_fill": "jitted with donate_argnums=1: the slot state is donated by position",

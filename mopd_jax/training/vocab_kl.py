@@ -81,6 +81,27 @@ def _to_teacher_layout(x_BxT, arrays: Stratified, width: int):
   return jnp.take_along_axis(x, pos, axis=2)
 
 
+def _per_teacher(student_cfg: models.ModelConfig, student_params,
+                 teacher_cfg: models.ModelConfig, *, teacher_params_K, arrays: Stratified, fn):
+  """(fn's [K, ...] outputs, (the student's materialised config, params, [B, T, D] hidden
+  states)): `fn((student cfg, params), (teacher k's cfg, params), (the student's hidden
+  states on teacher k's rows [b, T', D], teacher k's own [b, T', D]))` for every teacher k
+  of the stratified layout, in one vmap; the teachers' gradient is stopped."""
+  s_cfg, s_params = models.materialize(student_cfg, student_params)
+  h = models.hidden_states(s_cfg, s_params, arrays.tokens, input_mask=arrays.input_mask)
+  hs = _to_teacher_layout(h, arrays, arrays.teacher_tokens.shape[-1])  # [K, b, T', D]
+
+  def one(p, rows):  # one teacher's params and its (tokens, mask, student hidden states)
+    tok, m, h_s = rows
+    t_cfg, p = models.materialize(teacher_cfg, p)
+    h_t = models.hidden_states(t_cfg, p, tok, input_mask=m)
+    return fn((s_cfg, s_params), (t_cfg, p), (h_s, h_t))
+
+  out = jax.vmap(one)(jax.lax.stop_gradient(teacher_params_K),
+                      (arrays.teacher_tokens, arrays.teacher_mask, hs))
+  return out, (s_cfg, s_params, h)
+
+
 def stratified_kl(student_cfg: models.ModelConfig, student_params,
                   teacher_cfg: models.ModelConfig, *, teacher_params_K, arrays: Stratified,
                   chunk_size: int = 64, with_logprobs: bool = False, r_max: float = math.inf):
@@ -89,24 +110,19 @@ def stratified_kl(student_cfg: models.ModelConfig, student_params,
   `r_max` gives it eq. 15's clipped expected gradient, `logprobs.kl_from_hidden`). With
   `with_logprobs`, (that KL, the student's log-prob of each sampled token on the same
   layout)."""
-  s_cfg, s_params = models.materialize(student_cfg, student_params)
-  h = models.hidden_states(s_cfg, s_params, arrays.tokens, input_mask=arrays.input_mask)
-  width = arrays.teacher_tokens.shape[-1]
-  hs = _to_teacher_layout(h, arrays, width)  # [K, b, T', D]
-
-  def one(p, tok, m, h_s):
-    t_cfg, p = models.materialize(teacher_cfg, p)
-    h_t = models.hidden_states(t_cfg, p, tok, input_mask=m)
+  def one(student, teacher, hiddens):
+    (s_cfg, s_params), (t_cfg, p), (h_s, h_t) = student, teacher, hiddens
     return logprobs.kl_from_hidden(s_cfg, s_params, h_s, cfg_q=t_cfg, params_q=p,
                                    hidden_q_BxTxD=h_t, chunk_size=chunk_size, r_max=r_max)
 
-  kl = jax.vmap(one)(jax.lax.stop_gradient(teacher_params_K), arrays.teacher_tokens,
-                     arrays.teacher_mask, hs)
+  kl, (s_cfg, s_params, h) = _per_teacher(student_cfg, student_params, teacher_cfg,
+                                          teacher_params_K=teacher_params_K, arrays=arrays,
+                                          fn=one)
   if not with_logprobs:
     return kl
   lp = logprobs.token_stats_from_hidden(s_cfg, s_params, h, tokens_BxT=arrays.tokens,
                                         options=logprobs.StatsOptions(chunk_size=chunk_size))
-  return kl, _to_teacher_layout(lp.logprobs, arrays, width)
+  return kl, _to_teacher_layout(lp.logprobs, arrays, arrays.teacher_tokens.shape[-1])
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2), static_argnames=("chunk_size",))
@@ -149,21 +165,16 @@ def kl_logit_gradients(logp, logq, *, r_max: float):
 @functools.partial(jax.jit, static_argnums=(0, 2))
 def _clip_share_program(student_cfg, student_params, teacher_cfg, *, teacher_params_K, arrays,
                         r_max):
-  s_cfg, s_params = models.materialize(student_cfg, student_params)
-  h = models.hidden_states(s_cfg, s_params, arrays.tokens, input_mask=arrays.input_mask)
-  hs = _to_teacher_layout(h, arrays, arrays.teacher_tokens.shape[-1])
-
-  def one(p, rows):  # one teacher's params and its (tokens, mask, student hidden states)
-    tok, m, h_s = rows
-    t_cfg, p = models.materialize(teacher_cfg, p)
-    h_t = models.hidden_states(t_cfg, p, tok, input_mask=m)
+  def one(student, teacher, hiddens):
+    (s_cfg, s_params), (t_cfg, p), (h_s, h_t) = student, teacher, hiddens
     lp = jax.nn.log_softmax(models.logits_from_hidden(s_cfg, s_params, h_s[:, :-1]), -1)
     lq = jax.nn.log_softmax(models.logits_from_hidden(t_cfg, p, h_t[:, :-1]), -1)
     g, g_clip, beyond = kl_logit_gradients(lp, lq, r_max=r_max)
     sq = lambda x: jnp.pad(jnp.sum(x * x, -1), ((0, 0), (1, 0)))  # token t from position t-1
     return jnp.stack([sq(g), sq(jnp.where(beyond, g, 0.0)), sq(g_clip)], -1)
 
-  return jax.vmap(one)(teacher_params_K, (arrays.teacher_tokens, arrays.teacher_mask, hs))
+  return _per_teacher(student_cfg, student_params, teacher_cfg,
+                      teacher_params_K=teacher_params_K, arrays=arrays, fn=one)[0]
 
 
 def clip_share_rows(student_cfg: models.ModelConfig, student_params,
