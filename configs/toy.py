@@ -1,7 +1,7 @@
 """The embedded toy config: the whole pipeline on a 2-core CPU, in K3's form (the student's
 prompt carries the effort, the teachers' prompts do not).
 
-Run (seed 0 alone: 487 s on 2 CPU cores with tcmalloc, whose speed varies from run to run;
+Run (seed 0 alone: 538 s on 2 CPU cores with tcmalloc, whose speed varies from run to run;
 docs/toy_results.md):
     python -m experiments.run --config configs/toy.py --workdir /tmp/mopd_toy
 The ablation in which the teachers see the effort: add --config.teacher.effort_in_prompt=True.
