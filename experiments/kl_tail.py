@@ -2,7 +2,8 @@
 the routed teachers, with each token's KL.
 
     python -m experiments.kl_tail --config configs/toy.py --workdir DIR \
-        [--params mopd/params] [--prompts 128] [--top 12] [--temperature 1] [--out tail.json]
+        [--params mopd/params] [--prompts 128] [--top 12] [--temperature 1] [--off_track 5]
+        [--out tail.json]
 
 Loads the params under `DIR/<params>` (the final student by default; `mopd/init_params` is
 the initialised student, `sft/params` pi_SFT) of a run made with the same `--config` and
@@ -11,8 +12,9 @@ effort exactly as the eval's held-out KL does (`agreement.heldout_batches`: the 
 prompts, batches and keys, so the mean printed first equals the eval's), and prints the
 cells of the top 1% of rollouts, each cell's onsets (`agreement.kl_onsets`: its worst
 response positions and the share of the KL carried by the rows above `--onset` nats there),
-then the `--top` rollouts: cell, mean KL, prompt, and every generated token with its exact
-KL against the teacher at the scoring temperature. A rollout that leaves the teacher's track
+the rollouts with a token above `--off_track` nats (their count, cells, lengths and share
+of the summed KL), then the `--top` rollouts: cell, mean KL, prompt, and every generated
+token with its exact KL against the teacher at the scoring temperature. A rollout that leaves the teacher's track
 shows as a token sampled at a small KL followed by tokens whose KL is several nats. With
 teachers of another tokenizer (`configs/toy.py:cross_tokenizer`) the measure is the eval's
 there, the sampled log-ratio: each aligned span's log pi - log pi_T spread over its tokens
@@ -42,6 +44,8 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sample and score the poli
 flags.register_validator("temperature", lambda t: t > 0, message="--temperature must be > 0")
 _ONSET = flags.DEFINE_float("onset", 0.5, "A row's KL at one of its cell's worst positions "
                             "above which `agreement.kl_onsets` counts it as leaving the track.")
+_OFF_TRACK = flags.DEFINE_float("off_track", 5.0, "A rollout with a token whose KL is above "
+                                "this many nats counts as off the teacher's track.")
 
 
 
@@ -82,6 +86,19 @@ def ranked(inp, ctx, params, *, prompts: int) -> dict:
           "top1pct_cells": dict(collections.Counter(r["cell"] for r in top)), "ranked": rows}
 
 
+def off_track(rows, *, threshold: float) -> dict:
+  """The rollouts of `rows` (`ranked`'s) with a token whose KL is above `threshold` nats:
+  {"rollouts": their count, "cells": {cell: count}, "lengths": their token counts, sorted,
+  "share": their share of the summed KL over every row's tokens}. Two policies with the same
+  count and different shares differ in what follows the token that left the track."""
+  off = [r for r in rows if any(k > threshold for _, k in r["tokens"])]
+  total = sum(k for r in rows for _, k in r["tokens"])
+  part = sum(k for r in off for _, k in r["tokens"])
+  return {"rollouts": len(off), "cells": dict(collections.Counter(r["cell"] for r in off)),
+          "lengths": sorted(len(r["tokens"]) for r in off),
+          "share": part / total if total > 0 else 0.0}
+
+
 def main(argv):
   from mopd_jax import models  # pylint: disable=g-import-not-at-top
   from mopd_jax.stages import wiring  # pylint: disable=g-import-not-at-top
@@ -94,6 +111,10 @@ def main(argv):
   measure = agreement.MEASURES["sampled" if inp.cross else "exact"]  # as the eval names it
   print(f"{measure} over {out['rollouts']} rollouts: {out['kl_exact']:.4f}")
   print(f"cells of the top 1% of rollouts: {out['top1pct_cells']}")
+  out["off_track"] = off_track(out["ranked"], threshold=_OFF_TRACK.value)
+  o = out["off_track"]
+  print(f"rollouts with a token above {_OFF_TRACK.value} nats: {o['rollouts']} {o['cells']}, "
+        f"{o['share']:.2f} of the summed KL, lengths {o['lengths']}")
   by_cell = collections.defaultdict(list)
   for r in out["ranked"]:
     by_cell[r["cell"]].append([k for _, k in r["tokens"]])

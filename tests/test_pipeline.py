@@ -548,6 +548,13 @@ def test_kl_tail_ranks_the_held_out_rollouts(workdir, tmp_path):
   assert f"{t['kl_exact']:.4f}" in proc.stdout
   assert set(t["onsets"]) == {r["cell"] for r in t["ranked"]}
   assert "response positions with the largest mean KL" in proc.stdout
+  # The off-track rollouts: those with a token above --off_track nats, and their KL's share.
+  o = t["off_track"]
+  off = [r for r in t["ranked"] if max(k for _, k in r["tokens"]) > 5.0]
+  assert o["rollouts"] == len(off) == sum(o["cells"].values())
+  assert o["lengths"] == sorted(len(r["tokens"]) for r in off) and 0.0 <= o["share"] <= 1.0
+  assert np.isclose(o["share"] * total, sum(k for r in off for _, k in r["tokens"]))
+  assert "rollouts with a token above 5.0 nats" in proc.stdout
   # --temperature divides the policy's logits: another policy, another KL; 1 is the policy.
   sharp = tmp_path / "sharp.json"
   _run_experiment("kl_tail", workdir, "--prompts=2", "--top=0", "--temperature=0.5",
