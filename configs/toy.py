@@ -1,7 +1,7 @@
 """The embedded toy config: the whole pipeline on a 2-core CPU, in K3's form (the student's
 prompt carries the effort, the teachers' prompts do not).
 
-Run (seed 0 alone: 538 s on 2 CPU cores with tcmalloc, whose speed varies from run to run;
+Run (seed 0 alone: 487 s on 2 CPU cores with tcmalloc, whose speed varies from run to run;
 docs/toy_results.md):
     python -m experiments.run --config configs/toy.py --workdir /tmp/mopd_toy
 The ablation in which the teachers see the effort: add --config.teacher.effort_in_prompt=True.
@@ -9,7 +9,7 @@ Smoke variant of every stage (used by the tests, well under 2 minutes):
     python -m experiments.run --config configs/toy.py:fast --workdir /tmp/mopd_fast
 Tiny variant for the reliability tests (every training loop, as few steps as possible):
     python -m experiments.run --config configs/toy.py:tiny --workdir /tmp/mopd_tiny
-Override any field from the command line, e.g. `--config.rl.anneal_steps=30`, or run a
+Override any field from the command line, e.g. `--config.rl.steps_per_effort=40`, or run a
 subset of stages reusing earlier outputs: `--config.stages=sft,rl`.
 
 Run a sub-grid of domains and efforts (names of the `tasks` and `effort` blocks):
@@ -96,15 +96,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sft.batch_size = 16 if fast else 24
   c.sft.warmup_steps = 2 if fast else 20  # linear warmup before the cosine decay
 
-  # RL iterations of the max phase. RL from a cold start has to find the full style among
-  # pi_SFT's samples, and how often pi_SFT writes it varies with the seed: with 20 seed 11's
-  # pi_SFT wrote agt's full style on 50 of 256 validation prompts (seed 0: 90), its sampled
-  # length moved 30 -> 33 tokens and its greedy answer stayed brief (test accuracy 0.690
-  # against pi_SFT's 0.687), seed 10's rose only to 0.793 (pi_SFT 0.690), and seed 2's
-  # gen/max teacher stopped at 0.993, 0.097 above a pi_SFT whose brief answer is right 0.897
-  # of the time. With 40 (same rate, data and SFT): agt/max 0.863 and 0.947, gen/max 1.000;
-  # the RL stage's wall time 161 -> about 225 s (docs/toy_results.md).
-  c.rl.steps_per_effort = 2 if fast else 40
+  c.rl.steps_per_effort = 2 if fast else 20  # RL iterations of the max phase
   c.rl.prompts_per_step = 4 if fast else 16  # prompts per iteration
   c.rl.group_size = 2 if fast else 4  # K samples per prompt
   # PMD's old policy: policy iteration at max ("sampler"), which makes the max teacher commit
