@@ -14,13 +14,13 @@ cells of the top 1% of rollouts, each cell's onsets (`agreement.kl_onsets`: its 
 response positions and the share of the KL carried by the rows above `--onset` nats there),
 the rollouts with a token above `--off_track` nats (their count, cells, lengths and share
 of the summed KL), then the `--top` rollouts: cell, mean KL, prompt, and every generated
-token with its exact KL against the teacher at the scoring temperature. A rollout that leaves the teacher's track
-shows as a token sampled at a small KL followed by tokens whose KL is several nats. With
-teachers of another tokenizer (`configs/toy.py:cross_tokenizer`) the measure is the eval's
-there, the sampled log-ratio: each aligned span's log pi - log pi_T spread over its tokens
-(`agreement.logratio_rows`). `--temperature` divides the policy's logits (its final norm
-scale) before it samples and is scored: a policy whose KL falls when sharpened is
-under-confident against its teachers.
+token with its exact KL against the teacher at the scoring temperature. A rollout that
+leaves the teacher's track shows as a token sampled at a small KL followed by tokens whose
+KL is several nats. With teachers of another tokenizer (`configs/toy.py:cross_tokenizer`)
+the measure is the eval's there, the sampled log-ratio: each aligned span's log pi - log
+pi_T spread over its tokens (`agreement.logratio_rows`). `--temperature` divides the
+policy's logits (its final norm scale) before it samples and is scored: a policy whose KL
+falls when sharpened is under-confident against its teachers.
 """
 import collections
 import json

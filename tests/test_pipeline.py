@@ -558,8 +558,13 @@ def test_kl_tail_ranks_the_held_out_rollouts(workdir, tmp_path):
   # --temperature divides the policy's logits: another policy, another KL; 1 is the policy.
   sharp = tmp_path / "sharp.json"
   _run_experiment("kl_tail", workdir, "--prompts=2", "--top=0", "--temperature=0.5",
-                  f"--out={sharp}")
-  assert json.load(open(sharp))["kl_exact"] != t["kl_exact"]
+                  "--off_track=0.001", f"--out={sharp}")
+  s = json.load(open(sharp))
+  assert s["kl_exact"] != t["kl_exact"]
+  # A threshold the tiny student's rollouts cross: the rows above it, and no others, counted.
+  off = [r for r in s["ranked"] if max(k for _, k in r["tokens"]) > 0.001]
+  assert 0 < s["off_track"]["rollouts"] == len(off)
+  assert s["off_track"]["lengths"] == sorted(len(r["tokens"]) for r in off)
 
 
 def test_clip_share_splits_the_kl_gradient_by_cell(workdir, tmp_path):
