@@ -102,6 +102,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # clipped log-ratio reaches the student's tokens of the span: `spread` evenly (r_j / n_j
   # each) or on its `last` token.
   c.teacher.tokenizer_path = ""
+  # Cells whose teacher reads yet another tokenizer ("domain/effort=TOKENIZER,..."; the others
+  # read `tokenizer_path`): teachers of several families in one run, each family (tokenizer
+  # and model shape) stacked in a bank of its own, in this process.
+  c.teacher.tokenizer_paths = ""
   c.teacher.span_reward = "spread"
 
   c.mesh = ml_collections.ConfigDict()

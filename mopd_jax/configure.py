@@ -209,21 +209,31 @@ def _algorithm_checks(c: config_mod.RunConfig) -> None:
   if kind.needs_outcome and not m.alpha > 0:
     raise ValueError(f"mopd.loss={m.loss!r} trains on mopd.alpha x the rollouts' outcome "
                      f"advantages; it needs mopd.alpha > 0, got {m.alpha!r}")
-  if c.teacher.tokenizer_path and (kind.topk or kind.teachers_in_step):
+  other = _other_tokenizers(c.teacher)
+  if other and (kind.topk or kind.teachers_in_step):
     raise ValueError(f"mopd.loss={m.loss!r} compares the student's and the teacher's "
                      "next-token distributions over one vocabulary; teachers of another "
-                     f"tokenizer (teacher.tokenizer_path={c.teacher.tokenizer_path!r}) score "
-                     "spans of the response: use mopd.loss='mopd'")
+                     f"tokenizer ({other}) score spans of the response: use mopd.loss='mopd'")
   if kind.teachers_in_step:
     vocab_kl.check_config(m, teachers=c.placement.teachers, endpoints=c.teacher.endpoints)
   if m.init_target == "distribution" and m.init != "teacher_sft":
     raise ValueError(f"mopd.init_target='distribution' sets what the teacher-SFT init fits; "
                      f"it needs mopd.init='teacher_sft', got {m.init!r}")
-  if m.init_target == "distribution" and c.teacher.tokenizer_path:
+  if m.init_target == "distribution" and other:
     raise ValueError("mopd.init_target='distribution' fits the student's next-token "
                      "distribution to the teacher's over one vocabulary; teachers of another "
-                     f"tokenizer (teacher.tokenizer_path={c.teacher.tokenizer_path!r}) need "
-                     "mopd.init_target='tokens'")
+                     f"tokenizer ({other}) need mopd.init_target='tokens'")
+
+
+def _other_tokenizers(t) -> str:
+  """How the config names teachers of another tokenizer than the student's, for an error
+  ("" = none named)."""
+  named = []
+  if t.tokenizer_path:
+    named.append(f"teacher.tokenizer_path={t.tokenizer_path!r}")
+  if t.tokenizer_paths:
+    named.append(f"teacher.tokenizer_paths={dict(t.tokenizer_paths)!r}")
+  return ", ".join(named)
 
 
 def _those(stage: str, prop: str) -> str:

@@ -145,6 +145,17 @@ CASES = [
      "it needs mopd.init='teacher_sft'"),
     ("c.teacher.tokenizer_path = '/t/tokenizer.json'; c.mopd.init_target = 'distribution'; "
      + _HF_ALL, "need mopd.init_target='tokens'"),
+    ("c.teacher.tokenizer_paths = 'gen/low=/t/a.json'",
+     "teacher.tokenizer_paths is the tokenizer of teachers brought as checkpoints"),
+    ("c.teacher.tokenizer_paths = 'gen/low'; " + _HF_ALL,
+     "teacher.tokenizer_paths: 'gen/low' is not 'domain/effort=file'"),
+    ("c.teacher.tokenizer_paths = 'gen/huge=/t/a.json'; " + _HF_ALL,
+     "teacher.tokenizer_paths names ['gen/huge'], not cells of the grid"),
+    ("c.teacher.tokenizer_paths = 'gen/low=/t/a.json'; c.mopd.loss = 'vocab_kl'; " + _HF_ALL,
+     "teachers of another tokenizer (teacher.tokenizer_paths={'gen/low': '/t/a.json'})"),
+    ("c.teacher.tokenizer_paths = 'gen/low=/t/a.json'; c.mopd.loss = 'mopd'; "
+     "c.teacher.endpoints = 'gen/low=http://h:1'; " + _HF_ALL,
+     "teacher servers (teacher.endpoints) read one teachers' tokenizer"),
 ]
 
 

@@ -114,15 +114,18 @@ class Raw:
 
 @dataclasses.dataclass(frozen=True)
 class HfPaths:
-  """"domain/effort" -> checkpoint directory: the string "gen/low=DIR,gen/max=DIR" (what a
-  config file or a flag sets) or a mapping; "" = none. Checked against the grid by build."""
+  """"domain/effort" -> a path (`what`: a checkpoint directory, a tokenizer file): the string
+  "gen/low=DIR,gen/max=DIR" (what a config file or a flag sets) or a mapping; "" = none.
+  Checked against the grid by build."""
+  what: str = "checkpoint directory"
+  form: str = "domain/effort=directory"
 
   def __call__(self, name: str, v):
     if isinstance(v, str):
-      return endpoints.cell_items(name, v, "domain/effort=directory")
+      return endpoints.cell_items(name, v, self.form)
     if not isinstance(v, (Mapping, ml_collections.ConfigDict)):
-      raise ValueError(f"{name} must map 'domain/effort' to a checkpoint directory "
-                       f"('gen/low=DIR,gen/max=DIR'), got {v!r}")
+      raise ValueError(f"{name} must map 'domain/effort' to a {self.what} "
+                       f"('gen/low=PATH,gen/max=PATH'), got {v!r}")
     return {k: Str()(f"{name}[{k!r}]", p) for k, p in dict(v).items()}
 
 

@@ -121,6 +121,7 @@ class TeacherSpec:
   api_key_env: str  # environment variable holding the servers' API key ("" = none)
   probe_every: int  # MOPD steps between parity probes of the servers (0 = at start only)
   tokenizer_path: str  # the teachers' own tokenizer when not the student's ("" = the student's)
+  tokenizer_paths: dict  # "domain/effort" -> that cell's teacher's tokenizer (else tokenizer_path)
   span_reward: str  # another tokenizer: how a span's reward reaches its student tokens
   model: dict  # preset and ModelConfig overrides of Hugging Face teachers
 
@@ -159,6 +160,7 @@ _TEACHER_CHECKS = {"hf_paths": HfPaths(), "outside_cell": Str(), "outside_seed":
                    "parity_tolerance": Num(), "api_key_env": Str(),
                    "server_dtype": OneOf(tuple(PARITY_TOLERANCE)),
                    "probe_every": Int(0), "tokenizer_path": Str(),
+                   "tokenizer_paths": HfPaths("tokenizer file", "domain/effort=file"),
                    "span_reward": OneOf(("spread", "last"))}
 
 
@@ -337,11 +339,21 @@ def _teacher_checks(c: RunConfig) -> None:
       raise ValueError(f"teacher.outside_seed={t.outside_seed!r} must be an int other than "
                        f"the run's seed {c.seed} (the outside SFT needs its own init and "
                        "order)")
-  if t.tokenizer_path and not t.hf_paths:
-    raise ValueError("teacher.tokenizer_path is the tokenizer of teachers brought as "
-                     "checkpoints (teacher.hf_paths, also with teacher.endpoints: the run "
-                     "reads their configs and the servers score them); the rl stage trains "
-                     "teachers with the student's tokenizer")
+  for field in ("tokenizer_path", "tokenizer_paths"):
+    if getattr(t, field) and not t.hf_paths:
+      raise ValueError(f"teacher.{field} is the tokenizer of teachers brought as "
+                       "checkpoints (teacher.hf_paths, also with teacher.endpoints: the run "
+                       "reads their configs and the servers score them); the rl stage trains "
+                       "teachers with the student's tokenizer")
+  extra = sorted(set(t.tokenizer_paths) - set(grid.names))
+  if extra:
+    raise ValueError(f"teacher.tokenizer_paths names {extra}, not cells of the grid "
+                     f"{grid.names}")
+  if t.tokenizer_paths and t.endpoints:
+    raise ValueError("teacher.tokenizer_paths gives cells teachers of several tokenizers, "
+                     "which score in this process (a bank per family); teacher servers "
+                     "(teacher.endpoints) read one teachers' tokenizer: use "
+                     "teacher.tokenizer_path")
   for field, what in (("hf_paths", "a checkpoint directory"),
                       ("endpoints", "teacher server URLs")):
     given = getattr(t, field)

@@ -109,10 +109,11 @@ def logratio_rows(scoring, sampled) -> np.ndarray:
   rollout's sequence log-ratio, whose mean over pi's own rollouts estimates the sequence
   KL(pi || pi_T) without bias (pi_T(y): the probability of the teacher's own tokenization of
   y). 0 off the generated tokens and on a row the teacher could not take."""
-  from mopd_jax.teachers import alignment, bank as teachers  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from mopd_jax.teachers import alignment, bank as teachers, families
   arr, n = sampled.arr, sampled.arr["tokens"].shape[0]
-  scored = teachers.scatter_stratified(
-      np.asarray(teachers.score_stratified(scoring, sampled.tokens, sampled.input_mask)),
+  scored = teachers.scatter_stratified(  # a MixedBank: each family's teachers by its bank
+      np.asarray(families.score_stratified(scoring, sampled.tokens, sampled.input_mask)),
       sampled.index, n)
   lp_t = alignment.cross_teacher_logprobs(arr, scored, spans=sampled.spans,
                                           alignments=sampled.alignments, r_max=np.inf,

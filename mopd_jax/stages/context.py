@@ -13,6 +13,7 @@ and no input holds a method of it.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 from mopd_jax.config import schema as config_mod
 from mopd_jax.io import profiling, storage
@@ -22,12 +23,14 @@ from mopd_jax.tasks import base as task_base, views
 from mopd_jax.teachers import placement
 
 
-def teacher_tokenizer(config: config_mod.RunConfig, tok):
-  """The teachers' tokenizer: `tok` (the student's) unless `teacher.tokenizer_path` names
-  one that reads differently (its fingerprint). The teacher's own files name its specials
-  (the student's `prompt.*_token` names are the student's); the tool markers are the run's.
-  A missing or unreadable file is a config error."""
-  path = config.teacher.tokenizer_path
+def teacher_tokenizer(config: config_mod.RunConfig, tok, path: Optional[str] = None, *,
+                      field: str = "teacher.tokenizer_path"):
+  """The teachers' tokenizer: `tok` (the student's) unless `path` (default
+  `teacher.tokenizer_path`) names one that reads differently (its fingerprint). The
+  teacher's own files name its specials (the student's `prompt.*_token` names are the
+  student's); the tool markers are the run's. A missing or unreadable file is a config
+  error naming `field`."""
+  path = config.teacher.tokenizer_path if path is None else path
   if not path:
     return tok
   options = dataclasses.replace(config.tokenizer_options(), pad_token=None, bos_token=None,
@@ -35,8 +38,28 @@ def teacher_tokenizer(config: config_mod.RunConfig, tok):
   try:
     teacher = load_tokenizer(path, efforts=config.grid.effort_names, options=options)
   except ValueError as e:
-    raise config_mod.ConfigError(f"teacher.tokenizer_path={path!r}: {e}") from e
+    raise config_mod.ConfigError(f"{field}={path!r}: {e}") from e
   return tok if fingerprint(teacher) == fingerprint(tok) else teacher
+
+
+def teacher_tokenizers(config: config_mod.RunConfig, tok, default) -> dict:
+  """{cell: (its teacher's tokenizer, the file it was read from)}: `default` (the
+  `teacher.tokenizer_path` one, or `tok`) unless `teacher.tokenizer_paths` names the cell's
+  own; a file named twice is read once, and one that reads as another already read is that
+  one (so that cells of one tokenizer share one object)."""
+  out, read = {}, {}
+  for cell in config.grid.names:
+    path = config.teacher.tokenizer_paths.get(cell)
+    if path is None:
+      out[cell] = (default, config.teacher.tokenizer_path if default is not tok else "")
+      continue
+    if path not in read:
+      t = teacher_tokenizer(config, tok, path, field=f"teacher.tokenizer_paths[{cell!r}]")
+      same = [o for o, _ in out.values() if fingerprint(o) == fingerprint(t)]
+      read[path] = same[0] if same else t
+    t = read[path]
+    out[cell] = (t, "" if t is tok else path)
+  return out
 
 
 def count_tokenizer(config: config_mod.RunConfig, tok):
@@ -77,6 +100,11 @@ class Run:
     # The teachers' tokenizer: the student's, or their own (`teacher.tokenizer_path`,
     # docs/cross_tokenizer.md); one that reads the same as the student's is the student's.
     self.teacher_tok = teacher_tokenizer(config, self.tok)
+    # Each cell's teacher's tokenizer (`teacher.tokenizer_paths`): several families in one
+    # run; `teacher_tok` is then None (no one tokenizer is the teachers').
+    cell_toks = teacher_tokenizers(config, self.tok, self.teacher_tok)
+    if len({id(t) for t, _ in cell_toks.values()}) > 1:
+      self.teacher_tok = None
     from mopd_jax.io import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
     self.model_cfg = hf.resolve_model_config(config.model.mapping(), self.tok.vocab_size)
     # The student's mesh, and the teachers' (the same one unless disaggregated).
@@ -90,9 +118,9 @@ class Run:
                                    teacher_tok=self.teacher_tok,
                                    count_tok=count_tokenizer(config, self.tok))
     self.policies = sources.Policies(config, model_cfg=self.model_cfg, mesh=self.mesh)
-    self.teachers = sources.TeacherSource(config, self.teacher_tok, policies=self.policies,
+    self.teachers = sources.TeacherSource(config, self.tok, policies=self.policies,
                                           teacher_mesh=self.teacher_mesh, files=self.files,
-                                          cross=self.teacher_tok is not self.tok)
+                                          cell_toks=cell_toks)
     self.loops = loops.Loops(self.files, every=config.checkpoint.every,
                              skip_nonfinite=config.skip_nonfinite,
                              params_like=self.policies.like, switch=self.profile)

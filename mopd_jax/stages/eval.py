@@ -10,6 +10,7 @@ client or the bank in process). The stage takes its `Inputs` (built by
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping, Optional
 
 import jax
@@ -35,7 +36,6 @@ class Inputs:
   grid: grid_mod.Grid
   view: views.PromptView
   model_cfg: models.ModelConfig
-  teacher_cfg: models.ModelConfig
   tasks: Mapping[str, task_base.Task]
   data: sources.DataSource
   engines: sources.Engines
@@ -68,15 +68,19 @@ def run(inp: Inputs) -> None:
     for effort in inp.grid.effort_names:
       budgets = task_base.effort_budgets(exs, effort, inp.grid.taus)
       runs = [(p, inp.model_cfg, policies[p]) for p in ("sft", "student") if p in policies]
-      t = manifest["teachers"].get(f"{domain}/{effort}")
-      if t is not None:
-        runs.append(("teacher", inp.teacher_cfg, inp.teachers.load_one(t)))
+      name = f"{domain}/{effort}"
+      t = manifest["teachers"].get(name)
+      if t is not None:  # each teacher with its family's model and tokenizer
+        runs.append(("teacher", inp.teachers.cell_model_cfg(name),
+                     inp.teachers.load_one(t, name)))
       for policy, model_cfg, params in runs:
         # pi_SFT and the student see the effort; a teacher sees its prompts as it was trained,
         # in its own tokens.
         shown = inp.view.of(policy, effort)
         logratio = _LogRatio(inp, domain, effort) if policy != "teacher" else None
-        engine_of = inp.engines.teacher if policy == "teacher" else inp.engines.make
+        engine_of = (functools.partial(inp.engines.teacher,
+                                       tok=inp.teachers.family_of(name).tok)
+                     if policy == "teacher" else inp.engines.make)
         # A teacher of another tokenizer: its engine counts lengths and budgets in the
         # student's tokens (`Engines.make`).
         m = sft.evaluate(engine_of(model_cfg, ec.temperature), params, task,

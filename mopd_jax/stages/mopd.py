@@ -67,12 +67,14 @@ class Inputs:
   grid: grid_mod.Grid
   view: views.PromptView
   tok: Any
-  teacher_tok: Any  # the teachers' tokenizer: `tok`, or their own (teacher.tokenizer_path)
+  # The teachers' tokenizer: `tok`, or their own (teacher.tokenizer_path), or a tuple of each
+  # teacher's (router order) for teachers of several families (`families.MixedBank`).
+  teacher_tok: Any
   model_cfg: models.ModelConfig
   mesh: Mesh
   tasks: Mapping[str, task_base.Task]
   engine: rollout.RolloutEngine
-  teacher_engine: rollout.RolloutEngine
+  teacher_engine: Optional[rollout.RolloutEngine]  # None with several families
   bank: teachers.TeacherBank
   scoring: teachers.TeacherBank
   scorer: Union[placement.TeacherScorer, teacher_client.EndpointScorer]
@@ -84,6 +86,8 @@ class Inputs:
   # Served teachers: the parity probe every `teacher.probe_every` steps (teachers/parity.py).
   parity_monitor: Optional[parity.Monitor] = None
   span_reward: str = "spread"  # teachers of another tokenizer: `teacher.span_reward`
+  # Teachers of several families: each family's sampling engine (bank.families' order).
+  teacher_engines: tuple = ()
 
   @property
   def cross(self) -> bool:

@@ -17,7 +17,7 @@ from mopd_jax import models
 from mopd_jax.config import schema as config_mod
 from mopd_jax.models import logprobs as logprobs_mod
 from mopd_jax.rollout import turns as rollout
-from mopd_jax.teachers import alignment, bank as teachers
+from mopd_jax.teachers import alignment, bank as teachers, families
 from mopd_jax.training import registry, step as train
 
 
@@ -134,6 +134,16 @@ def targets_on(arr: dict, trajs: list, targets: list) -> tuple:
   return lp, ids
 
 
+def teacher_at(inp, k: int) -> tuple:
+  """(params, sampling engine, tokenizer) of teacher k of the stage's bank (router order):
+  with teachers of several families (`families.MixedBank`), its family's engine and
+  tokenizer."""
+  if families.is_mixed(inp.bank):
+    params, _, tok = inp.bank.teacher(k)
+    return params, inp.teacher_engines[inp.bank.family_of(k)], tok
+  return jax.tree.map(lambda x: x[k], inp.bank.params), inp.teacher_engine, inp.teacher_tok
+
+
 def teacher_pool(inp, *, top_k: int = 0) -> tuple:
   """(trajectories, targets): the teacher trajectories that finished within their cell's
   budget (each teacher samples after its own prompt, `view.teacher(e)`; the student trains
@@ -142,10 +152,10 @@ def teacher_pool(inp, *, top_k: int = 0) -> tuple:
   pool, targets = [], [] if top_k else None
   for k, name in enumerate(inp.bank.router.names):
     d, e = name.split("/")
-    tparams = jax.tree.map(lambda x, k=k: x[k], inp.bank.params)
+    tparams, engine, ttok = teacher_at(inp, k)
     exs = next(inp.data.iterator(d, inp.cfg.init_samples_per_cell, salt=300 + k))
     budgets = inp.budgets(exs, e)
-    res = inp.teacher_engine.run(
+    res = engine.run(
         tparams, exs, [inp.view.teacher(e)] * len(exs), budgets=budgets,
         rng=jax.random.PRNGKey(inp.seed + 400 + k), environment=inp.tasks[d].environment)
     # The student learns the teacher's response after its own prompt (`view.student(e)`),
@@ -156,9 +166,9 @@ def teacher_pool(inp, *, top_k: int = 0) -> tuple:
       targets += teacher_targets(inp.scoring, k, [t for t, _ in kept], pad_id=inp.tok.pad_id,
                                  top_k=top_k)
     for t, ex in kept:
-      if inp.cross:  # in the student's tokens (the engine counted it in them: `over`)
+      if ttok is not inp.tok:  # in the student's tokens (the engine counted it in them: `over`)
         try:
-          ids, gen, _ = alignment.retokenize_response(inp.teacher_tok, inp.tok, t.ids,
+          ids, gen, _ = alignment.retokenize_response(ttok, inp.tok, t.ids,
                                                       gen_mask=t.gen_mask)
         except alignment.Unalignable:  # a response the student cannot write: left out
           continue

@@ -50,7 +50,7 @@ class Inputs:
   model_cfg: models.ModelConfig
   mesh: Mesh
   teacher_hf_paths: Mapping[str, str]
-  teacher_tokenizer: Mapping[str, Any]  # the manifest's record of the teachers' tokenizer
+  teacher_tokenizers: Mapping[str, Any]  # cell -> the manifest's record of its teacher's tokenizer
   tasks: Mapping[str, task_base.Task]
   engine: Any
   eval_engine: Any
@@ -154,7 +154,7 @@ def run(inp: Inputs) -> None:
       manifest["teachers"][name] = {"domain": d, "effort": e, "tau": inp.grid.taus[e], "step": 0,
                                     "parent": hf_path, "path": hf_path, "format": "hf",
                                     "config_hash": inp.config_hash,
-                                    "tokenizer": dict(inp.teacher_tokenizer),
+                                    "tokenizer": dict(inp.teacher_tokenizers[name]),
                                     "eval_validation": None}
     checkpoint.write_json(path, manifest)
     inp.files.mark_done("rl", {"teachers": sorted(manifest["teachers"]), "source": "hf"})

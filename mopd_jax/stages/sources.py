@@ -17,7 +17,7 @@ from mopd_jax.io import checkpoint, storage, tokenizer
 from mopd_jax.rollout import turns as rollout
 from mopd_jax.runtime import sharding
 from mopd_jax.stages import loops
-from mopd_jax.teachers import bank as teachers
+from mopd_jax.teachers import bank as teachers, families as families_mod
 
 
 class DataSource:
@@ -119,12 +119,15 @@ class Engines:
   def eval(self) -> rollout.RolloutEngine:
     return self.make(self.student_cfg, self.eval_temperature)
 
-  def teacher(self, model_cfg: models.ModelConfig, temperature: float) -> rollout.RolloutEngine:
-    """The teachers' engine: their model, their tokenizer (the student's tokenizer: the
-    engine `make` gives, shared with the student's policies of that model)."""
-    if self.teacher_tok is self.tok:
+  def teacher(self, model_cfg: models.ModelConfig, temperature: float,
+              tok=None) -> rollout.RolloutEngine:
+    """The teachers' engine: their model, their tokenizer (`tok`, default the teachers'; the
+    student's tokenizer: the engine `make` gives, shared with the student's policies of
+    that model)."""
+    tok = self.teacher_tok if tok is None else tok
+    if tok is self.tok:
       return self.make(model_cfg, temperature)
-    return self.make(model_cfg, temperature, self.teacher_tok)
+    return self.make(model_cfg, temperature, tok)
 
 
 class Policies:
@@ -162,65 +165,129 @@ class Policies:
 class TeacherSource:
   """The run's teachers: their ModelConfig (the student's for teachers the rl stage trains,
   their own for Hugging Face checkpoints, `teacher.hf_paths`), one teacher's params from its
-  manifest entry, and the grid's bank stacked and placed once on the teachers' mesh."""
+  manifest entry, and the grid's bank stacked and placed once on the teachers' mesh: one
+  bank, or with teachers of several families (tokenizers, `teacher.tokenizer_paths`, or
+  model shapes) a `families.MixedBank` of one bank per family."""
 
   def __init__(self, config: config_mod.RunConfig, tok, *, policies: Policies, teacher_mesh,
-               files: loops.Workdir, cross: bool = False):
-    """`tok`: the teachers' tokenizer; `cross`: it is not the student's
-    (`teacher.tokenizer_path`), so the teachers have their own vocabulary."""
-    self.config, self.grid, self.tok, self.cross = config, config.grid, tok, cross
+               files: loops.Workdir, cell_toks: Optional[dict] = None):
+    """`tok`: the student's tokenizer; `cell_toks`: {cell: (its teacher's tokenizer, the
+    file it was read from, "" for the student's)} (None: every cell the student's)."""
+    self.config, self.grid, self.student_tok = config, config.grid, tok
     self.policies, self.teacher_mesh, self.files = policies, teacher_mesh, files
+    self.cell_toks = cell_toks or {c: (tok, "") for c in config.grid.names}
+    toks = {id(t): t for t, _ in self.cell_toks.values()}
+    # The teachers' tokenizer when they share one (else the first cell's: see `families`).
+    self.tok = next(iter(self.cell_toks.values()))[0]
+    self.cross = len(toks) == 1 and self.tok is not tok
 
   @property
   def hf_paths(self) -> dict:
     """"domain/effort" -> Hugging Face checkpoint of that cell's teacher; {} = trained."""
     return dict(self.config.teacher.hf_paths)
 
-  def resolve_hf(self, path: str) -> models.ModelConfig:
+  def resolve_hf(self, path: str, tok=None) -> models.ModelConfig:
     from mopd_jax.io import hf  # pylint: disable=g-import-not-at-top  (safetensors on demand)
-    return hf.resolve_model_config(self.config.teacher.mapping(), self.tok.vocab_size,
-                                   hf_path=path)
+    return hf.resolve_model_config(self.config.teacher.mapping(),
+                                   (tok or self.tok).vocab_size, hf_path=path)
 
   @functools.cached_property
+  def families(self) -> tuple:
+    """The run's teacher families (`families.Family`): the cells whose teachers share one
+    tokenizer and one ModelConfig, in the grid's order of their first cell. Teachers the rl
+    stage trains are one family, the student's."""
+    if not self.hf_paths:
+      return (families_mod.Family(tok=self.student_tok, path="", cross=False,
+                                  model_cfg=self.policies.model_cfg, cells=self.grid.names),)
+    groups = {}
+    for cell in self.grid.names:
+      tok, path = self.cell_toks[cell]
+      cfg = self.resolve_hf(self.hf_paths[cell], tok)
+      if tok is self.student_tok:  # the student's vocabulary: its family and size
+        teachers.check_compatible(self.policies.model_cfg, cfg)
+      groups.setdefault((id(tok), cfg), (tok, path, cfg, []))[3].append(cell)
+    return tuple(families_mod.Family(tok=t, path=p, model_cfg=cfg, cells=tuple(cells),
+                                     cross=t is not self.student_tok)
+                 for t, p, cfg, cells in groups.values())
+
+  @property
+  def mixed(self) -> bool:
+    """Teachers of more than one family (tokenizer or model shape): a bank per family."""
+    return len(self.families) > 1
+
+  @property
   def model_cfg(self) -> models.ModelConfig:
     """Teachers trained by the rl stage share the student's shape; teachers brought as
-    Hugging Face checkpoints (`teacher.hf_paths`) have their own (e.g. Qwen3-1.7B)."""
-    if not self.hf_paths:
-      return self.policies.model_cfg
-    cfg = self.resolve_hf(next(iter(self.hf_paths.values())))
-    if not self.cross:  # another tokenizer: another vocabulary
-      teachers.check_compatible(self.policies.model_cfg, cfg)
-    return cfg
+    Hugging Face checkpoints (`teacher.hf_paths`) have their own (e.g. Qwen3-1.7B); of
+    several families, each its own (`cell_model_cfg`)."""
+    if self.mixed:
+      raise ValueError("teachers of several families have no one ModelConfig; ask "
+                       "cell_model_cfg(cell)")
+    return self.families[0].model_cfg
 
-  def load_one(self, entry: dict):
+  def family_of(self, cell: str) -> families_mod.Family:
+    return next(f for f in self.families if cell in f.cells)
+
+  def cell_model_cfg(self, cell: str) -> models.ModelConfig:
+    return self.family_of(cell).model_cfg
+
+  def load_one(self, entry: dict, cell: Optional[str] = None):
     """One teacher's params from its manifest entry (an orbax checkpoint or a Hugging Face
-    one)."""
+    one); `cell` names its family (None: the run's one family)."""
     if entry.get("format") == "hf":
       from mopd_jax.io import hf  # pylint: disable=g-import-not-at-top
-      _, params = hf.load_checkpoint(entry["path"], vocab_size=self.model_cfg.vocab_size)
+      cfg = self.model_cfg if cell is None else self.cell_model_cfg(cell)
+      _, params = hf.load_checkpoint(entry["path"], vocab_size=cfg.vocab_size)
       return params
     return checkpoint.load_params(entry["path"], self.policies.like())
 
-  def load_bank(self, manifest: Optional[str] = None) -> teachers.TeacherBank:
+  def load_bank(self, manifest: Optional[str] = None):
     """The grid's teachers from the manifest (default: the workdir's teachers.json),
     checked against the run, stacked and placed once on the teachers' mesh
-    (placement.TeacherScorer then holds no second copy)."""
-    shard = sharding.param_shardings(self.model_cfg, self.teacher_mesh,
-                                     num_stacked=len(self.grid.names))
-    return teachers.load_bank(manifest or self.files.path("teachers.json"), self.grid,
-                              self.policies.model_cfg, teacher_cfg=self.model_cfg,
-                              load_one=self.load_one, resolve_hf=self.resolve_hf,
-                              sharding=shard, tokenizer=self.tokenizer_record())
+    (placement.TeacherScorer then holds no second copy): a TeacherBank, or a MixedBank of
+    one per family."""
+    path = manifest or self.files.path("teachers.json")
+    if not self.mixed:
+      shard = sharding.param_shardings(self.model_cfg, self.teacher_mesh,
+                                       num_stacked=len(self.grid.names))
+      return teachers.load_bank(path, self.grid, self.policies.model_cfg,
+                                teacher_cfg=self.model_cfg, load_one=self.load_one,
+                                resolve_hf=self.resolve_hf, sharding=shard,
+                                tokenizer=self.tokenizer_record())
+    records = self.tokenizer_records()
+    recorded = checkpoint.read_json(path)
+    teachers.validate_manifest(
+        recorded, path, self.grid, student_cfg=self.policies.model_cfg,
+        resolve_hf=lambda p: self.resolve_hf(p, self._tok_of_path(p)), cell_tokenizers=records)
+    parts = []
+    for f in self.families:
+      shard = sharding.param_shardings(f.model_cfg, self.teacher_mesh, num_stacked=len(f.cells))
+      plist = [self.load_one(recorded["teachers"][c], c) for c in f.cells]
+      parts.append(teachers.build_bank(
+          f.model_cfg, plist, names=f.cells, sharding=shard,
+          student_cfg=None if f.cross else self.policies.model_cfg))
+    return families_mod.MixedBank(parts=tuple(parts), router=teachers.Router(self.grid.names),
+                                  families=self.families)
+
+  def _tok_of_path(self, hf_path: str):
+    return next(self.cell_toks[c][0] for c, p in self.hf_paths.items() if p == hf_path)
+
+  def _record(self, tok, path: str) -> dict:
+    other = tok is not self.student_tok
+    return {"path": path if other else "", "fingerprint": tokenizer.fingerprint(tok),
+            "vocab_size": tok.vocab_size, "other": other}
 
   def tokenizer_record(self) -> dict:
     """What the manifest records of the teachers' tokenizer: its file, its fingerprint, its
-    vocabulary size and whether it is another than the student's."""
-    path = self.config.teacher.tokenizer_path if self.cross else ""
-    return {"path": path, "fingerprint": tokenizer.fingerprint(self.tok),
-            "vocab_size": self.tok.vocab_size, "other": self.cross}
+    vocabulary size and whether it is another than the student's (one family's; of several,
+    `tokenizer_records`)."""
+    return self._record(self.tok, self.cell_toks[self.grid.names[0]][1])
+
+  def tokenizer_records(self) -> dict:
+    """{cell: the manifest's record of its teacher's tokenizer}."""
+    return {c: self._record(t, p) for c, (t, p) in self.cell_toks.items()}
 
   def router_only(self) -> teachers.TeacherBank:
     """A bank without params, the grid's router alone (teachers that score elsewhere)."""
     return teachers.TeacherBank(params={}, model_cfg=self.model_cfg,
                                 router=teachers.Router(self.grid.names))
-

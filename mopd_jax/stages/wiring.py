@@ -6,13 +6,15 @@ and never sees the run.
 """
 from __future__ import annotations
 
+import jax
+
 from mopd_jax import models
 from mopd_jax.config import schema as config_mod
 from mopd_jax.io import checkpoint, tokenizer
 from mopd_jax.runtime import distributed
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
-from mopd_jax.teachers import bank as teachers, parity, placement
+from mopd_jax.teachers import bank as teachers, families, parity, placement
 from mopd_jax.training import mopd as mopd_lib, registry as loss_kinds
 
 
@@ -50,7 +52,7 @@ def rl_inputs(ctx: Run) -> rl.Inputs:
       cfg=c.rl, budget=c.budget, seed=c.seed, outside=c.outside, rollout_width=c.rollout.width,
       config_hash=c.hash, config_json=c.to_json(indent=1), grid=ctx.grid, view=ctx.view,
       model_cfg=ctx.model_cfg, mesh=ctx.mesh, teacher_hf_paths=ctx.teachers.hf_paths,
-      teacher_tokenizer=ctx.teachers.tokenizer_record(),
+      teacher_tokenizers=ctx.teachers.tokenizer_records(),
       tasks={d: ctx.task(d) for d in ctx.grid.domains}, engine=ctx.engines.student,
       eval_engine=ctx.engines.eval, data=ctx.data, policies=ctx.policies, files=ctx.files,
       loops=ctx.loops)
@@ -70,13 +72,33 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
     bank = ctx.teachers.router_only()
   else:
     bank = ctx.teachers.load_bank()
+  mixed = families.is_mixed(bank)
+  kind = loss_kinds.LOSS_KINDS[c.loss]
+  if mixed and (kind.topk or kind.teachers_in_step or c.init_target == "distribution"):
+    raise config_mod.ConfigError(
+        f"teachers of several families ({len(bank.families)} banks: "
+        f"{[list(f.cells) for f in bank.families]}) return the sampled tokens' log-probs "
+        f"only; mopd.loss={c.loss!r} and mopd.init_target={c.init_target!r} compare "
+        "next-token distributions in one bank: use mopd.loss='mopd' and "
+        "mopd.init_target='tokens'")
+  if mixed and jax.process_count() > 1:
+    raise config_mod.ConfigError(
+        f"teachers of several families ({len(bank.families)} banks) score in one process; "
+        f"this run has {jax.process_count()}: use one teachers' family per multi-host run")
+  if mixed:
+    print(f"[teachers] {len(bank.families)} teacher families, a bank each: " + "; ".join(
+        f"{', '.join(f.cells)} ({'tokenizer ' + f.path if f.cross else 'the student tokenizer'},"
+        f" {f.model_cfg.family} d_model {f.model_cfg.d_model})" for f in bank.families))
   scoring, scorer, monitor = teacher_scorer(ctx, bank, top_k=top_k)
+  teacher_engine = None if mixed else ctx.engines.teacher(ctx.teachers.model_cfg,
+                                                          c.teacher_temperature)
   return mopd.Inputs(
       cfg=c, sft=ctx.config.sft, seed=ctx.config.seed, grid=grid, view=ctx.view, tok=ctx.tok,
-      teacher_tok=ctx.teacher_tok, span_reward=ctx.config.teacher.span_reward,
+      teacher_tok=step_tokenizers(ctx, bank), span_reward=ctx.config.teacher.span_reward,
       model_cfg=ctx.model_cfg, mesh=ctx.mesh, tasks={d: ctx.task(d) for d in grid.domains},
-      engine=ctx.engines.student,
-      teacher_engine=ctx.engines.teacher(ctx.teachers.model_cfg, c.teacher_temperature),
+      engine=ctx.engines.student, teacher_engine=teacher_engine,
+      teacher_engines=tuple(ctx.engines.teacher(f.model_cfg, c.teacher_temperature, f.tok)
+                            for f in bank.families) if mixed else (),
       bank=bank, scoring=scoring, scorer=scorer, colocated=colocated, data=ctx.data,
       policies=ctx.policies, files=ctx.files, loops=ctx.loops, parity_monitor=monitor)
 
@@ -85,6 +107,8 @@ def scoring_bank(ctx: Run, bank: teachers.TeacherBank) -> teachers.TeacherBank:
   """The bank at `mopd.teacher_temperature`: the teachers score at it, and sample the
   teacher_sft init's trajectories at it, so the student is initialised on, and distilled
   from, the same distribution (a bank without params, the router alone, as it is)."""
+  if families.is_mixed(bank):
+    return bank.map_parts(lambda part: scoring_bank(ctx, part))
   return bank if not bank.params else bank.replace(
       params=models.with_temperature(bank.params, ctx.config.mopd.teacher_temperature))
 
@@ -112,6 +136,8 @@ def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> t
         api_key=api_key, parity=bool(scoring.params))
     return scoring, scorer, parity_probe(ctx, scoring, scorer)
   # Co-located or disaggregated: log-probs come back on the student mesh.
+  if families.is_mixed(scoring):  # a bank per family, each scoring its teachers' rows
+    return scoring, families.MixedScorer(scoring, ctx.mesh, ctx.teacher_mesh), None
   return (scoring, placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k),
           None)
 
@@ -192,7 +218,7 @@ def eval_inputs(ctx: Run) -> eval_stage.Inputs:
   # The held-out KL reads the teachers' params beside the student's, in this process: the
   # exact KL over one vocabulary, or for teachers of another tokenizer the sampled sequence
   # log-ratio (`agreement.logratio_rows`).
-  cross = ctx.teacher_tok is not ctx.tok
+  cross = ctx.teacher_tok is not ctx.tok or ctx.teachers.mixed
   kl = ec.kl_rollouts > 0 and ctx.config.placement.teachers == "colocated"
   if ec.kl_rollouts and not kl:
     print("[eval] eval.kl_rollouts: the held-out KL needs co-located teachers; not measured")
@@ -211,13 +237,21 @@ def eval_inputs(ctx: Run) -> eval_stage.Inputs:
     kl_setup = mopd_lib.StepSetup(bank, ctx.engines.student,
                                   {d: ctx.task(d) for d in ctx.grid.domains},
                                   ctx.grid.cells, ctx.grid.taus, view=ctx.view,
-                                  teacher_tok=ctx.teacher_tok if cross else None)
+                                  teacher_tok=step_tokenizers(ctx, bank) if cross else None)
   return eval_stage.Inputs(
       scorer=scorer, teacher_cells=cells, kl_setup=kl_setup, kl_scoring=kl_scoring,
       cfg=ctx.config.eval, grid=ctx.grid, view=ctx.view, model_cfg=ctx.model_cfg,
-      teacher_cfg=ctx.teachers.model_cfg, tasks={d: ctx.task(d) for d in ctx.grid.domains},
+      tasks={d: ctx.task(d) for d in ctx.grid.domains},
       data=ctx.data, engines=ctx.engines, policies=ctx.policies, teachers=ctx.teachers,
       files=ctx.files, loops=ctx.loops)
+
+
+def step_tokenizers(ctx: Run, bank):
+  """What `StepSetup.teacher_tok` (and the mopd stage's `teacher_tok`) takes: the teachers'
+  tokenizer, or with several families each teacher's (router order; their rows then take
+  the path of another tokenizer, which on a family of the student's tokenizer aligns each
+  token with itself)."""
+  return bank.tokenizers() if families.is_mixed(bank) else ctx.teacher_tok
 
 
 def report_inputs(ctx: Run) -> report.Inputs:

@@ -224,20 +224,28 @@ def cross_view(tok, teacher_tok, trajs: Sequence[rollout.Trajectory], *, example
   (`retokenize_response`: its text re-encoded, its end of response and tool
   markers the teacher's own, observations still masked) after the example's prompt as the
   teacher's tokenizer renders it (its own chat template) with the effort `shown` gives.
-  A response the teacher cannot take keeps an empty response (alignment None). `spans[i]`:
-  (student response start, teacher response start, student response length)."""
+  `teacher_tok`: the teachers' tokenizer, or a sequence of one per row (teachers of several
+  families; each row padded with its own pad id). A response the teacher cannot take keeps
+  an empty response (alignment None). `spans[i]`: (student response start, teacher response
+  start, student response length)."""
+  per_row = isinstance(teacher_tok, (list, tuple))
+  toks = list(teacher_tok) if per_row else [teacher_tok] * len(trajs)
   rows, spans, aligned = [], [], []
-  for t, ex, e in zip(trajs, examples, shown):
-    prompt = rollout.encode_prompt(teacher_tok, ex, e)
+  for t, ex, e, ttok in zip(trajs, examples, shown, toks):
+    prompt = rollout.encode_prompt(ttok, ex, e)
     try:
-      ids, gen, a = retokenize_response(tok, teacher_tok, t.ids, gen_mask=t.gen_mask)
+      ids, gen, a = retokenize_response(tok, ttok, t.ids, gen_mask=t.gen_mask)
     except Unalignable:
       ids, gen, a = [], [], None
     rows.append(rollout.Trajectory(prompt, ids, gen, [0.0] * len(ids)))
     spans.append((len(t.prompt_ids), len(prompt), t.num_tokens))
     aligned.append(a)
-  arr = rollout.pad_batch(rows, teacher_tok.pad_id, rollout.padded_width(
-      max(len(r.prompt_ids) + r.num_tokens for r in rows), width_multiple))
+  width = rollout.padded_width(max(len(r.prompt_ids) + r.num_tokens for r in rows),
+                               width_multiple)
+  arr = rollout.pad_batch(rows, toks[0].pad_id, width)
+  if per_row:  # each row's padding in its own vocabulary
+    pads = np.asarray([tt.pad_id for tt in toks], np.int32)[:, None]
+    arr["tokens"] = np.where(arr["input_mask"], arr["tokens"], pads).astype(np.int32)
   return arr, spans, aligned
 
 

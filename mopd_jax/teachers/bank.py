@@ -228,13 +228,15 @@ def check_manifest_grid(manifest: dict, path: str, grid) -> None:
 
 
 def validate_manifest(manifest: dict, path: str, grid, *, student_cfg: models.ModelConfig,
-                      resolve_hf=None, tokenizer: Optional[dict] = None) -> None:
+                      resolve_hf=None, tokenizer: Optional[dict] = None,
+                      cell_tokenizers: Optional[Mapping[str, dict]] = None) -> None:
   """The run's grid, every cell of it present, each checkpoint where the manifest says, and
   each teacher of the student's architecture family and vocabulary, or, with teachers of
   another tokenizer (`tokenizer["other"]`), a readable config of their own; raises naming
   the offending cells. `resolve_hf(path) -> ModelConfig` reads a Hugging Face teacher's
   config; `tokenizer`: the run's record of the teachers' tokenizer (`fingerprint`, `other`),
-  which a teacher's recorded tokenizer must match."""
+  which a teacher's recorded tokenizer must match; `cell_tokenizers`: {cell: record} where
+  the cells' teachers read different tokenizers (several families)."""
   cells = manifest.get("teachers") if isinstance(manifest, dict) else None
   if not isinstance(cells, dict):
     raise ValueError(f"teacher manifest {path} has no 'teachers' mapping")
@@ -248,6 +250,8 @@ def validate_manifest(manifest: dict, path: str, grid, *, student_cfg: models.Mo
   student = model_signature(student_cfg)
   for name in names:
     entry = cells[name]
+    if cell_tokenizers is not None:
+      tokenizer = cell_tokenizers[name]
     if not entry.get("path") or not storage.isdir(entry["path"]):
       problems.append(f"{name}: no checkpoint directory {entry.get('path')!r}")
     recorded = entry.get("tokenizer")

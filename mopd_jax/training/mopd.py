@@ -235,8 +235,9 @@ class StepSetup:
   taus: dict
   width_multiple: int = 32
   view: views.PromptView = views.K3
-  # Teachers of another tokenizer: theirs (None: the student's) and how a span's reward
-  # reaches the student's tokens (`alignment.token_rewards`).
+  # Teachers of another tokenizer: theirs (None: the student's; a tuple of one per teacher,
+  # router order, for teachers of several families) and how a span's reward reaches the
+  # student's tokens (`alignment.token_rewards`).
   teacher_tok: Any = None
   span_reward: str = "spread"
 
@@ -328,8 +329,11 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
   teacher_arr, spans, aligned = arr, None, None
   shown = [view.teacher(e) for e in efforts]
   if setup.teacher_tok is not None:  # the responses in the teachers' own tokens
+    ttok = setup.teacher_tok
+    if isinstance(ttok, tuple):  # several families: each row in its teacher's tokenizer
+      ttok = [ttok[k] for k in teacher_ids]
     teacher_arr, spans, aligned = alignment.cross_view(
-        tok, setup.teacher_tok, trajs, examples=rows, width_multiple=width_multiple, shown=shown)
+        tok, ttok, trajs, examples=rows, width_multiple=width_multiple, shown=shown)
     spans += [(0, 0, 0)] * len(empty)
   elif shown != [view.student(e) for e in efforts]:  # after the teachers' prompts
     teacher_arr, spans = teacher_view(tok, trajs, rows, width_multiple=width_multiple, shown=shown)

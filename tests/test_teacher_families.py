@@ -1,0 +1,135 @@
+"""Teachers of several families in one run (`teacher.tokenizer_paths`): a bank per family
+(mopd_jax/teachers/families.py), each scoring its own teachers' rows; every stage with
+cells of a BPE family beside cells of the student's tokenizer."""
+import dataclasses
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import suite_cli
+from test_cross_tokenizer import CELLS, _run, toy_texts
+
+ROOT = suite_cli.ROOT
+BPE_CELLS = tuple(c for c in CELLS if not c.startswith("cod/"))
+
+
+@pytest.fixture(scope="module")
+def two_families(tmp_path_factory):
+  """(BPE tokenizer.json, {cell: checkpoint}): tiny teachers of a BPE vocabulary for the
+  `gen` and `agt` cells and of the student's character vocabulary for the `cod` cells."""
+  import configs.qwen3_mopd as q
+  from mopd_jax import models
+  from mopd_jax.config.tokenizer_options import TokenizerOptions
+  from mopd_jax.io import bpe, hf
+  from mopd_jax.io.tokenizer import SPECIALS, CharTokenizer, load_tokenizer
+  root = tmp_path_factory.mktemp("families")
+  path = bpe.fit(toy_texts(), str(root / "tok"), vocab_size=400, specials=SPECIALS)
+  bpe_tok = load_tokenizer(path, options=TokenizerOptions(chat=False))
+  paths = {}
+  for i, cell in enumerate(CELLS):
+    vocab = bpe_tok.vocab_size if cell in BPE_CELLS else CharTokenizer().vocab_size
+    tcfg = hf.resolve_model_config(q.get_config("tiny").teacher, vocab)
+    paths[cell] = str(root / f"t{i}")
+    hf.save_checkpoint(tcfg, jax.device_get(models.init_params(tcfg, jax.random.PRNGKey(i))),
+                       paths[cell])
+  return path, paths
+
+
+def _bank(cfg, names, seed):
+  from mopd_jax import models
+  from mopd_jax.teachers import bank
+  return bank.build_bank(cfg, [models.init_params(cfg, jax.random.PRNGKey(seed + i))
+                               for i in range(len(names))], names=names)
+
+
+def test_a_mixed_bank_scores_each_family_with_its_own_bank():
+  """Each family's teachers score their rows of the stratified batch exactly as their own
+  bank does; rows of another vocabulary never reach a bank of the wrong size."""
+  from mopd_jax import models
+  from mopd_jax.teachers import bank, families
+  small = models.get_preset("toy")
+  other = dataclasses.replace(small, vocab_size=300)
+  a, b = _bank(small, ("gen/low", "cod/low"), 0), _bank(other, ("gen/max",), 10)
+  mixed = families.MixedBank(
+      parts=(a, b), router=bank.Router(("gen/low", "gen/max", "cod/low")),
+      families=(families.Family(tok=None, path="", model_cfg=small, cells=("gen/low", "cod/low"),
+                                cross=False),
+                families.Family(tok=None, path="x", model_cfg=other, cells=("gen/max",),
+                                cross=True)))
+  assert [m.tolist() for m in mixed.members] == [[0, 2], [1]]
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, small.vocab_size, (3, 2, 16)).astype(np.int32)
+  tokens[1] = rng.integers(small.vocab_size, 300, (2, 16))  # ids only the 300-vocab reads
+  mask = np.ones((3, 2, 16), bool)
+  got = np.asarray(families.score_stratified(mixed, tokens, mask))
+  want_a = np.asarray(bank.score_stratified(a, tokens[[0, 2]], mask[[0, 2]]))
+  want_b = np.asarray(bank.score_stratified(b, tokens[[1]], mask[[1]]))
+  np.testing.assert_array_equal(got[[0, 2]], want_a)
+  np.testing.assert_array_equal(got[[1]], want_b)
+  from mopd_jax.runtime import sharding
+  mesh = sharding.make_mesh({"data": 2}, devices=jax.devices()[:2])
+  from mopd_jax.teachers import placement
+  scored = np.asarray(families.MixedScorer(mixed, mesh, mesh)(tokens, mask))
+  np.testing.assert_array_equal(scored[[0, 2]], np.asarray(
+      placement.TeacherScorer(a, mesh, mesh)(tokens[[0, 2]], mask[[0, 2]])))
+  np.testing.assert_array_equal(scored[[1]], np.asarray(
+      placement.TeacherScorer(b, mesh, mesh)(tokens[[1]], mask[[1]])))
+  params, cfg, _ = mixed.teacher(1)
+  assert cfg is other and {x.shape[0] for x in jax.tree.leaves(params)} >= {300}
+  with pytest.raises(ValueError, match="not each of the cells"):
+    families.MixedBank(parts=(a,), router=mixed.router, families=mixed.families[:1])
+
+
+def test_every_stage_runs_with_teachers_of_two_families(tmp_path, two_families):
+  """Every stage with BPE teachers for `gen` and `agt` and teachers of the student's
+  tokenizer for `cod`: the manifest records each cell's tokenizer, the MOPD steps score
+  every cell (the student-tokenizer cells' spans one token each), the eval measures each
+  teacher in its own tokens, and the report counts the two origins apart."""
+  path, paths = two_families
+  hf_paths = "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in paths.items())
+  tok_paths = "--config.teacher.tokenizer_paths=" + ",".join(f"{c}={path}" for c in BPE_CELLS)
+  proc = _run(tmp_path, hf_paths, tok_paths, "--config.eval.kl_rollouts=2")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "2 teacher families" in proc.stdout + proc.stderr
+  manifest = json.load(open(tmp_path / "wd" / "teachers.json"))
+  for cell, entry in manifest["teachers"].items():
+    assert entry["tokenizer"]["other"] == (cell in BPE_CELLS)
+    assert entry["tokenizer"]["path"] == (path if cell in BPE_CELLS else "")
+  history = json.load(open(tmp_path / "wd" / "mopd" / "history.json"))
+  for rec in history:
+    assert rec["unaligned_rows"] == 0.0 and 0 < rec["teacher_multi_token_share"] < 1
+    assert set(rec["cells"]) == set(CELLS)
+    assert all(np.isfinite(c["kl"]) for c in rec["cells"].values())
+  cells = json.load(open(tmp_path / "wd" / "eval.json"))["cells"]
+  teachers = {f"{c['domain']}/{c['effort']}" for c in cells if c["policy"] == "teacher"}
+  assert teachers == set(CELLS)
+  held = json.load(open(tmp_path / "wd" / "eval.json"))["kl_heldout"]
+  for h in held.values():
+    assert h["measure"] == "sampled" and np.isfinite(h["kl_exact"]) and h["rollouts"] > 0
+  report = json.load(open(tmp_path / "wd" / "report.json"))
+  assert set(report["kl"]["initial_by_origin"]) == {"other tokenizer", "same"}
+  by_cell = report["kl"]["initial_by_cell"]
+  assert {c for c, v in by_cell.items() if v["origin"] == "other tokenizer"} == set(BPE_CELLS)
+  # A loss over one vocabulary is refused for such a run, at config time, in one line.
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd2"),
+                         "--config.stages=mopd", "--config.mopd.loss=vocab_kl", hf_paths,
+                         tok_paths], cwd=ROOT, env=suite_cli.env(), capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 2 and "config error:" in proc.stderr
+  assert "use mopd.loss='mopd'" in proc.stderr
+
+
+def test_a_missing_tokenizer_of_one_cell_is_one_config_error(tmp_path, two_families):
+  """A cell's tokenizer file that does not exist: one `config error:` line naming the
+  cell's field, exit status 2."""
+  _, paths = two_families
+  hf_paths = "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in paths.items())
+  proc = _run(tmp_path, hf_paths, f"--config.teacher.tokenizer_paths=gen/low={tmp_path}/no.json",
+              stages="mopd")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "config error: teacher.tokenizer_paths['gen/low']=" in proc.stderr
