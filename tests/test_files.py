@@ -121,6 +121,36 @@ def test_a_llama_3_teacher_for_a_qwen3_student(tmp_path):
   assert sum(h["unaligned_rows"] for h in history) < len(history) * len(cells)
 
 
+@pytest.mark.slow
+def test_teachers_of_two_families_for_a_qwen3_student(tmp_path):
+  """Two teacher families in one run (`teacher.tokenizer_paths`): Llama-3-layout teachers
+  with their own tokenizer for the math cells, Qwen3-layout teachers of the student's
+  tokenizer for the code and tool cells; every stage on the example records, each cell
+  scored by its own family's bank and the report's origins counted apart."""
+  student = make_chat_checkpoint(str(tmp_path / "qwen3"), "qwen3")
+  llama = make_chat_checkpoint(str(tmp_path / "llama3"), "llama3", preset="llama-3.2-1b")
+  wd = tmp_path / "wd"
+  cells = [f"{d}/{e}" for d in ("math", "code", "tool") for e in ("low", "max")]
+  of = {c: llama if c.startswith("math/") else student for c in cells}
+  proc = _run(os.path.join(EXAMPLES, "spec.json"), wd, student, *SMALL,
+              "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in of.items()),
+              "--config.teacher.tokenizer_paths=" + ",".join(
+                  f"{c}={llama}/tokenizer.json" for c in cells if of[c] == llama))
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  assert "2 teacher families" in proc.stdout
+  manifest = json.load(open(wd / "teachers.json"))
+  assert {c for c, t in manifest["teachers"].items() if t["tokenizer"]["other"]} == {
+      "math/low", "math/max"}
+  rep = json.load(open(wd / "report.json"))
+  assert {(c["policy"], c["domain"], c["effort"]) for c in rep["cells"]} == {
+      (p, d, e) for p in ("sft", "teacher", "student") for d in ("math", "code", "tool")
+      for e in ("low", "max")}
+  assert set(rep["kl"]["initial_by_origin"]) == {"other tokenizer", "same"}
+  history = json.load(open(wd / "mopd" / "history.json"))
+  assert sorted(history[-1]["cells"]) == sorted(cells)
+  assert all(np.isfinite(c["kl"]) for h in history for c in h["cells"].values())
+
+
 def test_a_tokenizer_the_run_cannot_use_is_one_line_and_exit_status_2(tmp_path, chat_ckpt):
   """A chat template whose assistant turn ends with no special token: the run stops before
   any stage with one `config error:` line naming the template's file."""
