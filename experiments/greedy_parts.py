@@ -62,19 +62,20 @@ def main(argv):
   ctx, student = common.run_and_params(argv, config=_CONFIG.value, workdir=_WORKDIR.value,
                                        params=_PARAMS.value)
   inp = wiring.eval_inputs(ctx)
-  if ctx.teacher_tok is not ctx.tok:
-    raise app.UsageError("a teacher of another tokenizer writes other token ids")
   domain, _, effort = _CELL.value.partition("/")
   with open(ctx.path("teachers.json")) as f:
     entry = json.load(f)["teachers"].get(_CELL.value)
   if domain not in inp.tasks or entry is None:
     raise app.UsageError(f"--cell={_CELL.value!r} is not a cell of this run")
-  teacher = inp.teachers.load_one(entry)
+  if inp.teachers.family_of(_CELL.value).cross:
+    raise app.UsageError("a teacher of another tokenizer writes other token ids")
+  teacher = inp.teachers.load_one(entry, _CELL.value)
+  teacher_cfg = inp.teachers.cell_model_cfg(_CELL.value)
   task, test = inp.tasks[domain], inp.data.split(domain, "test")
   exs = [test[i] for i in range(min(_EXAMPLES.value, len(test)))]
   budgets = task_base.effort_budgets(exs, effort, inp.grid.taus)
   policies = {"student": (inp.model_cfg, student, inp.view.of("student", effort)),
-              "teacher": (inp.teacher_cfg, teacher, inp.view.of("teacher", effort))}
+              "teacher": (teacher_cfg, teacher, inp.view.of("teacher", effort))}
   res, right = {}, {}
   for name, (cfg, params, shown) in policies.items():
     r = inp.engines.make(cfg, 0.0).run(params, exs, [shown] * len(exs), budgets=budgets,

@@ -176,10 +176,8 @@ class TeacherSource:
     self.config, self.grid, self.student_tok = config, config.grid, tok
     self.policies, self.teacher_mesh, self.files = policies, teacher_mesh, files
     self.cell_toks = cell_toks or {c: (tok, "") for c in config.grid.names}
-    toks = {id(t): t for t, _ in self.cell_toks.values()}
     # The teachers' tokenizer when they share one (else the first cell's: see `families`).
     self.tok = next(iter(self.cell_toks.values()))[0]
-    self.cross = len(toks) == 1 and self.tok is not tok
 
   @property
   def hf_paths(self) -> dict:
@@ -270,7 +268,9 @@ class TeacherSource:
                                   families=self.families)
 
   def _tok_of_path(self, hf_path: str):
-    return next(self.cell_toks[c][0] for c, p in self.hf_paths.items() if p == hf_path)
+    """The tokenizer of the cell whose checkpoint is `hf_path` (the first cell's if none)."""
+    return next((self.cell_toks[c][0] for c, p in self.hf_paths.items() if p == hf_path),
+                self.tok)
 
   def _record(self, tok, path: str) -> dict:
     other = tok is not self.student_tok
