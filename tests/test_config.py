@@ -153,9 +153,6 @@ CASES = [
      "teacher.tokenizer_paths names ['gen/huge'], not cells of the grid"),
     ("c.teacher.tokenizer_paths = 'gen/low=/t/a.json'; c.mopd.loss = 'vocab_kl'; " + _HF_ALL,
      "teachers of another tokenizer (teacher.tokenizer_paths={'gen/low': '/t/a.json'})"),
-    ("c.teacher.tokenizer_paths = 'gen/low=/t/a.json'; c.mopd.loss = 'mopd'; "
-     "c.teacher.endpoints = 'gen/low=http://h:1'; " + _HF_ALL,
-     "teacher servers (teacher.endpoints) read one teachers' tokenizer"),
 ]
 
 

@@ -3,6 +3,7 @@
 cells of a BPE family beside cells of the student's tokenizer."""
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 
@@ -88,7 +89,8 @@ def test_every_stage_runs_with_teachers_of_two_families(tmp_path, two_families):
   """Every stage with BPE teachers for `gen` and `agt` and teachers of the student's
   tokenizer for `cod`: the manifest records each cell's tokenizer, the MOPD steps score
   every cell (the student-tokenizer cells' spans one token each), the eval measures each
-  teacher in its own tokens, and the report counts the two origins apart."""
+  teacher in its own tokens, and the report counts the two origins apart; then the same
+  teachers served by two servers (`_served_by_two_families`)."""
   path, paths = two_families
   hf_paths = "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in paths.items())
   tok_paths = "--config.teacher.tokenizer_paths=" + ",".join(f"{c}={path}" for c in BPE_CELLS)
@@ -122,6 +124,58 @@ def test_every_stage_runs_with_teachers_of_two_families(tmp_path, two_families):
                         text=True, timeout=300)
   assert proc.returncode == 2 and "config error:" in proc.stderr
   assert "use mopd.loss='mopd'" in proc.stderr
+  _served_by_two_families(tmp_path, two_families)
+
+
+def _served_by_two_families(tmp_path, two_families):
+  """The same teachers through `teacher.endpoints` (the MOPD stage again on the run's
+  workdir): a server of the BPE teachers for `gen` and `agt`, one of the
+  character-vocabulary teachers for `cod`; each passes the start-up checks against its own
+  family's tokenizer and the parity probe against the run's own copies, and the MOPD steps
+  score every cell through them. One server named for cells of both families is refused in
+  one line."""
+  import configs.qwen3_mopd as q
+  from mopd_jax.config.tokenizer_options import TokenizerOptions
+  from mopd_jax.io import hf
+  from mopd_jax.io.tokenizer import CharTokenizer, load_tokenizer
+  from mopd_jax.teachers import bank as teachers, server as serve
+  path, paths = two_families
+  c = q.get_config("tiny")
+  bpe_tok = load_tokenizer(path, efforts=("low", "high", "max"),
+                           options=TokenizerOptions(chat=False))
+  servers = []
+  for cells, tok in ((BPE_CELLS, bpe_tok), (tuple(x for x in CELLS if x not in BPE_CELLS),
+                                            CharTokenizer(efforts=("low", "high", "max")))):
+    tcfg = hf.resolve_model_config(c.teacher, tok.vocab_size, hf_path=paths[cells[0]])
+    plist = [hf.load_checkpoint(paths[cell], vocab_size=tcfg.vocab_size)[1] for cell in cells]
+    servers.append((cells, serve.TeacherServer(teachers.build_bank(tcfg, plist, names=cells),
+                                               tok, temperature=c.mopd.teacher_temperature)))
+  hf_paths = "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in paths.items())
+  tok_paths = "--config.teacher.tokenizer_paths=" + ",".join(f"{c}={path}" for c in BPE_CELLS)
+  try:
+    started = [(cells, s.start()) for cells, s in servers]
+    urls = {cell: url for cells, url in started for cell in cells}
+    shutil.rmtree(tmp_path / "wd" / "mopd")
+    proc = _run(tmp_path, hf_paths, tok_paths,
+                "--config.teacher.endpoints=" + ",".join(f"{c}={u}" for c, u in urls.items()),
+                stages="mopd")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "parity probe against the run's own teachers" in proc.stdout
+    history = json.load(open(tmp_path / "wd" / "mopd" / "history.json"))
+    for rec in history:
+      assert rec["unaligned_rows"] == 0.0 and set(rec["cells"]) == set(CELLS)
+      assert all(np.isfinite(v["kl"]) for v in rec["cells"].values())
+    one = urls[BPE_CELLS[0]]
+    shutil.rmtree(tmp_path / "wd" / "mopd")
+    proc = _run(tmp_path, hf_paths, tok_paths,
+                "--config.teacher.endpoints=" + ",".join(f"{c}={one}" for c in CELLS),
+                stages="mopd")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"teacher server {one} serves" in proc.stderr
+    assert "cells of teachers of different families" in proc.stderr
+  finally:
+    for _, s in servers:
+      s.stop()
 
 
 def test_a_missing_tokenizer_of_one_cell_is_one_config_error(tmp_path, two_families):
@@ -133,3 +187,4 @@ def test_a_missing_tokenizer_of_one_cell_is_one_config_error(tmp_path, two_famil
               stages="mopd")
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert "config error: teacher.tokenizer_paths['gen/low']=" in proc.stderr
+

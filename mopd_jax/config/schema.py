@@ -349,11 +349,6 @@ def _teacher_checks(c: RunConfig) -> None:
   if extra:
     raise ValueError(f"teacher.tokenizer_paths names {extra}, not cells of the grid "
                      f"{grid.names}")
-  if t.tokenizer_paths and t.endpoints:
-    raise ValueError("teacher.tokenizer_paths gives cells teachers of several tokenizers, "
-                     "which score in this process (a bank per family); teacher servers "
-                     "(teacher.endpoints) read one teachers' tokenizer: use "
-                     "teacher.tokenizer_path")
   for field, what in (("hf_paths", "a checkpoint directory"),
                       ("endpoints", "teacher server URLs")):
     given = getattr(t, field)

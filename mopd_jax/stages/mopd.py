@@ -106,19 +106,22 @@ def endpoint_scorer(cells, endpoints: str, *, policy, top_k: int, student: dict,
                     api_key=None, parity: bool = False):
   """The client of `teacher.endpoints` (`cells` -> URLs), its servers checked against the
   `student`: {vocab_size, tokenizer, temperature, max_len (its longest row), and `whose`
-  when the vocabulary and tokenizer are the run's teachers' of another tokenizer}. `parity`: the
-  parity probe will compare the servers with the run's own teachers."""
+  when the vocabulary and tokenizer are the run's teachers' of another tokenizer}, or with
+  teachers of several families a list of such, one per family, each naming its `cells`
+  (their servers checked against it). `parity`: the parity probe will compare the servers
+  with the run's own teachers."""
   if jax.process_count() > 1:
     raise ValueError("teacher.endpoints scores from a single process; run the trainer as one "
                      "process or use placement.teachers")
   scorer = teacher_client.EndpointScorer(cells, endpoints, policy=policy, top_k=top_k,
                                          api_key=api_key)
-  tok = student["tokenizer"]
   try:
-    scorer.check(vocab_size=student["vocab_size"], tokenizer_hash=tokenizer.fingerprint(tok),
-                 temperature=student["temperature"], probe=(PROBE_TEXT, tok.encode(PROBE_TEXT)),
-                 max_len=student.get("max_len", 0), parity=parity,
-                 whose=student.get("whose", "the student's"))
+    for one in ([student] if isinstance(student, Mapping) else student):
+      tok = one["tokenizer"]  # with teachers of several families, each family's servers
+      scorer.check(vocab_size=one["vocab_size"], tokenizer_hash=tokenizer.fingerprint(tok),
+                   temperature=one["temperature"], probe=(PROBE_TEXT, tok.encode(PROBE_TEXT)),
+                   max_len=one.get("max_len", 0), parity=parity,
+                   whose=one.get("whose", "the student's"), only=one.get("cells"))
   except ValueError as e:  # a server for another student: one `config error:` line
     scorer.close()
     raise config_mod.ConfigError(str(e)) from e

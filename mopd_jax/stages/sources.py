@@ -287,7 +287,14 @@ class TeacherSource:
     """{cell: the manifest's record of its teacher's tokenizer}."""
     return {c: self._record(t, p) for c, (t, p) in self.cell_toks.items()}
 
-  def router_only(self) -> teachers.TeacherBank:
-    """A bank without params, the grid's router alone (teachers that score elsewhere)."""
+  def router_only(self):
+    """A bank without params, the grid's router alone (teachers that score elsewhere); of
+    several families, a MixedBank of such."""
+    if self.mixed:
+      return families_mod.MixedBank(
+          parts=tuple(teachers.TeacherBank(params={}, model_cfg=f.model_cfg,
+                                           router=teachers.Router(f.cells))
+                      for f in self.families),
+          router=teachers.Router(self.grid.names), families=self.families)
     return teachers.TeacherBank(params={}, model_cfg=self.model_cfg,
                                 router=teachers.Router(self.grid.names))

@@ -14,7 +14,7 @@ from mopd_jax.io import checkpoint, tokenizer
 from mopd_jax.runtime import distributed
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
-from mopd_jax.teachers import bank as teachers, families, parity, placement
+from mopd_jax.teachers import bank as teachers, families, parity, placement, source
 from mopd_jax.training import mopd as mopd_lib, registry as loss_kinds
 
 
@@ -125,14 +125,16 @@ def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> t
       api_key = ctx.config.teacher.api_key()
     except ValueError as e:
       raise config_mod.ConfigError(str(e)) from e
+    against = [{"vocab_size": f.model_cfg.vocab_size, "tokenizer": f.tok,
+                "temperature": c.teacher_temperature, "max_len": longest_row(ctx, f.tok),
+                **({"whose": "the run's teachers'"} if f.cross else {}),
+                **({"cells": f.cells} if ctx.teachers.mixed else {})}
+               for f in ctx.teachers.families]
+    if ctx.teachers.mixed:
+      check_served_families(ctx)
     scorer = mopd.endpoint_scorer(
         ctx.grid.names, ctx.config.teacher.endpoints, policy=ctx.config.teacher.retry_policy(),
-        top_k=top_k, student={"vocab_size": ctx.teachers.model_cfg.vocab_size,
-                              "tokenizer": ctx.teacher_tok,
-                              "temperature": c.teacher_temperature,
-                              "max_len": longest_row(ctx),
-                              **({"whose": "the run's teachers'"}
-                                 if ctx.teacher_tok is not ctx.tok else {})},
+        top_k=top_k, student=against if ctx.teachers.mixed else against[0],
         api_key=api_key, parity=bool(scoring.params))
     return scoring, scorer, parity_probe(ctx, scoring, scorer)
   # Co-located or disaggregated: log-probs come back on the student mesh.
@@ -142,13 +144,29 @@ def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> t
           None)
 
 
-def longest_row(ctx: Run) -> int:
-  """The longest row the run can send a teacher: its grid's longest prompt (every split, the
-  student's view at every effort, the longer one; teachers of another tokenizer: their own
-  prompt) plus the rollout's response cap, counted in the student's tokens (a teacher of
-  another tokenizer that writes a response in more tokens than the student can exceed it;
-  its server then refuses that row by name)."""
-  tok, cross = ctx.teacher_tok, ctx.teacher_tok is not ctx.tok
+def check_served_families(ctx: Run) -> None:
+  """Teachers of several families served: a server holds one tokenizer, so one URL serving
+  cells of two families is a config error naming both."""
+  family = {c: i for i, f in enumerate(ctx.teachers.families) for c in f.cells}
+  served = {}
+  for cell, urls in ctx.config.teacher.endpoints.items():
+    for url in urls:
+      served.setdefault(url, set()).add(cell)
+  for url, cells in served.items():
+    if len({family[c] for c in cells}) > 1:
+      raise config_mod.ConfigError(
+          f"teacher server {url} serves {sorted(cells)}, cells of teachers of different "
+          "families (teacher.tokenizer_paths); a server holds one tokenizer")
+
+
+def longest_row(ctx: Run, tok=None) -> int:
+  """The longest row the run can send a teacher of tokenizer `tok` (default the teachers'):
+  its grid's longest prompt (every split, the student's view at every effort, the longer
+  one; teachers of another tokenizer: their own prompt) plus the rollout's response cap,
+  counted in the student's tokens (a teacher of another tokenizer that writes a response in
+  more tokens than the student can exceed it; its server then refuses that row by name)."""
+  tok = ctx.teacher_tok if tok is None else tok
+  cross = tok is not ctx.tok
   shown = ctx.view.teacher if cross else ctx.view.student
   longest = 0
   for d in ctx.grid.domains:
@@ -164,12 +182,15 @@ def longest_row(ctx: Run) -> int:
 def parity_probe_set(ctx: Run, *, rows: int, max_len: int = 0):
   """The parity probe's set: the first `rows` validation examples of each cell's domain, as
   the cell's teacher sees them (`parity.probe_from_examples`), cut to `max_len` tokens."""
-  examples = {}
-  for cell in ctx.grid.names:
-    val = ctx.data.split(cell.split("/", 1)[0], "validation")
-    examples[cell] = [val[i] for i in range(min(rows, len(val)))]
-  return parity.probe_from_examples(examples, tok=ctx.teacher_tok, view=ctx.view,
-                                    max_len=max_len)
+  rendered = {}
+  for f in ctx.teachers.families:  # each cell's rows in its teacher's tokens
+    examples = {}
+    for cell in f.cells:
+      val = ctx.data.split(cell.split("/", 1)[0], "validation")
+      examples[cell] = [val[i] for i in range(min(rows, len(val)))]
+    rendered.update(parity.probe_from_examples(examples, tok=f.tok, view=ctx.view,
+                                               max_len=max_len).rows)
+  return source.Probe.of({c: rendered[c] for c in ctx.grid.names})
 
 
 def parity_probe(ctx: Run, scoring: teachers.TeacherBank, scorer, *,
@@ -182,7 +203,10 @@ def parity_probe(ctx: Run, scoring: teachers.TeacherBank, scorer, *,
   Returns the monitor that probes again every `teacher.probe_every` MOPD steps."""
   local = None
   longest = [scorer.info().max_sequence]
-  if scoring.params:
+  if scoring.params and families.is_mixed(scoring):
+    local = families.MixedScorer(scoring, ctx.mesh, ctx.teacher_mesh)
+    longest.append(local.info().max_sequence)
+  elif scoring.params:
     local = placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh,
                                     tokenizer_hash=tokenizer.fingerprint(ctx.teacher_tok))
     longest.append(local.info().max_sequence)

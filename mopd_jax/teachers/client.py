@@ -145,7 +145,7 @@ class EndpointScorer:
   # --- the start-up check -------------------------------------------------------------------
   def check(self, *, vocab_size: int, tokenizer_hash: str, temperature: Optional[float] = None,
             probe: Optional[tuple] = None, max_len: int = 0, parity: bool = False,
-            whose: str = "the student's") -> dict:
+            whose: str = "the student's", only: Optional[Sequence[str]] = None) -> dict:
     """Every server against the run's vocabulary and tokenizer (the student's, or, `whose`,
     those of the run's teachers of another tokenizer) before the first step; returns {url:
     metadata}.
@@ -158,11 +158,15 @@ class EndpointScorer:
     `temperature` other than 1 is accepted only where the parity probe will check it,
     `parity`); a refusal of a scoring request of `probe` ((text, ids) of the student's
     tokenizer, also checked through `/tokenize` on a vLLM server) at the run's top-k, or
-    an answer out of schema (a server that does not speak `prompt_logprobs`)."""
+    an answer out of schema (a server that does not speak `prompt_logprobs`). `only`: the
+    servers of these cells (one family of teachers of several tokenizers), each checked
+    against this family's tokenizer; None: every server."""
     out = {}
     try:
       for url in self.urls:
         cells = [c for c, us in self.endpoints.items() if url in us]
+        if only is not None and not set(cells) & set(only):
+          continue
         declared = self.declared.get(url)
         meta = self._get(url, proto.METADATA, cells) if declared in (None, "mopd") else None
         info = (self._get(url, proto.SGLANG_MODEL_INFO, cells)
@@ -194,7 +198,7 @@ class EndpointScorer:
         out[url] = meta
     except TeacherRequestError as e:  # a refusal at start: the config's mistake, one line
       raise ValueError(str(e)) from None
-    self._checked = out
+    self._checked = {**(self._checked or {}), **out} if only is not None else out
     return out
 
   def _probe_score(self, url: str, cell: str, ids) -> None:

@@ -153,6 +153,15 @@ class MixedScorer:
   def __call__(self, tokens_KxbxT, input_mask_KxbxT):
     return self.fetch(self.submit(tokens_KxbxT, input_mask_KxbxT))
 
+  def score_probe(self, probe: source.Probe) -> dict:
+    """{cell: [each probe row's log-probs]}: each family's cells by its own bank."""
+    out = {}
+    for f, part in zip(self.bank.families, self.parts):
+      mine = {c: r for c, r in probe.rows.items() if c in f.cells}
+      if mine:
+        out.update(part.score_probe(source.Probe.of(mine)))
+    return out
+
   def info(self) -> source.SourceInfo:
     infos = [s.info() for s in self.parts]
     return source.SourceInfo(
