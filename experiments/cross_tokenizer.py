@@ -17,6 +17,11 @@ For each seed s:
      temperature 1: the student's run applies `mopd.teacher_temperature`);
   4. the student, character-level, every stage of `configs/toy.py:cross_tokenizer` with those
      teachers (`teacher.hf_paths`, `teacher.tokenizer_path`) in `DIR/seed_<s>`.
+With `--char_cells cod/low,cod/high,cod/max` those cells' teachers come from a
+character-level factory instead (`configs/toy.py`'s data, SFT and RL stages in
+`DIR/char_factory_<s>`, exported): the student's run has teachers of two families, the BPE
+cells named in `teacher.tokenizer_paths` (docs/cross_tokenizer.md, "Teachers of several
+families").
 Then `DIR/sweep.md` (experiments.sweep's summary of the students' reports) and
 `DIR/cross_tokenizer.md`: per seed, the share of the teachers' tokens that span two or more
 characters, the rows the teachers could not take, the held-out sampled log-ratio of pi_SFT,
@@ -130,6 +135,23 @@ def seed_row(workdir: str, seed: int, multi: float) -> dict:
           "missed": [c["name"] for c in checks if c["ok"] is False and c not in mine]}
 
 
+def two_families(args, seed: int, cells: dict, *, char: list, tokenizer: str) -> tuple:
+  """({cell: checkpoint}, the student's tokenizer flags) of a run with teachers of two
+  families: the `char` cells' teachers from the character-level factory (`--factory_config`
+  as it is, `DIR/char_factory_<s>`: the main job's data, SFT and RL stages), exported; the
+  other cells' from the BPE factory, named in `teacher.tokenizer_paths`."""
+  unknown = sorted(set(char) - set(cells))
+  if unknown:
+    raise SystemExit(f"--char_cells names {unknown}, not cells of the grid {sorted(cells)}")
+  factory = storage.join(args.workdir, f"char_factory_{seed}")
+  run(["--config", args.factory_config, "--workdir", factory, f"--config.seed={seed}",
+       "--config.stages=data,sft,rl"])
+  own = export(factory, args.factory_config, [f"--config.seed={seed}"])
+  paths = {c: own[c] if c in char else p for c, p in cells.items()}
+  return paths, ["--config.teacher.tokenizer_paths=" + ",".join(
+      f"{c}={tokenizer}" for c in cells if c not in char)]
+
+
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(prog="python -m experiments.cross_tokenizer",
                                description=__doc__.split("\n\n")[0])
@@ -141,11 +163,15 @@ def main(argv=None) -> None:
                   help="the teacher factory's config (its tokenizer is set to the BPE)")
   ap.add_argument("--config", default="configs/toy.py:cross_tokenizer",
                   help="the student's config")
+  ap.add_argument("--char_cells", default="",
+                  help="cells (d/e,...) whose teachers come from a character-level factory "
+                       "(the student's tokenizer): teachers of two families in one run")
   args, rest = ap.parse_known_args(argv)
   bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
   if bad:
     ap.error(f"unexpected arguments {bad}; config overrides take the form --config.field=value")
   seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+  char = [c.strip() for c in args.char_cells.split(",") if c.strip()]
   rows = []
   for seed in seeds:
     tokenizer, multi = fit_tokenizer(args.workdir, seed, vocab=args.vocab, n=args.corpus)
@@ -156,10 +182,13 @@ def main(argv=None) -> None:
     run(["--config", args.factory_config, "--workdir", factory, *made_with,
          "--config.budget.count_with=char", "--config.stages=data,sft,rl"])
     cells = export(factory, args.factory_config, made_with)
+    tokenizers = [f"--config.teacher.tokenizer_path={tokenizer}"]
+    if char:
+      cells, tokenizers = two_families(args, seed, cells, char=char, tokenizer=tokenizer)
     run(["--config", args.config, "--workdir",
          sweep.seed_dir(args.workdir, seed), f"--config.seed={seed}",
          "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in cells.items()),
-         f"--config.teacher.tokenizer_path={tokenizer}", *rest])
+         *tokenizers, *rest])
     rows.append(seed_row(args.workdir, seed, multi))
   sweep.summarize(args.workdir, seeds)
   print(summary(args.workdir, rows), flush=True)
