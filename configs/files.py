@@ -31,6 +31,12 @@ markers only for a domain with the `tool` verifier (the tokenizer's `<tool_call>
 has them, else added); teachers see no effort (K3 eq. 15); and `sft.steps=0`: the loaded
 checkpoint is pi_SFT as it is (set `--config.sft.steps=N` to train it on the records'
 reference responses first).
+
+Teachers brought as checkpoints, of any family: `--config.teacher.hf_paths=math/low=DIR,...`,
+with `--config.teacher.tokenizer_path=TOKENIZER.json` when they read another tokenizer than
+the student's, or `--config.teacher.tokenizer_paths=math/low=TOKENIZER.json,...` for the cells
+whose teachers read yet another (teachers of several families, a bank each;
+docs/cross_tokenizer.md).
 """
 import json
 import os
