@@ -223,3 +223,21 @@ class _NoTools:
 
   def token_bytes(self, ids):
     return [chr(i).encode() for i in ids]
+
+
+def test_a_response_to_its_own_tokenizer_stays_as_sampled(tmp_path):
+  """A family of the student's tokenizer in a run of several: the response the student drew
+  in a tokenization its encoder would not write (single bytes where BPE merges) reaches the
+  teacher as drawn, a span per token, so its rewards are eq. 15's."""
+  tok = _bpe(tmp_path, ["ann>bob>cal", "boss(boss(ann))"] * 50)
+  text = "ann>bob"
+  merged = list(tok.encode(text))
+  drawn = [tok.encode(ch)[0] for ch in text] + [tok.eos_id]
+  assert len(drawn) - 1 > len(merged)  # not the encoder's tokenization
+  ids, gen, a = al.retokenize_response(tok, tok, drawn, gen_mask=[1] * len(drawn))
+  assert ids == drawn and gen == [1] * len(drawn) and a.num_spans == len(drawn)
+  lp_s = -np.linspace(0.1, 2.0, len(drawn)).astype(np.float32)
+  lp_t = -np.linspace(0.3, 1.0, len(drawn)).astype(np.float32)
+  out = al.teacher_logprobs_on_student(a, lp_s, lp_t, gen_mask=[1] * len(drawn), r_max=5.0,
+                                       assign="spread")
+  np.testing.assert_array_equal(out, lp_t)

@@ -188,3 +188,25 @@ def test_a_missing_tokenizer_of_one_cell_is_one_config_error(tmp_path, two_famil
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert "config error: teacher.tokenizer_paths['gen/low']=" in proc.stderr
 
+
+
+def test_a_cells_tokenizer_that_reads_as_the_default_is_the_default(tmp_path, two_families):
+  """`teacher.tokenizer_paths` naming, for the grid's first cell, a copy of the
+  `teacher.tokenizer_path` file: that cell reads the same tokenizer object as every other
+  cell, so the run has one family, whatever the grid's order."""
+  import configs.toy as toy
+  from mopd_jax import configure
+  from mopd_jax.io.tokenizer import CharTokenizer
+  from mopd_jax.stages import context
+  path, ckpts = two_families
+  copy = tmp_path / "copy.json"
+  shutil.copy(path, copy)
+  c = toy.get_config("cross_tokenizer")
+  c.teacher.hf_paths = ",".join(f"{cell}={ckpts[cell]}" for cell in CELLS)
+  c.teacher.tokenizer_path = path
+  c.teacher.tokenizer_paths = f"{CELLS[0]}={copy}"
+  rc = configure.build(c, 1)
+  tok = CharTokenizer()
+  default = context.teacher_tokenizer(rc, tok)
+  toks = context.teacher_tokenizers(rc, tok, default)
+  assert all(t is default for t, _ in toks.values())

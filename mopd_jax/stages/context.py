@@ -45,8 +45,9 @@ def teacher_tokenizer(config: config_mod.RunConfig, tok, path: Optional[str] = N
 def teacher_tokenizers(config: config_mod.RunConfig, tok, default) -> dict:
   """{cell: (its teacher's tokenizer, the file it was read from)}: `default` (the
   `teacher.tokenizer_path` one, or `tok`) unless `teacher.tokenizer_paths` names the cell's
-  own; a file named twice is read once, and one that reads as another already read is that
-  one (so that cells of one tokenizer share one object)."""
+  own; a file named twice is read once, and one that reads as `default` or as another
+  already read is that one (so that cells of one tokenizer share one object, whatever the
+  grid's order)."""
   out, read = {}, {}
   for cell in config.grid.names:
     path = config.teacher.tokenizer_paths.get(cell)
@@ -55,7 +56,8 @@ def teacher_tokenizers(config: config_mod.RunConfig, tok, default) -> dict:
       continue
     if path not in read:
       t = teacher_tokenizer(config, tok, path, field=f"teacher.tokenizer_paths[{cell!r}]")
-      same = [o for o, _ in out.values() if fingerprint(o) == fingerprint(t)]
+      known = {id(o): o for o in (default, *read.values())}.values()
+      same = [o for o in known if fingerprint(o) == fingerprint(t)]
       read[path] = same[0] if same else t
     t = read[path]
     out[cell] = (t, "" if t is tok else path)

@@ -149,11 +149,16 @@ def retokenize_response(src_tok, dst_tok, ids: Sequence[int], *,
   response, tool markers, an effort token) replaced by `dst_tok`'s token of the same role.
   The alignment's spans never cross a run: a special token is a span of one token each.
   Unalignable when `dst_tok` has no token for a special's role, cannot encode a run's text,
-  or its tokens do not reproduce it."""
+  or its tokens do not reproduce it. To the same tokenizer the response stays as sampled
+  (a span per token), never re-encoded: a sampled tokenization need not be the one the
+  tokenizer's encoder writes, and the teacher must score the sequence the student drew."""
   ids = [int(i) for i in ids]
   gen_mask = [int(g) for g in gen_mask]
   if len(gen_mask) != len(ids):
     raise ValueError(f"gen_mask has {len(gen_mask)} entries for {len(ids)} ids")
+  if dst_tok is src_tok:
+    cuts = np.arange(len(ids) + 1, dtype=np.int64)
+    return ids, gen_mask, Alignment(cuts, cuts.copy())
   src_roles = rollout.special_roles(src_tok)
   dst_of = {role: i for i, role in rollout.special_roles(dst_tok).items()}
   out_ids, out_gen, s_cuts, t_cuts = [], [], [0], [0]
