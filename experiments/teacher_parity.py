@@ -33,9 +33,12 @@ def measure(ctx, *, rows: int) -> dict:
   from mopd_jax.stages import wiring  # pylint: disable=g-import-not-at-top
   from mopd_jax.teachers import client, parity, placement, server  # pylint: disable=g-import-not-at-top
   temperature = ctx.config.mopd.teacher_temperature
+  if ctx.teachers.mixed:
+    raise SystemExit("config error: teachers of several families: the parity measure "
+                     "compares one bank with its server and variants; run it per family")
   bank = ctx.teachers.load_bank()
   scoring = wiring.scoring_bank(ctx, bank)
-  fp = tokenizer.fingerprint(ctx.tok)
+  fp = tokenizer.fingerprint(ctx.teachers.tok)
 
   def local(b):
     return placement.TeacherScorer(b, ctx.mesh, ctx.teacher_mesh, tokenizer_hash=fp)
@@ -43,7 +46,7 @@ def measure(ctx, *, rows: int) -> dict:
   probe = wiring.parity_probe_set(ctx, rows=rows, max_len=scoring.model_cfg.max_seq_len)
   reference = local(scoring)
   out = {}
-  srv = server.TeacherServer(bank, ctx.tok, temperature=temperature)
+  srv = server.TeacherServer(bank, ctx.teachers.tok, temperature=temperature)
   srv.start()
   remote = client.EndpointScorer(ctx.grid.names, {n: srv.url for n in ctx.grid.names})
   try:

@@ -5,6 +5,10 @@ by `mopd_jax.teachers.server` (what it serves and how: documented there).
     python -m mopd_jax.serve --config configs/qwen3_mopd.py --hf_path DIR --cell gen/max
     python -m mopd_jax.serve --config configs/toy.py --teachers WORKDIR/teachers.json \
         --export_dir DIR   # for vLLM or SGLang: each cell's checkpoint, temperature folded in
+    python -m mopd_jax.serve --config ... --teachers ... --cells gen/low,gen/high  # some cells
+
+Teachers of several families (`teacher.tokenizer_paths`): a server holds one family, named
+by `--cells`; the export writes every family's cells.
 
 It builds the bank through the run context (`stages.context.Run`: the same checks as the
 trainer's bank), so it sits above the stages, beside the pipeline.
@@ -13,34 +17,64 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Sequence
 
 import jax
+import numpy as np
 
 from mopd_jax import configure, models
 from mopd_jax.io import hf, storage
 from mopd_jax.runtime import allocator
 from mopd_jax.stages.context import Run
-from mopd_jax.teachers import bank as teachers
+from mopd_jax.teachers import bank as teachers, families
 from mopd_jax.teachers.server import TeacherServer
 
 
 def bank_from_config(config, *, teachers_path: str = "", hf_path: str = "",
                      cell: str = "") -> tuple:
-  """(bank, tokenizer) a run config describes: the manifest's teachers (`teachers_path`), or
-  one Hugging Face checkpoint served as `cell`. Checked like the trainer's bank."""
+  """(bank, tokenizer) a run config describes: the manifest's teachers (`teachers_path`),
+  or one Hugging Face checkpoint served as `cell`, with their own tokenizer (the student's
+  unless the config names the teachers' own). Checked like the trainer's bank; teachers of
+  several families come as a `families.MixedBank` (tokenizer None): `family_banks` splits
+  it."""
   if bool(teachers_path) == bool(hf_path):
     raise ValueError("give exactly one of --teachers (a teachers.json) and --hf_path")
   workdir = str(storage.path(teachers_path).parent) if teachers_path else os.getcwd()
   ctx = Run(configure.build(config, jax.device_count()), workdir)
   if teachers_path:
-    return ctx.teachers.load_bank(teachers_path), ctx.tok
+    bank = ctx.teachers.load_bank(teachers_path)
+    return bank, (None if ctx.teachers.mixed else ctx.teachers.tok)
   if cell.count("/") != 1:
     raise ValueError(f"--cell must name the checkpoint's cell as 'domain/effort', got "
                      f"{cell!r}")
-  cfg = ctx.teachers.resolve_hf(hf_path)
-  teachers.check_compatible(ctx.model_cfg, cfg)
+  tok = ctx.teachers.cell_toks.get(cell, (ctx.teachers.tok,))[0]
+  cfg = ctx.teachers.resolve_hf(hf_path, tok)
+  if tok is ctx.tok:
+    teachers.check_compatible(ctx.model_cfg, cfg)
   _, params = hf.load_checkpoint(hf_path, vocab_size=cfg.vocab_size)
-  return teachers.build_bank(cfg, [params], names=[cell]), ctx.tok
+  return teachers.build_bank(cfg, [params], names=[cell]), tok
+
+
+def family_banks(bank, tok, cells: Sequence[str] = ()) -> list:
+  """[(TeacherBank, tokenizer)] of the teachers one server may hold: one per family of
+  `bank` (a TeacherBank with its tokenizer `tok`, or a `families.MixedBank`), each kept to
+  `cells` when given (default: every cell). A cell the bank does not hold: ValueError."""
+  parts = ([(p, f.tok) for p, f in zip(bank.parts, bank.families)]
+           if isinstance(bank, families.MixedBank) else [(bank, tok)])
+  held = [c for p, _ in parts for c in p.router.names]
+  unknown = sorted(set(cells) - set(held))
+  if unknown:
+    raise ValueError(f"--cells names {unknown}, which the teachers do not hold ({held})")
+  out = []
+  for part, part_tok in parts:
+    names = [c for c in part.router.names if not cells or c in cells]
+    if len(names) < len(part.router.names) and names:
+      idx = np.asarray([list(part.router.names).index(c) for c in names])
+      part = part.replace(params=jax.tree.map(lambda x, idx=idx: x[idx], part.params),
+                          router=teachers.Router(tuple(names)))
+    if names:
+      out.append((part, part_tok))
+  return out
 
 
 def export_teachers(bank: teachers.TeacherBank, tok, *, temperature: float,
@@ -67,6 +101,8 @@ def main(argv=None) -> None:
   teachers_path = flags.DEFINE_string("teachers", "", "A teacher manifest (teachers.json).")
   hf_path = flags.DEFINE_string("hf_path", "", "One Hugging Face teacher checkpoint.")
   cell = flags.DEFINE_string("cell", "", "The cell (domain/effort) --hf_path serves.")
+  cells = flags.DEFINE_string("cells", "", "Comma-separated cells of --teachers to serve "
+                              "(default: all); teachers of several families: one family's.")
   host = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
   port = flags.DEFINE_integer("port", 8000, "Port to listen on (0 = any free one).")
   max_batch_rows = flags.DEFINE_integer("max_batch_rows", 256, "Most requests per round.")
@@ -95,13 +131,26 @@ def main(argv=None) -> None:
                          "unset or empty")
     bank, tok = bank_from_config(config.value, teachers_path=teachers_path.value,
                                  hf_path=hf_path.value, cell=cell.value)
+    wanted = [c.strip() for c in cells.value.split(",") if c.strip()]
+    try:
+      parts = family_banks(bank, tok, wanted)
+    except ValueError as e:
+      raise SystemExit(f"config error: {e}") from None
     if export_dir.value:
-      dirs = export_teachers(bank, tok, temperature=config.value.mopd.teacher_temperature,
-                             out_dir=export_dir.value)
+      dirs = {}
+      for part, part_tok in parts:
+        dirs.update(export_teachers(part, part_tok, out_dir=export_dir.value,
+                                    temperature=config.value.mopd.teacher_temperature))
       for number, (name, path) in enumerate(dirs.items(), 8001):
         print(f"vllm serve {path} --served-model-name {name} --dtype float32 "
               f"--skip-tokenizer-init --max-logprobs 20 --port {number}", flush=True)
       return
+    if len(parts) > 1:
+      raise SystemExit(
+          "config error: the teachers are of " + str(len(parts)) + " families (" +
+          "; ".join(",".join(p.router.names) for p, _ in parts) + "): a server holds one "
+          "tokenizer, so serve each family with --cells")
+    bank, tok = parts[0]
     server = TeacherServer(bank, tok, temperature=config.value.mopd.teacher_temperature,
                            max_batch_rows=max_batch_rows.value,
                            max_wait_s=max_wait_ms.value / 1000,

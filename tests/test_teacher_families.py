@@ -132,26 +132,38 @@ def _served_by_two_families(tmp_path, two_families):
   workdir): a server of the BPE teachers for `gen` and `agt`, one of the
   character-vocabulary teachers for `cod`; each passes the start-up checks against its own
   family's tokenizer and the parity probe against the run's own copies, and the MOPD steps
-  score every cell through them. One server named for cells of both families is refused in
-  one line."""
+  score every cell through them. The servers' banks are what `python -m mopd_jax.serve
+  --cells` builds (a family each; without `--cells` the entry point refuses the manifest of
+  two families). One server named for cells of both families is refused in one line."""
   import configs.qwen3_mopd as q
-  from mopd_jax.config.tokenizer_options import TokenizerOptions
-  from mopd_jax.io import hf
-  from mopd_jax.io.tokenizer import CharTokenizer, load_tokenizer
-  from mopd_jax.teachers import bank as teachers, server as serve
+  from mopd_jax import serve
+  from mopd_jax.teachers import server
   path, paths = two_families
-  c = q.get_config("tiny")
-  bpe_tok = load_tokenizer(path, efforts=("low", "high", "max"),
-                           options=TokenizerOptions(chat=False))
-  servers = []
-  for cells, tok in ((BPE_CELLS, bpe_tok), (tuple(x for x in CELLS if x not in BPE_CELLS),
-                                            CharTokenizer(efforts=("low", "high", "max")))):
-    tcfg = hf.resolve_model_config(c.teacher, tok.vocab_size, hf_path=paths[cells[0]])
-    plist = [hf.load_checkpoint(paths[cell], vocab_size=tcfg.vocab_size)[1] for cell in cells]
-    servers.append((cells, serve.TeacherServer(teachers.build_bank(tcfg, plist, names=cells),
-                                               tok, temperature=c.mopd.teacher_temperature)))
   hf_paths = "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in paths.items())
   tok_paths = "--config.teacher.tokenizer_paths=" + ",".join(f"{c}={path}" for c in BPE_CELLS)
+  # The serve entry point's banks: a server holds one family, named by --cells.
+  c = q.get_config("tiny")
+  c.mesh.data = jax.device_count()  # the suite's simulated devices
+  c.mopd.prompts_per_cell = jax.device_count()
+  c.mopd.loss = "mopd"
+  c.teacher.hf_paths = hf_paths.split("=", 1)[1]
+  c.teacher.tokenizer_paths = tok_paths.split("=", 1)[1]
+  bank, tok = serve.bank_from_config(c, teachers_path=str(tmp_path / "wd" / "teachers.json"))
+  assert tok is None and len(serve.family_banks(bank, tok)) == 2
+  servers = []
+  for cells in (BPE_CELLS, tuple(x for x in CELLS if x not in BPE_CELLS)):
+    [(part, part_tok)] = serve.family_banks(bank, tok, cells)
+    assert tuple(part.router.names) == cells
+    servers.append((cells, server.TeacherServer(part, part_tok,
+                                                temperature=c.mopd.teacher_temperature)))
+  with pytest.raises(ValueError, match="do not hold"):
+    serve.family_banks(bank, tok, ["gen/none"])
+  proc = subprocess.run([sys.executable, "-m", "mopd_jax.serve", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--config.mopd.loss=mopd", hf_paths,
+                         tok_paths, "--teachers", str(tmp_path / "wd" / "teachers.json")],
+                        cwd=ROOT, env=suite_cli.env(), capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode != 0 and "serve each family with --cells" in proc.stderr
   try:
     started = [(cells, s.start()) for cells, s in servers]
     urls = {cell: url for cells, url in started for cell in cells}

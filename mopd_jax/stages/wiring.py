@@ -66,25 +66,27 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
   served = bool(ctx.config.teacher.endpoints)
   colocated = ctx.config.placement.teachers == "colocated"
   top_k = c.loss_args.k if loss_kinds.LOSS_KINDS[c.loss].topk else 0
+  kind = loss_kinds.LOSS_KINDS[c.loss]
+  mixed = ctx.teachers.mixed  # checked before any teacher's params are read
+  fams = [list(f.cells) for f in ctx.teachers.families]
+  wrong = [f"mopd.loss={c.loss!r}"] if kind.topk or kind.teachers_in_step else []
+  wrong += [f"mopd.init_target={c.init_target!r}"] if c.init_target == "distribution" else []
+  if mixed and wrong:
+    raise config_mod.ConfigError(
+        f"teachers of several families ({len(fams)} banks: {fams}) return the sampled "
+        f"tokens' log-probs only; {' and '.join(wrong)} compare"
+        f"{'s' if len(wrong) == 1 else ''} next-token distributions in one bank: use "
+        "mopd.loss='mopd' and mopd.init_target='tokens'")
+  if mixed and jax.process_count() > 1:
+    raise config_mod.ConfigError(
+        f"teachers of several families ({len(fams)} banks) score in one process; "
+        f"this run has {jax.process_count()}: use one teachers' family per multi-host run")
   # With teacher servers this process reads the teachers' params only for what runs here:
   # the teacher-SFT init's rollouts and the exact-KL diagnostic.
   if served and c.init != "teacher_sft" and not (c.exact_kl_every and colocated):
     bank = ctx.teachers.router_only()
   else:
     bank = ctx.teachers.load_bank()
-  mixed = families.is_mixed(bank)
-  kind = loss_kinds.LOSS_KINDS[c.loss]
-  if mixed and (kind.topk or kind.teachers_in_step or c.init_target == "distribution"):
-    raise config_mod.ConfigError(
-        f"teachers of several families ({len(bank.families)} banks: "
-        f"{[list(f.cells) for f in bank.families]}) return the sampled tokens' log-probs "
-        f"only; mopd.loss={c.loss!r} and mopd.init_target={c.init_target!r} compare "
-        "next-token distributions in one bank: use mopd.loss='mopd' and "
-        "mopd.init_target='tokens'")
-  if mixed and jax.process_count() > 1:
-    raise config_mod.ConfigError(
-        f"teachers of several families ({len(bank.families)} banks) score in one process; "
-        f"this run has {jax.process_count()}: use one teachers' family per multi-host run")
   if mixed:
     print(f"[teachers] {len(bank.families)} teacher families, a bank each: " + "; ".join(
         f"{', '.join(f.cells)} ({'tokenizer ' + f.path if f.cross else 'the student tokenizer'},"
@@ -247,9 +249,14 @@ def eval_inputs(ctx: Run) -> eval_stage.Inputs:
   if ec.kl_rollouts and not kl:
     print("[eval] eval.kl_rollouts: the held-out KL needs co-located teachers; not measured")
   if ec.teacher_logratio and cross:
+    why = ("teachers of several families (teacher.tokenizer_paths, or model shapes)"
+           if ctx.teachers.mixed else "teachers of another tokenizer (teacher.tokenizer_path)")
     raise config_mod.ConfigError("eval.teacher_logratio scores pi_SFT's and the student's "
-                                 "tokens; teachers of another tokenizer "
-                                 "(teacher.tokenizer_path) need eval.teacher_logratio=False")
+                                 f"tokens; {why} need eval.teacher_logratio=False")
+  if kl and ctx.teachers.mixed and jax.process_count() > 1:
+    raise config_mod.ConfigError(
+        "the held-out KL with teachers of several families scores in one process; this run "
+        f"has {jax.process_count()}: set eval.kl_rollouts=0 or use one teachers' family")
   if ec.teacher_logratio or kl:
     bank = (ctx.teachers.router_only() if ctx.config.teacher.endpoints and not kl
             else ctx.teachers.load_bank())

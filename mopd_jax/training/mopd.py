@@ -330,7 +330,7 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
   shown = [view.teacher(e) for e in efforts]
   if setup.teacher_tok is not None:  # the responses in the teachers' own tokens
     ttok = setup.teacher_tok
-    if isinstance(ttok, tuple):  # several families: each row in its teacher's tokenizer
+    if isinstance(ttok, (list, tuple)):  # several families: a row in its teacher's tokenizer
       ttok = [ttok[k] for k in teacher_ids]
     teacher_arr, spans, aligned = alignment.cross_view(
         tok, ttok, trajs, examples=rows, width_multiple=width_multiple, shown=shown)
