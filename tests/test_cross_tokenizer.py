@@ -240,6 +240,18 @@ def test_teacher_servers_of_another_tokenizer(tmp_path, bpe_teachers):
     assert "parity probe against the run's own teachers" in proc.stdout
     history = json.load(open(tmp_path / "wd" / "mopd" / "history.json"))
     assert all(rec["unaligned_rows"] == 0.0 and np.isfinite(rec["kl"]) for rec in history)
+    # What `python -m mopd_jax.serve --teachers` builds from that run serves the teachers'
+    # own tokenizer, not the student's.
+    from mopd_jax import serve as entry
+    import jax
+    c.mesh.data = jax.device_count()  # the suite's simulated devices
+    c.mopd.prompts_per_cell = jax.device_count()
+    c.mopd.loss = "mopd"
+    c.teacher.hf_paths = hf_paths.split("=", 1)[1]
+    c.teacher.tokenizer_path = path
+    _, served_tok = entry.bank_from_config(c, teachers_path=str(tmp_path / "wd" /
+                                                                "teachers.json"))
+    assert tokenizer.fingerprint(served_tok) == tokenizer.fingerprint(tok)
     url = wrong.start()
     shutil.rmtree(tmp_path / "wd" / "mopd")
     proc = _run(tmp_path, hf_paths, f"--config.teacher.tokenizer_path={path}",
