@@ -86,12 +86,14 @@ class Engines:
 
   def __init__(self, config: config_mod.RunConfig, tok, *, student_cfg: models.ModelConfig,
                teacher_tok=None, count_tok=None):
-    """`tok`: the student's tokenizer; `teacher_tok`: the teachers' (None: the same);
+    """`tok`: the student's tokenizer; `teacher_tok`: the teachers' (None: the same, unless
+    the teachers are of several families: then each teacher engine is asked with its own);
     `count_tok`: the tokenizer responses are counted in against their budgets
     (`budget.count_with`; None: each engine's own, the teachers' engine of another
     tokenizer the student's)."""
     self.rollout_cfg, self.tok, self.student_cfg = config.rollout, tok, student_cfg
     self.teacher_tok = tok if teacher_tok is None else teacher_tok
+    self.several_families = bool(config.teacher.tokenizer_paths) and teacher_tok is None
     self.count_tok = count_tok
     self.rl_temperature, self.eval_temperature = config.rl.temperature, config.eval.temperature
 
@@ -124,6 +126,9 @@ class Engines:
     """The teachers' engine: their model, their tokenizer (`tok`, default the teachers'; the
     student's tokenizer: the engine `make` gives, shared with the student's policies of
     that model)."""
+    if tok is None and self.several_families:
+      raise ValueError("teachers of several families have no one tokenizer: ask for a "
+                       "teacher engine with its family's (tok=)")
     tok = self.teacher_tok if tok is None else tok
     if tok is self.tok:
       return self.make(model_cfg, temperature)
