@@ -51,15 +51,17 @@ def test_a_mixed_bank_scores_each_family_with_its_own_bank():
   """Each family's teachers score their rows of the stratified batch exactly as their own
   bank does; rows of another vocabulary never reach a bank of the wrong size."""
   from mopd_jax import models
+  from mopd_jax.io.tokenizer import CharTokenizer, fingerprint
   from mopd_jax.teachers import bank, families
   small = models.get_preset("toy")
+  toks = (CharTokenizer(), CharTokenizer(charset="0123456789"))
   other = dataclasses.replace(small, vocab_size=300)
   a, b = _bank(small, ("gen/low", "cod/low"), 0), _bank(other, ("gen/max",), 10)
   mixed = families.MixedBank(
       parts=(a, b), router=bank.Router(("gen/low", "gen/max", "cod/low")),
-      families=(families.Family(tok=None, path="", model_cfg=small, cells=("gen/low", "cod/low"),
-                                cross=False),
-                families.Family(tok=None, path="x", model_cfg=other, cells=("gen/max",),
+      families=(families.Family(tok=toks[0], path="", model_cfg=small,
+                                cells=("gen/low", "cod/low"), cross=False),
+                families.Family(tok=toks[1], path="x", model_cfg=other, cells=("gen/max",),
                                 cross=True)))
   assert [m.tolist() for m in mixed.members] == [[0, 2], [1]]
   rng = np.random.default_rng(0)
@@ -74,7 +76,9 @@ def test_a_mixed_bank_scores_each_family_with_its_own_bank():
   from mopd_jax.runtime import sharding
   mesh = sharding.make_mesh({"data": 2}, devices=jax.devices()[:2])
   from mopd_jax.teachers import placement
-  scored = np.asarray(families.MixedScorer(mixed, mesh, mesh)(tokens, mask))
+  scorer = families.MixedScorer(mixed, mesh, mesh)
+  assert [p.info().tokenizer_hash for p in scorer.parts] == [fingerprint(t) for t in toks]
+  scored = np.asarray(scorer(tokens, mask))
   np.testing.assert_array_equal(scored[[0, 2]], np.asarray(
       placement.TeacherScorer(a, mesh, mesh)(tokens[[0, 2]], mask[[0, 2]])))
   np.testing.assert_array_equal(scored[[1]], np.asarray(

@@ -13,12 +13,13 @@ one vocabulary (`vocab_kl`, `topk`) are refused for such runs at config time.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mopd_jax.io import tokenizer
 from mopd_jax.teachers import bank as teachers, placement, source
 
 
@@ -120,12 +121,12 @@ def score_stratified(bank, tokens_KxbxT, input_mask_KxbxT, **kw):
 
 class MixedScorer:
   """`placement.TeacherScorer` for a MixedBank: one scorer per family, each scoring its
-  teachers' rows of the stratified batch; `fetch` puts them back in place (on the host)."""
+  teachers' rows of the stratified batch; `fetch` puts them back in place (on the host).
+  Each family's scorer carries its tokenizer's fingerprint; the whole has none (`info`)."""
 
-  def __init__(self, bank: MixedBank, student_mesh, teacher_mesh, *, chunk_size: int = 64,
-               tokenizer_hashes: Optional[Sequence[str]] = None):
+  def __init__(self, bank: MixedBank, student_mesh, teacher_mesh, *, chunk_size: int = 64):
     self.bank = bank
-    hashes = tokenizer_hashes or [""] * len(bank.parts)
+    hashes = [tokenizer.fingerprint(f.tok) for f in bank.families]
     self.parts = [placement.TeacherScorer(p, student_mesh, teacher_mesh, chunk_size=chunk_size,
                                           tokenizer_hash=h)
                   for p, h in zip(bank.parts, hashes)]
