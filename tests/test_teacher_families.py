@@ -160,6 +160,12 @@ def _served_by_two_families(tmp_path, two_families):
     assert tuple(part.router.names) == cells
     servers.append((cells, server.TeacherServer(part, part_tok,
                                                 temperature=c.mopd.teacher_temperature)))
+  [(whole, _)] = serve.family_banks(bank, tok, BPE_CELLS)
+  [(one, _)] = serve.family_banks(bank, tok, [BPE_CELLS[1]])
+  assert one.router.names == (BPE_CELLS[1],)
+  np.testing.assert_array_equal(  # the cell's own teacher, cut out of its family's stack
+      np.asarray(jax.tree.leaves(one.params)[0][0]),
+      np.asarray(jax.tree.leaves(whole.params)[0][1]))
   with pytest.raises(ValueError, match="do not hold"):
     serve.family_banks(bank, tok, ["gen/none"])
   proc = subprocess.run([sys.executable, "-m", "mopd_jax.serve", "--config",

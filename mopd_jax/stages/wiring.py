@@ -65,8 +65,8 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
   c, grid = ctx.config.mopd, ctx.grid
   served = bool(ctx.config.teacher.endpoints)
   colocated = ctx.config.placement.teachers == "colocated"
-  top_k = c.loss_args.k if loss_kinds.LOSS_KINDS[c.loss].topk else 0
   kind = loss_kinds.LOSS_KINDS[c.loss]
+  top_k = c.loss_args.k if kind.topk else 0
   mixed = ctx.teachers.mixed  # checked before any teacher's params are read
   fams = [list(f.cells) for f in ctx.teachers.families]
   wrong = [f"mopd.loss={c.loss!r}"] if kind.topk or kind.teachers_in_step else []
