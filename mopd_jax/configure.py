@@ -210,7 +210,9 @@ def _algorithm_checks(c: config_mod.RunConfig) -> None:
     raise ValueError(f"mopd.loss={m.loss!r} trains on mopd.alpha x the rollouts' outcome "
                      f"advantages; it needs mopd.alpha > 0, got {m.alpha!r}")
   other = _other_tokenizers(c.teacher)
-  if other and (kind.topk or kind.teachers_in_step):
+  if kind.char_targets:
+    _check_char_targets(c, m.loss)
+  elif other and (kind.topk or kind.teachers_in_step):
     raise ValueError(f"mopd.loss={m.loss!r} compares the student's and the teacher's "
                      "next-token distributions over one vocabulary; teachers of another "
                      f"tokenizer ({other}) score spans of the response: use mopd.loss='mopd'")
@@ -223,6 +225,24 @@ def _algorithm_checks(c: config_mod.RunConfig) -> None:
     raise ValueError("mopd.init_target='distribution' fits the student's next-token "
                      "distribution to the teacher's over one vocabulary; teachers of another "
                      f"tokenizer ({other}) need mopd.init_target='tokens'")
+
+
+def _check_char_targets(c, loss: str) -> None:
+  """What a loss of the teachers' next-character distributions needs: teachers of one other
+  tokenizer (`teacher.tokenizer_path`), their params in this process beside the student's.
+  The student's being character-level is checked at the MOPD stage's start."""
+  t = c.teacher
+  why = (f"mopd.loss={loss!r} reads the next-character distributions of teachers of another "
+         "tokenizer from their whole next-token distributions in this process")
+  if not t.tokenizer_path or t.tokenizer_paths:
+    raise ValueError(f"{why}; it needs teacher.tokenizer_path (one teachers' tokenizer) and "
+                     f"no teacher.tokenizer_paths, got {_other_tokenizers(t) or 'neither'}")
+  if t.endpoints:
+    raise ValueError(f"{why}; teacher servers (teacher.endpoints={t.endpoints!r}) return "
+                     "sampled-token log-probs only")
+  if c.placement.teachers != "colocated":
+    raise ValueError(f"{why}; it needs placement.teachers='colocated', got "
+                     f"{c.placement.teachers!r}")
 
 
 def _other_tokenizers(t) -> str:

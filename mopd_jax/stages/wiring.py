@@ -14,7 +14,7 @@ from mopd_jax.io import checkpoint, tokenizer
 from mopd_jax.runtime import distributed
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
-from mopd_jax.teachers import bank as teachers, families, parity, placement, source
+from mopd_jax.teachers import bank as teachers, char_marginal, families, parity, placement, source
 from mopd_jax.training import mopd as mopd_lib, registry as loss_kinds
 
 
@@ -66,7 +66,7 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
   served = bool(ctx.config.teacher.endpoints)
   colocated = ctx.config.placement.teachers == "colocated"
   kind = loss_kinds.LOSS_KINDS[c.loss]
-  top_k = c.loss_args.k if kind.topk else 0
+  top_k = c.loss_args.k if kind.topk and not kind.char_targets else 0
   mixed = ctx.teachers.mixed  # checked before any teacher's params are read
   fams = [list(f.cells) for f in ctx.teachers.families]
   wrong = [f"mopd.loss={c.loss!r}"] if kind.topk or kind.teachers_in_step else []
@@ -77,6 +77,19 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
         f"tokens' log-probs only; {' and '.join(wrong)} compare"
         f"{'s' if len(wrong) == 1 else ''} next-token distributions in one bank: use "
         "mopd.loss='mopd' and mopd.init_target='tokens'")
+  if kind.char_targets and jax.process_count() > 1:
+    raise config_mod.ConfigError(
+        f"mopd.loss={c.loss!r} builds the teachers' next-character targets in one process; "
+        f"this run has {jax.process_count()}")
+  if kind.char_targets and ctx.teacher_tok is None:
+    raise config_mod.ConfigError(
+        f"mopd.loss={c.loss!r} reads teachers of another tokenizer; teacher.tokenizer_path "
+        "reads as the student's own tokenizer: use mopd.loss='vocab_kl'")
+  if kind.char_targets:
+    try:
+      char_marginal.table_for(ctx.tok, ctx.teacher_tok)
+    except char_marginal.NotCharacterLevel as e:
+      raise config_mod.ConfigError(str(e)) from None
   if mixed and jax.process_count() > 1:
     raise config_mod.ConfigError(
         f"teachers of several families ({len(fams)} banks) score in one process; "

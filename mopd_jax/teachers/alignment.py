@@ -159,18 +159,45 @@ def retokenize_response(src_tok, dst_tok, ids: Sequence[int], *,
   if dst_tok is src_tok:
     cuts = np.arange(len(ids) + 1, dtype=np.int64)
     return ids, gen_mask, Alignment(cuts, cuts.copy())
+  out_ids, out_gen, s_cuts, t_cuts = [], [], [0], [0]
+  for run in moved_runs(src_tok, dst_tok, ids, gen_mask):
+    if run.kind == "special":
+      s_cuts.append(run.end)
+      t_cuts.append(len(out_ids) + 1)
+    else:
+      local = align(run.src_pieces, run.dst_pieces)
+      s_cuts.extend(run.start + local.student[1:])
+      t_cuts.extend(len(out_ids) + local.teacher[1:])
+    out_ids.extend(run.dst_ids)
+    out_gen.extend([gen_mask[run.start]] * len(run.dst_ids))
+  return out_ids, out_gen, Alignment(np.asarray(s_cuts, np.int64), np.asarray(t_cuts, np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One run of a response moved into another tokenizer: the source's tokens [start, end),
+  a special token ("special", one token) or text of one gen_mask value ("text"), and its
+  tokens in the destination tokenizer with both sides' bytes (b"" for a special)."""
+  kind: str
+  start: int
+  end: int
+  dst_ids: list
+  src_pieces: list
+  dst_pieces: list
+
+
+def moved_runs(src_tok, dst_tok, ids: Sequence[int], gen_mask: Sequence[int]):
+  """Yield the `Run`s of a response (`retokenize_response`'s cut): each special token
+  replaced by `dst_tok`'s of its role, each text run decoded and encoded again. Unalignable
+  as `retokenize_response` says."""
   src_roles = rollout.special_roles(src_tok)
   dst_of = {role: i for i, role in rollout.special_roles(dst_tok).items()}
-  out_ids, out_gen, s_cuts, t_cuts = [], [], [0], [0]
   for kind, a, b in _segments(src_roles, ids, gen_mask):
     if kind == "special":
       role = src_roles[ids[a]]
       if role not in dst_of:
         raise Unalignable(f"the teacher's tokenizer has no token for {role!r}")
-      out_ids.append(dst_of[role])
-      out_gen.append(gen_mask[a])
-      s_cuts.append(b)
-      t_cuts.append(len(out_ids))
+      yield Run("special", a, b, [dst_of[role]], [b""], [b""])
       continue
     text = src_tok.decode(ids[a:b], skip_special=True)
     try:
@@ -180,12 +207,7 @@ def retokenize_response(src_tok, dst_tok, ids: Sequence[int], *,
     src_pieces, dst_pieces = src_tok.token_bytes(ids[a:b]), dst_tok.token_bytes(run)
     if b"".join(dst_pieces) != text.encode("utf-8") or any(i in dst_of.values() for i in run):
       raise Unalignable("the teacher's tokens do not reproduce the response text")
-    local = align(src_pieces, dst_pieces)
-    s_cuts.extend(a + local.student[1:])
-    t_cuts.extend(len(out_ids) + local.teacher[1:])
-    out_ids.extend(run)
-    out_gen.extend([gen_mask[a]] * len(run))
-  return out_ids, out_gen, Alignment(np.asarray(s_cuts, np.int64), np.asarray(t_cuts, np.int64))
+    yield Run("text", a, b, run, list(src_pieces), list(dst_pieces))
 
 
 def retokenize(student_tok, teacher_tok, response_ids) -> tuple:

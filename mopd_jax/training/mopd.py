@@ -41,7 +41,7 @@ from mopd_jax.config import choices
 from mopd_jax.rollout import partial, turns as rollout
 from mopd_jax.runtime import distributed
 from mopd_jax.tasks import base as task_base, views
-from mopd_jax.teachers import alignment, bank as teachers
+from mopd_jax.teachers import alignment, bank as teachers, char_marginal
 from mopd_jax.training import step as train, vocab_kl
 from mopd_jax.training.registry import LOSS_KINDS
 
@@ -196,6 +196,7 @@ class SampledBatch:
   # response to the teacher's tokens, None where the teacher could not take it (no reward).
   alignments: Optional[list] = None
   span_reward: str = "spread"  # how a span's reward reaches its tokens (StepSetup's)
+  tokenizers: Optional[tuple] = None  # (the student's, the teachers') across tokenizers
 
   def student_layout(self, rows_BxT):
     """Teachers' per-row values ([B, T', ...]) on the student's positions ([B, T, ...])."""
@@ -345,7 +346,9 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
       input_mask=strat(teacher_arr["input_mask"], False),
       cell_ids=np.asarray([cells.index((d, e)) for d, e in zip(domains, efforts)]),
       accuracy=acc, lengths=lengths, over=over, spans=spans, examples=list(rows),
-      alignments=aligned, span_reward=setup.span_reward)
+      alignments=aligned, span_reward=setup.span_reward,
+      tokenizers=None if aligned is None or isinstance(setup.teacher_tok, (list, tuple))
+      else (tok, setup.teacher_tok))
 
 
 def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
@@ -361,8 +364,12 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
   arr, index = sampled.arr, sampled.index
   n = arr["tokens"].shape[0]  # the real rows (len(sampled.lengths)), then any empty ones
   scored = distributed.gather(scored)  # every host needs every row's scores
-  topk = None
-  if LOSS_KINDS[trainer.loss_cfg.kind].topk:
+  topk, kind, char_counts = None, LOSS_KINDS[trainer.loss_cfg.kind], None
+  if kind.char_targets:  # the teachers' next-character distributions (char_marginal.py)
+    topk, char_mask, char_counts = char_marginal.topk_of(
+        bank, sampled, branch_min=trainer.loss_cfg.args.branch_min)
+    arr = {**arr, "loss_mask": char_mask}
+  elif kind.topk:
     if not isinstance(scored, tuple):
       raise ValueError("the top-k MOPD loss needs the teachers' top-k log-probs and ids: "
                        "score_fn must return (logprobs, topk_logprobs, topk_ids), e.g. a "
@@ -396,7 +403,7 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
       lp_t_KxbxT=lp_t, mask_KxbxT=teachers.gather_stratified(arr["loss_mask"], index, False),
       r_max=r_max, sampled=sampled)
   m.update(accuracy=float(sampled.accuracy.mean()), length=float(sampled.lengths.mean()),
-           over_budget=float(sampled.over.mean()))
+           over_budget=float(sampled.over.mean()), **(char_counts or {}))
   if sampled.alignments is not None:  # rows the teachers' tokenizer could not take
     m["unaligned_rows"] = float(sum(a is None for a in sampled.alignments))
     # The share of the teachers' tokens in spans of two or more of the student's tokens.

@@ -32,6 +32,9 @@ class LossKind:
   groups: rows [p*K:(p+1)*K] form one group of `LossConfig.group_size` (kept whole).
   group_mean_metrics: metrics that are means over groups (combined with equal weights).
   topk: needs the teacher's top-k ids in the batch.
+  char_targets: its top-k are the whole of a character-level student's vocabulary, the
+    next-character distributions of teachers of another tokenizer
+    (`mopd_jax/teachers/char_marginal.py`), built beside the update, not by the scorer.
   teachers_in_step: computed with the routed teachers' params inside the update (their
     whole next-token distributions), not from the student's stats and the batch: `fn` is
     never called, the MOPD stage runs `vocab_kl.VocabKLStep` instead.
@@ -51,6 +54,7 @@ class LossKind:
   groups: bool = False
   group_mean_metrics: tuple = ()
   topk: bool = False
+  char_targets: bool = False
   teachers_in_step: bool = False
   stage: str = "mopd"
   args: Optional[type] = None
@@ -67,7 +71,9 @@ class LossKind:
     if self.args is not None and not (dataclasses.is_dataclass(self.args) and
                                       self.args.__dataclass_params__.frozen):
       raise ValueError(f"LossKind.args must be a frozen dataclass, got {self.args!r}")
-    if self.topk and (self.args is None or
+    if self.char_targets and not self.topk:
+      raise ValueError("a char_targets loss reads its targets as top-k: it needs topk=True")
+    if self.topk and not self.char_targets and (self.args is None or
                       "k" not in {f.name for f in dataclasses.fields(self.args)}):
       raise ValueError("a topk loss's args must have the field k (teacher tokens per position)")
 
@@ -250,6 +256,35 @@ def _topk_loss(loss_cfg, st, batch):
     _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, r_max=loss_cfg.r_max)
     m = {**m, "topk_kl": m["kl"], "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
   return loss + _outcome_term(lp, batch), m
+
+
+@dataclasses.dataclass(frozen=True)
+class CharKLArgs:
+  """The char_kl loss's own setting: `branch_min`, the least share of the teacher's mass on
+  the tokens that start with a partial token that the path through that token itself must
+  hold for the teacher to be queried after it (`char_marginal.targets`; below it the term is
+  dropped, a total-variation error of at most that share at the position)."""
+  branch_min: float = 1e-3
+
+  def __post_init__(self):
+    if isinstance(self.branch_min, bool) or not isinstance(self.branch_min, (int, float)) \
+        or not 0 <= self.branch_min < 1:
+      raise ValueError(f"char_kl.branch_min must be a number in [0, 1), got "
+                       f"{self.branch_min!r}")
+
+
+# The exact reverse KL over a character-level student's whole vocabulary against the
+# teachers' next-character distributions when they have another tokenizer: the top-k form
+# with every student token in the support, so its -p_s + p_t terms cancel.
+@register_loss("char_kl", separable=False, topk=True, char_targets=True, args=CharKLArgs)
+def _char_kl_loss(loss_cfg, st, batch):
+  lp = st.logprobs
+  loss, m = losses.topk_kl_loss(st.topk_logprobs, batch.teacher_topk_logprobs, batch.loss_mask)
+  # `kl` stays the sampled (span) log-ratio every other kind reports.
+  _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, r_max=loss_cfg.r_max)
+  m = {k: v for k, v in m.items() if not k.endswith("topk_mass")}
+  return loss + _outcome_term(lp, batch), {**m, "char_kl": m["kl"], "kl": m_kl["kl"],
+                                           "reward_mean": m_kl["reward_mean"]}
 
 
 # The teacher-SFT init's soft targets (`mopd.init_target='distribution'`): supervised on a

@@ -1,0 +1,196 @@
+"""Next-character targets from a teacher of another tokenizer
+(mopd_jax/teachers/char_marginal.py), checked against a teacher whose character-level
+distribution is known exactly: a source of strings over a small alphabet, and a teacher that
+writes each string in its tokenizer's own encoding (a digit and the `+` after it one token),
+with the source's probability. Read by characters, that teacher is the source; the targets
+must give the source's next-character distribution at every position of any response, in
+both the tokens that cross the end of the text and the partial-token branches."""
+import itertools
+import types
+
+import numpy as np
+import pytest
+
+from mopd_jax.io import tokenizer
+from mopd_jax.teachers import alignment, char_marginal as cm
+
+ALPHABET = "12+\n"
+LONGEST = 5  # the source's strings end by this many characters
+
+
+class PlusTokenizer:
+  """A teacher tokenizer: pad, bos, eos, then each character of ALPHABET, then a digit
+  joined with the `+` after it when `merge` (its encoder always joins them)."""
+
+  def __init__(self, merge: bool):
+    self.pieces = ["<pad>", "<bos>", "<eos>"] + list(ALPHABET)
+    if merge:
+      self.pieces += ["1+", "2+"]
+    self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+    self.ids = {p: i for i, p in enumerate(self.pieces)}
+
+  @property
+  def vocab_size(self):
+    return len(self.pieces)
+
+  def encode(self, text):
+    out, i = [], 0
+    while i < len(text):
+      if text[i:i + 2] in self.ids and text[i].isdigit():
+        out.append(self.ids[text[i:i + 2]])
+        i += 2
+      else:
+        out.append(self.ids[text[i]])
+        i += 1
+    return out
+
+  def decode(self, ids, skip_special=False):
+    return "".join(self.pieces[i] for i in ids if not (skip_special and i < 3))
+
+  def token_bytes(self, ids):
+    return [b"" if i < 3 else self.pieces[i].encode() for i in ids]
+
+
+def _source(seed: int) -> dict:
+  """{string: probability} of a random first-order source over ALPHABET that ends each
+  string with probability 0.2 per step, at LONGEST at the latest."""
+  rng = np.random.default_rng(seed)
+  trans = {p: rng.dirichlet(np.ones(len(ALPHABET))) for p in [""] + list(ALPHABET)}
+  out = {}
+
+  def walk(s, prob):
+    if len(s) == LONGEST:
+      out[s] = prob
+      return
+    out[s] = prob * 0.2
+    for c, pc in zip(ALPHABET, trans[s[-1:]]):
+      walk(s + c, prob * 0.8 * pc)
+  walk("", 1.0)
+  return out
+
+
+def _teacher(source: dict, ttok: PlusTokenizer):
+  """The teacher's next-token distribution after each of its token prefixes: every string
+  written in its tokenizer's encoding, then eos, with the source's probability."""
+  mass = {}
+  for s, p in source.items():
+    seq = tuple(ttok.encode(s)) + (ttok.eos_id,)
+    for n in range(len(seq)):
+      nxt = mass.setdefault(seq[:n], np.zeros(ttok.vocab_size))
+      nxt[seq[n]] += p
+
+  def dist(prefix):
+    got = mass.get(tuple(prefix))
+    if got is None or not got.sum():
+      return np.full(ttok.vocab_size, 1.0 / ttok.vocab_size)
+    return got / got.sum()
+  return dist
+
+
+def _char_dist(source: dict, s: str) -> dict:
+  """The source's next character (or "eos") after s."""
+  under = {x: p for x, p in source.items() if x.startswith(s)}
+  total = sum(under.values())
+  out = {c: sum(p for x, p in under.items() if x.startswith(s + c)) / total for c in ALPHABET}
+  out["eos"] = under.get(s, 0.0) / total
+  return out
+
+
+def _batch(stok, ttok, responses, prompt_t):
+  """A one-teacher `SampledBatch` stand-in of the student's responses (each ending in eos
+  or cut), the teacher's rows after its prompt `prompt_t`."""
+  rows, trows, spans, aligned = [], [], [], []
+  prompt_s = [stok.bos_id]
+  for text, ended in responses:
+    ids = stok.encode(text) + ([stok.eos_id] if ended else [])
+    t_ids, gen, a = alignment.retokenize_response(stok, ttok, ids, gen_mask=[1] * len(ids))
+    rows.append((prompt_s + ids, [0] * len(prompt_s) + [1] * len(ids)))
+    trows.append(prompt_t + t_ids)
+    spans.append((len(prompt_s), len(prompt_t), len(ids)))
+    aligned.append(a)
+  w, wt = max(len(r[0]) for r in rows) + 1, max(len(t) for t in trows) + 1
+  tokens = np.zeros((len(rows), w), np.int32)
+  loss = np.zeros((len(rows), w), bool)
+  ttoks = np.zeros((1, len(rows), wt), np.int32)
+  tmask = np.zeros((1, len(rows), wt), bool)
+  for i, ((r, m), t) in enumerate(zip(rows, trows)):
+    tokens[i, :len(r)], loss[i, :len(m)] = r, m
+    ttoks[0, i, :len(t)], tmask[0, i, :len(t)] = t, True
+  return types.SimpleNamespace(
+      arr={"tokens": tokens, "loss_mask": loss}, index=np.arange(len(rows))[None],
+      tokens=ttoks, input_mask=tmask, spans=spans, alignments=aligned,
+      tokenizers=(stok, ttok))
+
+
+def _oracle(dist, prompt_len: int):
+  """`next_logprobs` of the teacher `dist`: each row's response tokens up to `at`."""
+  def next_logprobs(cfg, params, tokens, mask, at):
+    del cfg, params, mask
+    k, n, a = at.shape
+    out = np.zeros((k, n, a, len(dist([]))), np.float32)
+    for i, j, x in itertools.product(range(k), range(n), range(a)):
+      pos = int(at[i, j, x])
+      p = dist(tokens[i, j, prompt_len:pos + 1]) if pos >= prompt_len - 1 else dist([])
+      with np.errstate(divide="ignore"):
+        out[i, j, x] = np.log(p)
+    return out
+  return next_logprobs
+
+
+@pytest.mark.parametrize("merge", [True, False])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_targets_are_the_teachers_distribution_by_characters(monkeypatch, merge, seed):
+  stok = tokenizer.CharTokenizer(charset=ALPHABET)
+  ttok = PlusTokenizer(merge)
+  source = _source(seed)
+  prompt_t = [ttok.bos_id, ttok.ids["1"], ttok.ids["\n"]]
+  monkeypatch.setattr(cm, "next_logprobs", _oracle(_teacher(source, ttok), len(prompt_t)))
+  responses = [("1+2\n", True), ("12+1+", False), ("2+2+2", True), ("+\n1", True),
+               ("2", True), ("", True), ("1+1+", True)]
+  batch = _batch(stok, ttok, responses, prompt_t)
+  bank = types.SimpleNamespace(model_cfg=None, params=None)
+  table = cm.CharTable(stok, ttok)
+  lp, ok, counts = cm.targets(bank, batch, table, student_tok=stok, teacher_tok=ttok,
+                              branch_min=0.0)
+  assert counts["char_positions"] == sum(len(t) + e for t, e in responses)
+  assert (counts["char_branches"] > 0) == merge  # a digit inside "1+" is a partial token
+  for r, (text, ended) in enumerate(responses):
+    ps = batch.spans[r][0]
+    for i in range(len(text) + ended):
+      assert ok[r, ps + i]
+      want = _char_dist(source, text[:i])
+      got = np.exp(lp[r, ps + i].astype(np.float64))
+      for c in ALPHABET:
+        assert got[stok.encode(c)[0]] == pytest.approx(want[c], abs=1e-6), (text, i, c)
+      assert got[stok.eos_id] == pytest.approx(want["eos"], abs=1e-6), (text, i)
+      assert got.sum() == pytest.approx(1.0, abs=1e-5)  # nothing on other specials
+
+
+def test_a_branch_below_branch_min_is_dropped(monkeypatch):
+  stok, ttok = tokenizer.CharTokenizer(charset=ALPHABET), PlusTokenizer(True)
+  source = _source(0)
+  prompt_t = [ttok.bos_id]
+  monkeypatch.setattr(cm, "next_logprobs", _oracle(_teacher(source, ttok), len(prompt_t)))
+  batch = _batch(stok, ttok, [("1+2+", True)], prompt_t)
+  bank = types.SimpleNamespace(model_cfg=None, params=None)
+  table = cm.CharTable(stok, ttok)
+  args = dict(student_tok=stok, teacher_tok=ttok)
+  full, _, c0 = cm.targets(bank, batch, table, branch_min=0.0, **args)
+  cut, _, c1 = cm.targets(bank, batch, table, branch_min=1.0 - 1e-9, **args)
+  assert c0["char_branches"] == 2 and c0["char_branches_dropped"] == 0
+  assert c1["char_branches"] == 0 and c1["char_branches_dropped"] == 2
+  ps = batch.spans[0][0]
+  # After "1" (inside the teacher's "1+"), without the branch the teacher writes "+" only.
+  p_plus = np.exp(cut[0, ps + 1, stok.encode("+")[0]])
+  assert p_plus == pytest.approx(1.0) and np.exp(full[0, ps + 1, stok.encode("+")[0]]) < 1.0
+  assert np.array_equal(full[0, ps], cut[0, ps])  # no partial token at the start
+
+
+def test_a_student_of_several_characters_per_token_is_refused():
+  with pytest.raises(cm.NotCharacterLevel, match="one token per character"):
+    cm.CharTable(PlusTokenizer(True), tokenizer.CharTokenizer(charset=ALPHABET))
+
+
+def test_the_table_reads_utf8_characters_whole():
+  assert list(cm._chars("aé€".encode())) == [(0, b"a"), (1, "é".encode()), (3, "€".encode())]
+  assert list(cm._chars("é".encode()[1:] + b"a")) == [(1, b"a")]  # a cut character skipped
