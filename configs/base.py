@@ -268,8 +268,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mopd.teacher_temperature = 1.0
   # A loss registered for the mopd stage (mopd_jax/training/registry.py): mopd (eq. 15) | pg
   # (clipped ratio, reward as advantage) | topk (ablation: reverse KL on the routed teacher's
-  # top_k tokens at each position, corrected for the truncation) | vocab_kl | outcome, or a
-  # plugin's (`plugins`)
+  # top_k tokens at each position, corrected for the truncation) | vocab_kl | outcome |
+  # char_kl (teachers of another tokenizer, a character-level student:
+  # docs/cross_tokenizer.md), or a plugin's (`plugins`)
   c.mopd.loss = "mopd"
   # Each loss's own hyperparameters (`LossKind.args`), a block per loss as for rl.loss_args;
   # a loss without a block takes its args' defaults.
@@ -284,6 +285,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # lower the toy's held-out KL (docs/toy_results.md).
   c.mopd.loss_args.vocab_kl = dict(future_kl=0.0, future_baseline=False, clip=False,
                                      per="row")
+  # The least share of the teacher's mass on the tokens that start with a partial token that
+  # the path through that token must hold to be scored as a branch
+  # (mopd_jax/teachers/char_marginal.py); below it the term is dropped.
+  c.mopd.loss_args.char_kl = dict(branch_min=1e-3)
   # Weight of the outcome-reward term: alpha * (verifier reward - its (domain, effort)
   # cell's batch mean) on every generated token, REINFORCE; 0 = pure distillation.
   c.mopd.alpha = 0.0

@@ -153,6 +153,17 @@ CASES = [
      "teacher.tokenizer_paths names ['gen/huge'], not cells of the grid"),
     ("c.teacher.tokenizer_paths = 'gen/low=/t/a.json'; c.mopd.loss = 'vocab_kl'; " + _HF_ALL,
      "teachers of another tokenizer (teacher.tokenizer_paths={'gen/low': '/t/a.json'})"),
+    ("c.mopd.loss = 'char_kl'", "it needs teacher.tokenizer_path (one teachers' tokenizer) "
+     "and no teacher.tokenizer_paths, got neither"),
+    ("c.teacher.tokenizer_paths = 'gen/low=/t/a.json'; c.mopd.loss = 'char_kl'; " + _HF_ALL,
+     "it needs teacher.tokenizer_path (one teachers' tokenizer)"),
+    ("c.teacher.tokenizer_path = '/t/tokenizer.json'; c.mopd.loss = 'char_kl'; "
+     "c.teacher.endpoints = ','.join(f'{d}/{e}=http://127.0.0.1:1' for d in ('gen', 'agt', "
+     "'cod') for e in ('low', 'high', 'max')); " + _HF_ALL,
+     "teacher servers (teacher.endpoints="),
+    ("c.teacher.tokenizer_path = '/t/tokenizer.json'; c.mopd.loss = 'char_kl'; "
+     "c.mopd.loss_args.char_kl.branch_min = 1.5; " + _HF_ALL,
+     "char_kl.branch_min must be a number in [0, 1)"),
 ]
 
 

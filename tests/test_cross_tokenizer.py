@@ -123,6 +123,19 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
           ) in tail.stdout, tail.stdout
   assert "`other tokenizer` = a teacher of another tokenizer" in open(
       tmp_path / "wd" / "report.md").read()
+  # The char_kl loss on the same run: every generated token of every row gets the teachers'
+  # next-character distribution, the partial tokens' branches are scored.
+  (tmp_path / "char").mkdir()
+  shutil.copytree(tmp_path / "wd", tmp_path / "char" / "wd",
+                  ignore=shutil.ignore_patterns("mopd", "eval*", "report*"))
+  proc = _run(tmp_path / "char", hf_paths, f"--config.teacher.tokenizer_path={path}",
+              "--config.mopd.loss=char_kl", stages="mopd")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  mopd_rows = json.load(open(tmp_path / "char" / "wd" / "mopd" / "history.json"))
+  for rec in mopd_rows:
+    assert rec["char_positions"] > 0 and rec["char_branches"] > 0
+    assert rec["char_kl"] > 0 and np.isfinite(rec["char_kl"])
+    assert rec["unaligned_rows"] == 0.0
   # The same teachers read as if they had the student's tokenizer: refused.
   shutil.rmtree(tmp_path / "wd" / "mopd")
   proc = _run(tmp_path, hf_paths, stages="mopd")
