@@ -39,3 +39,12 @@ def test_cross_tokenizer_benchmark_runs_at_a_tiny_shape():
                                     max_response_tokens=16, d_model=32)
   assert out["step_s"] > out["alignment_s"] > 0 and out["cross_view_s"] > 0
   assert 0 < out["alignment_share_of_step"] < 1 and out["rollouts_per_step"] == 9
+
+
+def test_cross_tokenizer_benchmark_times_the_char_kl_targets():
+  """The same steps trained with `char_kl`: the next-character targets' part is timed."""
+  from benchmarks import cross_tokenizer
+  out = cross_tokenizer.step_shares(steps=1, prompts_per_cell=1, vocab=300,
+                                    max_response_tokens=16, d_model=32, loss="char_kl")
+  assert out["loss"] == "char_kl" and out["step_s"] > out["char_targets_s"] > 0
+  assert 0 < out["char_targets_share_of_step"] < 1

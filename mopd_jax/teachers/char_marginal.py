@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Optional
 
 import jax
@@ -306,7 +307,8 @@ def table_for(student_tok, teacher_tok) -> CharTable:
 
 def topk_of(bank: teachers.TeacherBank, sampled, *, branch_min: float) -> tuple:
   """((the teachers' next-character log-probs [B, T, V_s], their ids, every student token
-  at every position), the batch's loss mask where they are set, counts as `targets`): the
+  at every position), the batch's loss mask where they are set, counts as `targets` and
+  `char_seconds`, the wall time of building them): the
   top-k inputs of the `char_kl` loss for a `mopd.SampledBatch` whose `tokenizers` are
   (the student's, the teachers')."""
   if sampled.tokenizers is None:
@@ -314,7 +316,9 @@ def topk_of(bank: teachers.TeacherBank, sampled, *, branch_min: float) -> tuple:
                      "(teacher.tokenizer_path): the batch has no alignment to read")
   s_tok, t_tok = sampled.tokenizers
   table = table_for(s_tok, t_tok)
+  t = time.perf_counter()
   lp, ok, counts = targets(bank, sampled, table, student_tok=s_tok, teacher_tok=t_tok,
                            branch_min=branch_min)
   ids = np.broadcast_to(np.arange(table.v_s, dtype=np.int32), lp.shape)
+  counts["char_seconds"] = time.perf_counter() - t  # the teachers' passes and the host work
   return (lp, ids), np.asarray(sampled.arr["loss_mask"]) & ok, counts
