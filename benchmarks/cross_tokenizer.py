@@ -35,7 +35,7 @@ from mopd_jax.rollout import turns as rollout
 from mopd_jax.runtime import sharding
 from mopd_jax.tasks import base as task_base
 from mopd_jax.teachers import alignment, bank as teachers, char_marginal
-from mopd_jax.training import mopd, registry, step as train
+from mopd_jax.training import mopd, step as train
 
 DOMAINS, EFFORTS = ("gen", "agt", "cod"), ("low", "high", "max")
 TAUS = {"low": 0.25, "high": 0.55, "max": 1.0}
@@ -87,8 +87,7 @@ def step_shares(*, steps: int = 6, prompts_per_cell: int = 6, vocab: int = 512,
                                                      max_response_tokens=max_response_tokens),
                          tasks, cells, TAUS, teacher_tok=teacher_tok)
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
-  args = registry.CharKLArgs() if loss == "char_kl" else None
-  trainer = train.Trainer(cfg, train.LossConfig(kind=loss, r_max=5.0, args=args),
+  trainer = train.Trainer(cfg, train.LossConfig(kind=loss, r_max=5.0),
                           train.OptimConfig(lr=3e-4, warmup_steps=0, total_steps=steps + 1),
                           mesh=mesh)
   state = trainer.init(models.init_params(cfg, jax.random.PRNGKey(100)))

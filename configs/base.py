@@ -285,10 +285,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # lower the toy's held-out KL (docs/toy_results.md).
   c.mopd.loss_args.vocab_kl = dict(future_kl=0.0, future_baseline=False, clip=False,
                                      per="row")
-  # The least share of the teacher's mass on the tokens that start with a partial token that
-  # the path through that token must hold to be scored as a branch
-  # (mopd_jax/teachers/char_marginal.py); below it the term is dropped.
-  c.mopd.loss_args.char_kl = dict(branch_min=1e-3)
   # Weight of the outcome-reward term: alpha * (verifier reward - its (domain, effort)
   # cell's batch mean) on every generated token, REINFORCE; 0 = pure distillation.
   c.mopd.alpha = 0.0

@@ -19,13 +19,16 @@ LONGEST = 5  # the source's strings end by this many characters
 
 
 class PlusTokenizer:
-  """A teacher tokenizer: pad, bos, eos, then each character of ALPHABET, then a digit
-  joined with the `+` after it when `merge` (its encoder always joins them)."""
+  """A teacher tokenizer: pad, bos, eos, then each character of ALPHABET; with `merges`
+  "pairs" a digit joined with the `+` after it, with "three" also `12+` (whose part `12` is
+  no token); its encoder always joins what it can, longest first."""
 
-  def __init__(self, merge: bool):
+  def __init__(self, merges: str):
     self.pieces = ["<pad>", "<bos>", "<eos>"] + list(ALPHABET)
-    if merge:
+    if merges in ("pairs", "three"):
       self.pieces += ["1+", "2+"]
+    if merges == "three":
+      self.pieces += ["12+"]
     self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
     self.ids = {p: i for i, p in enumerate(self.pieces)}
 
@@ -36,12 +39,9 @@ class PlusTokenizer:
   def encode(self, text):
     out, i = [], 0
     while i < len(text):
-      if text[i:i + 2] in self.ids and text[i].isdigit():
-        out.append(self.ids[text[i:i + 2]])
-        i += 2
-      else:
-        out.append(self.ids[text[i]])
-        i += 1
+      n = next(n for n in (3, 2, 1) if text[i:i + n] in self.ids)
+      out.append(self.ids[text[i:i + n]])
+      i += n
     return out
 
   def decode(self, ids, skip_special=False):
@@ -137,23 +137,23 @@ def _oracle(dist, prompt_len: int):
   return next_logprobs
 
 
-@pytest.mark.parametrize("merge", [True, False])
+@pytest.mark.parametrize("merges", ["none", "pairs", "three"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_targets_are_the_teachers_distribution_by_characters(monkeypatch, merge, seed):
+def test_targets_are_the_teachers_distribution_by_characters(monkeypatch, merges, seed):
   stok = tokenizer.CharTokenizer(charset=ALPHABET)
-  ttok = PlusTokenizer(merge)
+  ttok = PlusTokenizer(merges)
   source = _source(seed)
   prompt_t = [ttok.bos_id, ttok.ids["1"], ttok.ids["\n"]]
   monkeypatch.setattr(cm, "next_logprobs", _oracle(_teacher(source, ttok), len(prompt_t)))
   responses = [("1+2\n", True), ("12+1+", False), ("2+2+2", True), ("+\n1", True),
-               ("2", True), ("", True), ("1+1+", True)]
+               ("2", True), ("", True), ("1+1+", True), ("212+", True), ("12+12", True)]
   batch = _batch(stok, ttok, responses, prompt_t)
   bank = types.SimpleNamespace(model_cfg=None, params=None)
   table = cm.CharTable(stok, ttok)
-  lp, ok, counts = cm.targets(bank, batch, table, student_tok=stok, teacher_tok=ttok,
-                              branch_min=0.0)
+  lp, ok, counts = cm.targets(bank, batch, table, student_tok=stok, teacher_tok=ttok)
   assert counts["char_positions"] == sum(len(t) + e for t, e in responses)
-  assert (counts["char_branches"] > 0) == merge  # a digit inside "1+" is a partial token
+  # A text inside a teacher token ("1" of "1+", "12" of "12+") is a branch.
+  assert (counts["char_branches"] > 0) == (merges != "none")
   for r, (text, ended) in enumerate(responses):
     ps = batch.spans[r][0]
     for i in range(len(text) + ended):
@@ -166,29 +166,17 @@ def test_targets_are_the_teachers_distribution_by_characters(monkeypatch, merge,
       assert got.sum() == pytest.approx(1.0, abs=1e-5)  # nothing on other specials
 
 
-def test_a_branch_below_branch_min_is_dropped(monkeypatch):
-  stok, ttok = tokenizer.CharTokenizer(charset=ALPHABET), PlusTokenizer(True)
-  source = _source(0)
-  prompt_t = [ttok.bos_id]
-  monkeypatch.setattr(cm, "next_logprobs", _oracle(_teacher(source, ttok), len(prompt_t)))
-  batch = _batch(stok, ttok, [("1+2+", True)], prompt_t)
-  bank = types.SimpleNamespace(model_cfg=None, params=None)
-  table = cm.CharTable(stok, ttok)
-  args = dict(student_tok=stok, teacher_tok=ttok)
-  full, _, c0 = cm.targets(bank, batch, table, branch_min=0.0, **args)
-  cut, _, c1 = cm.targets(bank, batch, table, branch_min=1.0 - 1e-9, **args)
-  assert c0["char_branches"] == 2 and c0["char_branches_dropped"] == 0
-  assert c1["char_branches"] == 0 and c1["char_branches_dropped"] == 2
-  ps = batch.spans[0][0]
-  # After "1" (inside the teacher's "1+"), without the branch the teacher writes "+" only.
-  p_plus = np.exp(cut[0, ps + 1, stok.encode("+")[0]])
-  assert p_plus == pytest.approx(1.0) and np.exp(full[0, ps + 1, stok.encode("+")[0]]) < 1.0
-  assert np.array_equal(full[0, ps], cut[0, ps])  # no partial token at the start
+def test_a_partial_token_that_is_no_token_branches_in_the_encoders_tokens():
+  stok, ttok = tokenizer.CharTokenizer(charset=ALPHABET), PlusTokenizer("three")
+  plan = cm.plan_row(cm.CharTable(stok, ttok), stok, ttok, stok.encode("12+"), [1, 1, 1])
+  assert [(t.i, t.m, t.partial, t.after_main, t.branch) for t in plan] == [
+      (0, 0, b"", False, ()), (1, 0, b"1", False, (ttok.ids["1"],)),
+      (2, 0, b"12", False, (ttok.ids["1"], ttok.ids["2"]))]
 
 
 def test_a_student_of_several_characters_per_token_is_refused():
   with pytest.raises(cm.NotCharacterLevel, match="one token per character"):
-    cm.CharTable(PlusTokenizer(True), tokenizer.CharTokenizer(charset=ALPHABET))
+    cm.CharTable(PlusTokenizer("pairs"), tokenizer.CharTokenizer(charset=ALPHABET))
 
 
 def test_the_table_reads_utf8_characters_whole():

@@ -161,9 +161,6 @@ CASES = [
      "c.teacher.endpoints = ','.join(f'{d}/{e}=http://127.0.0.1:1' for d in ('gen', 'agt', "
      "'cod') for e in ('low', 'high', 'max')); " + _HF_ALL,
      "teacher servers (teacher.endpoints="),
-    ("c.teacher.tokenizer_path = '/t/tokenizer.json'; c.mopd.loss = 'char_kl'; "
-     "c.mopd.loss_args.char_kl.branch_min = 1.5; " + _HF_ALL,
-     "char_kl.branch_min must be a number in [0, 1)"),
 ]
 
 

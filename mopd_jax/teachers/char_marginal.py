@@ -16,12 +16,13 @@ At the start of a run of text (the response's start, after a special token or an
 observation, where the teacher's encoding restarts) p is empty and q is the first-character
 marginal of P_T(. | ..b). A special token of the student (its end of response, a tool
 marker) is the second term's, P_T(p | ..b) P_T(special | ..b, p). The first term reads the
-teacher's next-token distribution at b; the second the distribution after the token p: the
-sampled response's own next teacher position where its encoding has a boundary at the end of
-s, otherwise a *branch*, the teacher's prefix up to b followed by the token p, scored as a
-row of its own. A branch whose path carries less than `branch_min` of the teacher's mass on
-the tokens that start with p is not scored and its term is dropped; the target's total
-variation error there is at most that share.
+teacher's next-token distribution at b; the second the teacher's path through p and the
+distribution after it: the sampled response's own next teacher position where its encoding
+has a boundary at the end of s (p is then its token), otherwise a *branch*, the teacher's
+prefix up to b followed by p in the teacher's tokens (the token p where the vocabulary has
+it, else the encoder's tokens of p), scored as a row of its own. Every branch is scored:
+dropping one leaves the characters only it reaches at probability 0, an unbounded KL for a
+student that gives them any.
 
 Left out, as every reading of a tokenizer's model by characters assumes: paths whose past
 boundaries are not the sampled response's (another tokenization of s, or a boundary between
@@ -135,14 +136,14 @@ class CharTable:
 class Target:
   """One loss position's recipe: student response index `i`; the teacher's response token
   `m` whose predicting distribution is the one at b; the partial token `partial` (b"" at a
-  run's start); where the distribution after the partial token comes from: the response's
-  own next teacher token (`after_main`), a branch scoring the teacher token `branch_id`, or
-  neither (-1 and False)."""
+  run's start); where the path through the partial token comes from: the response's own
+  token m (`after_main`), a branch of the teacher's tokens `branch` after its prefix up to
+  b, or neither (False and ())."""
   i: int
   m: int
   partial: bytes
   after_main: bool = False
-  branch_id: int = -1
+  branch: tuple = ()
 
 
 def plan_row(table: CharTable, student_tok, teacher_tok, ids, gen_mask) -> list:
@@ -172,13 +173,24 @@ def plan_row(table: CharTable, student_tok, teacher_tok, ids, gen_mask) -> list:
           if starts[j + 1] == offset:
             out.append(Target(i, tm + j, partial, after_main=True))
           else:
-            out.append(Target(i, tm + j, partial, branch_id=table.exact.get(partial, -1)))
+            out.append(Target(i, tm + j, partial, branch=_branch(table, teacher_tok, partial)))
         offset += len(piece)
       prev = (tm, run.dst_pieces)
     else:
       prev = None
     tm += len(run.dst_ids)
   return out
+
+
+def _branch(table: CharTable, teacher_tok, partial: bytes) -> tuple:
+  """The teacher's tokens of a partial token's text: the one token that is it, else the
+  encoder's; () for bytes that are not whole characters."""
+  if partial in table.exact:
+    return (table.exact[partial],)
+  try:
+    return tuple(int(t) for t in teacher_tok.encode(partial.decode("utf-8")))
+  except (UnicodeDecodeError, ValueError):
+    return ()
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -199,11 +211,11 @@ def _bucket(n: int, least: int = 8) -> int:
 
 
 def targets(bank: teachers.TeacherBank, sampled, table: CharTable, *, student_tok,
-            teacher_tok, branch_min: float) -> tuple:
+            teacher_tok) -> tuple:
   """([B, T, V_s] the teachers' next-character log-probs on the student's positions of
   `sampled` (a `mopd.SampledBatch` of teachers of another tokenizer), [B, T] where they are
   set (the generated tokens of the rows the teacher could take), counts {"char_branches":
-  scored, "char_branches_dropped": below branch_min, "char_positions": set}."""
+  the branches scored, "char_positions": the positions set})."""
   arr, index, spans = sampled.arr, np.asarray(sampled.index), sampled.spans
   n_rows, width = arr["tokens"].shape
   tokens, mask = np.asarray(sampled.tokens), np.asarray(sampled.input_mask)
@@ -222,75 +234,69 @@ def targets(bank: teachers.TeacherBank, sampled, table: CharTable, *, student_to
                           arr["loss_mask"][r, ps:ps + n])
     except alignment.Unalignable:
       continue
-  # The branches worth scoring: the path through the partial token holds >= branch_min.
-  before = lambda r, m: main[k_of[r], slot_of[r], spans[r][1] + m - 1]
-  branches, dropped = {}, 0
+  branches = {}
   for r, plan in plans.items():
     for tg in plan:
-      if tg.branch_id < 0:
-        continue
-      lp = before(r, tg.m)
-      with_p = table.crossing(lp, tg.partial).sum() + np.exp(float(lp[tg.branch_id]))
-      if np.exp(float(lp[tg.branch_id])) >= branch_min * with_p:
-        branches.setdefault((r, tg.m, tg.branch_id), len(branches))
-      else:
-        dropped += 1
-  after_branch = _score_branches(bank, branches, tokens=tokens, k_of=k_of, slot_of=slot_of,
-                                 spans=spans)
+      if tg.branch:
+        branches.setdefault((r, tg.m, tg.branch), len(branches))
+  scored = _score_branches(bank, branches, tokens=tokens, k_of=k_of, slot_of=slot_of,
+                           spans=spans)
   out = np.zeros((n_rows, width, table.v_s), np.float32)
   ok = np.zeros((n_rows, width), bool)
   for r, plan in plans.items():
     ps, pt, _ = spans[r]
+    row = main[k_of[r], slot_of[r]]
     for tg in plan:
-      lp = before(r, tg.m)
+      lp = row[pt + tg.m - 1]  # the distribution of the teacher's token m: at b
       if not tg.partial:
         mass = table.first(lp)
       else:
         mass = table.crossing(lp, tg.partial)
-        key = (r, tg.m, tg.branch_id)
-        after = (main[k_of[r], slot_of[r], pt + tg.m] if tg.after_main else
-                 after_branch[branches[key]] if key in branches else None)
-        if after is not None:
-          e = int(tokens[k_of[r], slot_of[r], pt + tg.m]) if tg.after_main else tg.branch_id
-          mass = mass + np.exp(float(lp[e])) * table.first(after)
+        if tg.after_main:  # the response's own token m is the partial token
+          mass = mass + np.exp(float(lp[tokens[k_of[r], slot_of[r], pt + tg.m]])) * \
+              table.first(row[pt + tg.m])
+        elif tg.branch:
+          rest, after = scored[branches[(r, tg.m, tg.branch)]]
+          mass = mass + np.exp(float(lp[tg.branch[0]]) + rest) * table.first(after)
       total = mass.sum()
       if not total > 0:
         continue
       with np.errstate(divide="ignore"):
         out[r, ps + tg.i] = np.maximum(np.log(mass / total), _FLOOR)
       ok[r, ps + tg.i] = True
-  return out, ok, {"char_branches": len(branches), "char_branches_dropped": dropped,
-                   "char_positions": int(ok.sum())}
+  return out, ok, {"char_branches": len(branches), "char_positions": int(ok.sum())}
 
 
-def _score_branches(bank, branches: dict, *, tokens, k_of, slot_of, spans) -> np.ndarray:
-  """[n, V_t] the distribution after each branch (row r's teacher prefix up to its token m,
-  then the partial token), scored by row r's teacher; stratified by teacher, the count and
-  width bucketed."""
+def _score_branches(bank, branches: dict, *, tokens, k_of, slot_of, spans) -> list:
+  """Per branch (row r's teacher prefix up to its token m, then the branch's tokens), scored
+  by row r's teacher: (the summed log-probs of the branch's tokens after its first, the
+  distribution after its last). Stratified by teacher, the count and width bucketed."""
   if not branches:
-    return np.zeros((0, 0), np.float32)
+    return []
   k_n = tokens.shape[0]
   per = [[] for _ in range(k_n)]
-  for (r, m, e), j in branches.items():
-    per[k_of[r]].append((j, r, m, e))
+  for (r, m, ids), j in branches.items():
+    per[k_of[r]].append((j, r, m, ids))
   nb = _bucket(max(len(p) for p in per))
-  longest = max(spans[r][1] + m + 1 for r, m, _ in branches)
-  w = min(tokens.shape[-1], -(-longest // 32) * 32)  # a branch is a prefix of its row, plus one
+  steps = max(len(ids) for _, _, ids in branches)
+  longest = max(spans[r][1] + m + len(ids) for r, m, ids in branches)
+  w = -(-longest // 32) * 32
   tok = np.zeros((k_n, nb, w), np.int32)
   msk = np.zeros((k_n, nb, w), bool)
-  at = np.zeros((k_n, nb, 1), np.int32)
+  at = np.zeros((k_n, nb, steps), np.int32)
   for k, rows in enumerate(per):
-    for s, (_, r, m, e) in enumerate(rows):
+    for s, (_, r, m, ids) in enumerate(rows):
       cut = spans[r][1] + m
       tok[k, s, :cut] = tokens[k, slot_of[r], :cut]
-      tok[k, s, cut] = e
-      msk[k, s, :cut + 1] = True
-      at[k, s, 0] = cut
+      tok[k, s, cut:cut + len(ids)] = ids
+      msk[k, s, :cut + len(ids)] = True
+      at[k, s] = np.minimum(cut + np.arange(steps), cut + len(ids) - 1)
   got = np.asarray(next_logprobs(bank.model_cfg, bank.params, tok, msk, at))
-  out = np.zeros((len(branches), got.shape[-1]), np.float32)
+  out = [None] * len(branches)
   for k, rows in enumerate(per):
-    for s, (j, *_) in enumerate(rows):
-      out[j] = got[k, s, 0]
+    for s, (j, _, _, ids) in enumerate(rows):
+      rest = sum(float(got[k, s, l - 1, ids[l]]) for l in range(1, len(ids)))
+      out[j] = (rest, got[k, s, len(ids) - 1])
   return out
 
 
@@ -305,7 +311,7 @@ def table_for(student_tok, teacher_tok) -> CharTable:
   return _TABLES[key][2]
 
 
-def topk_of(bank: teachers.TeacherBank, sampled, *, branch_min: float) -> tuple:
+def topk_of(bank: teachers.TeacherBank, sampled) -> tuple:
   """((the teachers' next-character log-probs [B, T, V_s], their ids, every student token
   at every position), the batch's loss mask where they are set, counts as `targets` and
   `char_seconds`, the wall time of building them): the
@@ -317,8 +323,7 @@ def topk_of(bank: teachers.TeacherBank, sampled, *, branch_min: float) -> tuple:
   s_tok, t_tok = sampled.tokenizers
   table = table_for(s_tok, t_tok)
   t = time.perf_counter()
-  lp, ok, counts = targets(bank, sampled, table, student_tok=s_tok, teacher_tok=t_tok,
-                           branch_min=branch_min)
+  lp, ok, counts = targets(bank, sampled, table, student_tok=s_tok, teacher_tok=t_tok)
   ids = np.broadcast_to(np.arange(table.v_s, dtype=np.int32), lp.shape)
   counts["char_seconds"] = time.perf_counter() - t  # the teachers' passes and the host work
   return (lp, ids), np.asarray(sampled.arr["loss_mask"]) & ok, counts

@@ -366,8 +366,7 @@ def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.Tea
   scored = distributed.gather(scored)  # every host needs every row's scores
   topk, kind, char_counts = None, LOSS_KINDS[trainer.loss_cfg.kind], None
   if kind.char_targets:  # the teachers' next-character distributions (char_marginal.py)
-    topk, char_mask, char_counts = char_marginal.topk_of(
-        bank, sampled, branch_min=trainer.loss_cfg.args.branch_min)
+    topk, char_mask, char_counts = char_marginal.topk_of(bank, sampled)
     arr = {**arr, "loss_mask": char_mask}
   elif kind.topk:
     if not isinstance(scored, tuple):

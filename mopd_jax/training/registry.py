@@ -258,25 +258,10 @@ def _topk_loss(loss_cfg, st, batch):
   return loss + _outcome_term(lp, batch), m
 
 
-@dataclasses.dataclass(frozen=True)
-class CharKLArgs:
-  """The char_kl loss's own setting: `branch_min`, the least share of the teacher's mass on
-  the tokens that start with a partial token that the path through that token itself must
-  hold for the teacher to be queried after it (`char_marginal.targets`; below it the term is
-  dropped, a total-variation error of at most that share at the position)."""
-  branch_min: float = 1e-3
-
-  def __post_init__(self):
-    if isinstance(self.branch_min, bool) or not isinstance(self.branch_min, (int, float)) \
-        or not 0 <= self.branch_min < 1:
-      raise ValueError(f"char_kl.branch_min must be a number in [0, 1), got "
-                       f"{self.branch_min!r}")
-
-
 # The exact reverse KL over a character-level student's whole vocabulary against the
 # teachers' next-character distributions when they have another tokenizer: the top-k form
 # with every student token in the support, so its -p_s + p_t terms cancel.
-@register_loss("char_kl", separable=False, topk=True, char_targets=True, args=CharKLArgs)
+@register_loss("char_kl", separable=False, topk=True, char_targets=True)
 def _char_kl_loss(loss_cfg, st, batch):
   lp = st.logprobs
   loss, m = losses.topk_kl_loss(st.topk_logprobs, batch.teacher_topk_logprobs, batch.loss_mask)
