@@ -124,8 +124,9 @@ def _batch(stok, ttok, responses, prompt_t):
 
 def _oracle(dist, prompt_len: int):
   """`next_logprobs` of the teacher `dist`: each row's response tokens up to `at`."""
-  def next_logprobs(cfg, params, tokens, mask, at):
-    del cfg, params, mask
+  def next_logprobs(cfg, params, tokens, *, mask_KxnxT, at_KxnxA):
+    del cfg, params, mask_KxnxT
+    at = at_KxnxA
     k, n, a = at.shape
     out = np.zeros((k, n, a, len(dist([]))), np.float32)
     for i, j, x in itertools.product(range(k), range(n), range(a)):
@@ -168,7 +169,8 @@ def test_targets_are_the_teachers_distribution_by_characters(monkeypatch, merges
 
 def test_a_partial_token_that_is_no_token_branches_in_the_encoders_tokens():
   stok, ttok = tokenizer.CharTokenizer(charset=ALPHABET), PlusTokenizer("three")
-  plan = cm.plan_row(cm.CharTable(stok, ttok), stok, ttok, stok.encode("12+"), [1, 1, 1])
+  plan = cm.plan_row(cm.CharTable(stok, ttok), stok, ttok, ids=stok.encode("12+"),
+                     gen_mask=[1, 1, 1])
   assert [(t.i, t.m, t.partial, t.after_main, t.branch) for t in plan] == [
       (0, 0, b"", False, ()), (1, 0, b"1", False, (ttok.ids["1"],)),
       (2, 0, b"12", False, (ttok.ids["1"], ttok.ids["2"]))]

@@ -160,7 +160,7 @@ def retokenize_response(src_tok, dst_tok, ids: Sequence[int], *,
     cuts = np.arange(len(ids) + 1, dtype=np.int64)
     return ids, gen_mask, Alignment(cuts, cuts.copy())
   out_ids, out_gen, s_cuts, t_cuts = [], [], [0], [0]
-  for run in moved_runs(src_tok, dst_tok, ids, gen_mask):
+  for run in moved_runs(src_tok, dst_tok, ids, gen_mask=gen_mask):
     if run.kind == "special":
       s_cuts.append(run.end)
       t_cuts.append(len(out_ids) + 1)
@@ -186,7 +186,7 @@ class Run:
   dst_pieces: list
 
 
-def moved_runs(src_tok, dst_tok, ids: Sequence[int], gen_mask: Sequence[int]):
+def moved_runs(src_tok, dst_tok, ids: Sequence[int], *, gen_mask: Sequence[int]):
   """Yield the `Run`s of a response (`retokenize_response`'s cut): each special token
   replaced by `dst_tok`'s of its role, each text run decoded and encoded again. Unalignable
   as `retokenize_response` says."""

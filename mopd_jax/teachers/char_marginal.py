@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -146,12 +145,12 @@ class Target:
   branch: tuple = ()
 
 
-def plan_row(table: CharTable, student_tok, teacher_tok, ids, gen_mask) -> list:
+def plan_row(table: CharTable, student_tok, teacher_tok, *, ids, gen_mask) -> list:
   """The `Target`s of one response's generated tokens (`alignment.moved_runs`'s runs);
   Unalignable as `retokenize_response` says."""
   out, tm, prev = [], 0, None  # prev: the last generated text run (its teacher start, pieces)
   for run in alignment.moved_runs(student_tok, teacher_tok, [int(i) for i in ids],
-                                  [int(g) for g in gen_mask]):
+                                  gen_mask=[int(g) for g in gen_mask]):
     gen = bool(gen_mask[run.start])
     if run.kind == "special":
       if gen and prev is None:
@@ -194,15 +193,16 @@ def _branch(table: CharTable, teacher_tok, partial: bytes) -> tuple:
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def next_logprobs(cfg: models.ModelConfig, params_K, tokens_KxnxT, mask_KxnxT, at_KxnxA):
+def next_logprobs(cfg: models.ModelConfig, params_K, tokens_KxnxT, *, mask_KxnxT, at_KxnxA):
   """[K, n, A, V] each teacher's log-softmax next-token distribution after the positions
   `at` of its rows (teacher k scores rows [k]; gradient stopped)."""
-  def one(p, tok, m, at):
+  def one(p, rows):  # one teacher's params and its (tokens, mask, positions)
+    tok, m, at = rows
     c, p = models.materialize(cfg, p)
     h = models.hidden_states(c, p, tok, input_mask=m)
     h = jnp.take_along_axis(h, at[..., None], axis=1)
     return jax.nn.log_softmax(models.logits_from_hidden(c, p, h), axis=-1)
-  return jax.vmap(one)(jax.lax.stop_gradient(params_K), tokens_KxnxT, mask_KxnxT, at_KxnxA)
+  return jax.vmap(one)(jax.lax.stop_gradient(params_K), (tokens_KxnxT, mask_KxnxT, at_KxnxA))
 
 
 def _bucket(n: int, least: int = 8) -> int:
@@ -223,15 +223,16 @@ def targets(bank: teachers.TeacherBank, sampled, table: CharTable, *, student_to
   for k, slot in zip(*np.nonzero(index >= 0)):
     k_of[int(index[k, slot])], slot_of[int(index[k, slot])] = int(k), int(slot)
   at = np.broadcast_to(np.arange(tokens.shape[-1], dtype=np.int32), tokens.shape)
-  main = np.asarray(next_logprobs(bank.model_cfg, bank.params, tokens, mask, at))
+  main = np.asarray(next_logprobs(bank.model_cfg, bank.params, tokens, mask_KxnxT=mask,
+                                  at_KxnxA=at))
   plans = {}
   for r, a in enumerate(sampled.alignments or ()):
     if a is None or r not in k_of:
       continue
     ps, _, n = spans[r]
     try:
-      plans[r] = plan_row(table, student_tok, teacher_tok, arr["tokens"][r, ps:ps + n],
-                          arr["loss_mask"][r, ps:ps + n])
+      plans[r] = plan_row(table, student_tok, teacher_tok, ids=arr["tokens"][r, ps:ps + n],
+                          gen_mask=arr["loss_mask"][r, ps:ps + n])
     except alignment.Unalignable:
       continue
   branches = {}
@@ -291,7 +292,8 @@ def _score_branches(bank, branches: dict, *, tokens, k_of, slot_of, spans) -> li
       tok[k, s, cut:cut + len(ids)] = ids
       msk[k, s, :cut + len(ids)] = True
       at[k, s] = np.minimum(cut + np.arange(steps), cut + len(ids) - 1)
-  got = np.asarray(next_logprobs(bank.model_cfg, bank.params, tok, msk, at))
+  got = np.asarray(next_logprobs(bank.model_cfg, bank.params, tok, mask_KxnxT=msk,
+                                 at_KxnxA=at))
   out = [None] * len(branches)
   for k, rows in enumerate(per):
     for s, (j, _, _, ids) in enumerate(rows):
