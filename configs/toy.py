@@ -33,10 +33,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """`arg`: None for the default toy run, "fast" for the smoke variant, "tiny" for the
   reliability tests (fast with fewer steps and examples), "from_sft" for MOPD from pi_SFT
   without the teacher-SFT init, "cross_tokenizer" for the student of teachers of another
-  tokenizer (`experiments/cross_tokenizer.py` passes the teachers)."""
-  if arg not in (None, "", "fast", "tiny", "from_sft", "cross_tokenizer"):
+  tokenizer and "two_families" for one of teachers of two families
+  (`experiments/cross_tokenizer.py` passes the teachers)."""
+  if arg not in (None, "", "fast", "tiny", "from_sft", "cross_tokenizer", "two_families"):
     raise ValueError(f"unknown config variant {arg!r}; known: fast, tiny, from_sft, "
-                     "cross_tokenizer")
+                     "cross_tokenizer, two_families")
   fast = arg in ("fast", "tiny")
   c = base.get_config()
   # A save of the toy's train state costs about half a second of the 2-core machine (orbax
@@ -231,15 +232,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if arg == "cross_tokenizer":
     # The student distils from teachers of another tokenizer, made by their own factory
     # (`python -m experiments.cross_tokenizer`, which passes `teacher.hf_paths` and
-    # `teacher.tokenizer_path`; docs/cross_tokenizer.md): eq. 15 by aligned spans, as the
-    # top-k and full-vocabulary losses need one vocabulary; the held-out measure is the
-    # sampled sequence log-ratio (`agreement.logratio_rows`).
+    # `teacher.tokenizer_path`; docs/cross_tokenizer.md). The default's init and start with
+    # `char_kl`, the exact reverse KL to the teachers' next-character distributions
+    # (mopd_jax/teachers/char_marginal.py): what `vocab_kl` is to eq. 15 over one vocabulary,
+    # across tokenizers for a character-level student. Eq. 15 by spans with this init raised
+    # the held-out log-ratio 3.8x and 4.0x (seeds 1 and 3), and from an init of 200 updates
+    # started at 1 it did not lower it; `char_kl` here lowers it (docs/cross_tokenizer.md).
+    # The held-out measure is the sampled sequence log-ratio (`agreement.logratio_rows`).
+    c.mopd.loss = "char_kl"
+  if arg == "two_families":
+    # Teachers of two families, a bank each (`--char_cells`): `char_kl` reads one bank's whole
+    # distributions, so eq. 15 by aligned spans, which started at the default's init and
+    # temperature raised the held-out log-ratio: 200 init updates, started at 1
+    # (docs/cross_tokenizer.md, "Two families on the toy").
     c.mopd.loss = "mopd"
-    # The default's init of 300 updates with the student started at the teachers' 0.5
-    # halves the initialised student's held-out log-ratio across tokenizers (seed 1: 0.081
-    # against 0.208), but eq. 15's steps after it raise it 3.8x and 4.0x (seeds 1 and 3;
-    # seed 3's agt answers run to 88 characters: 16 of 21 student results against 19):
-    # 200 updates, started at 1 (docs/cross_tokenizer.md).
     c.mopd.init_sft_steps = 200
     c.mopd.start_temperature = 1.0
   if arg == "tiny":  # fewest steps that still give every loop a middle to interrupt

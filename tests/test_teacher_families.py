@@ -223,7 +223,7 @@ def test_a_cells_tokenizer_that_reads_as_the_default_is_the_default(tmp_path, tw
   path, ckpts = two_families
   copy = tmp_path / "copy.json"
   shutil.copy(path, copy)
-  c = toy.get_config("cross_tokenizer")
+  c = toy.get_config("two_families")
   c.teacher.hf_paths = ",".join(f"{cell}={ckpts[cell]}" for cell in CELLS)
   c.teacher.tokenizer_path = path
   c.teacher.tokenizer_paths = f"{CELLS[0]}={copy}"
