@@ -14,7 +14,8 @@ from mopd_jax.io import checkpoint, tokenizer
 from mopd_jax.runtime import distributed
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
-from mopd_jax.teachers import bank as teachers, char_marginal, families, parity, placement, source
+from mopd_jax.teachers import (bank as teachers, char_marginal, families, parity, placement,
+                               source)
 from mopd_jax.training import mopd as mopd_lib, registry as loss_kinds
 
 
