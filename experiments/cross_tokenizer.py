@@ -95,16 +95,18 @@ def export(factory: str, config: str, overrides: list) -> dict:
 
 def summary(workdir: str, rows: list) -> str:
   lines = ["| seed | teachers' tokens of 2+ chars (MOPD rollouts) | rows not aligned | held-out "
-           "log-ratio per token, pi_SFT / initialised / final (± s.e.) | span log-ratio, first / "
-           "last tenth of the MOPD steps | student results met | other results missed |",
-           "|---|---|---|---|---|---|---|"]
+           "log-ratio per token, pi_SFT / initialised / final (± s.e.) | its median rollout, "
+           "initialised / final | its 99th percentile, initialised / final | span log-ratio, "
+           "first / last tenth of the MOPD steps | student results met | other results missed |",
+           "|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     held = " / ".join(f"{h[0]:.3f} ± {h[1]:.3f}" for h in r["heldout"]) or "-"
+    tails = [" / ".join(f"{t[q]:.4f}" for t in r["tails"]) or "-" for q in ("p50", "p99")]
     met = f"{r['student_met']} of {r['student_total']}"
     if r["student_missed"]:
       met += ": missed " + "; ".join(r["student_missed"])
     lines.append(f"| {r['seed']} | {r['multi']:.2f} | {r['unaligned']:.0f} | {held} | "
-                 f"{r['first']:.3f} / {r['last']:.3f} | {met} | "
+                 f"{tails[0]} | {tails[1]} | {r['first']:.3f} / {r['last']:.3f} | {met} | "
                  f"{'; '.join(r['missed']) or 'none'} |")
   text = "\n".join(lines) + "\n"
   storage.write_text(storage.join(workdir, "cross_tokenizer.md"), text)
@@ -114,7 +116,8 @@ def summary(workdir: str, rows: list) -> str:
 def seed_row(workdir: str, seed: int, multi: float) -> dict:
   """One seed's row of the summary: the student's expected results (`student ...` rows of its
   report), the others missed, the held-out sampled log-ratio of pi_SFT, the initialised
-  and the final student (`agreement.logratio_rows`) and the MOPD steps' span log-ratio."""
+  and the final student (`agreement.logratio_rows`) with the per-rollout distribution of the
+  last two (`tail`: its median and 99th percentile), and the MOPD steps' span log-ratio."""
   student = sweep.seed_dir(workdir, seed)
   history = checkpoint.read_json(storage.join(student, "mopd", "history.json"))
   kl = np.asarray([h["kl"] for h in history])
@@ -130,6 +133,7 @@ def seed_row(workdir: str, seed: int, multi: float) -> dict:
           "unaligned": float(sum(h.get("unaligned_rows", 0.0) for h in history)),
           "heldout": [(held[p]["kl_exact"], held[p]["kl_exact_se"])
                       for p in ("sft", "init", "student") if p in held],
+          "tails": [held[p]["tail"] for p in ("init", "student") if "tail" in held.get(p, {})],
           "student_met": sum(c["ok"] is True for c in mine), "student_total": len(mine),
           "student_missed": [c["name"] for c in mine if c["ok"] is False],
           "missed": [c["name"] for c in checks if c["ok"] is False and c not in mine]}

@@ -409,7 +409,8 @@ def test_the_cross_tokenizer_summary_reads_each_seeds_report(tmp_path):
   history = [{"kl": 0.3 - 0.01 * i, "unaligned_rows": float(i == 4),
               "teacher_multi_token_share": 0.4} for i in range(20)]
   (seed_dir / "mopd" / "history.json").write_text(json.dumps(history))
-  held = {p: {"kl_exact": k, "kl_exact_se": 0.01, "measure": "sampled"}
+  held = {p: {"kl_exact": k, "kl_exact_se": 0.01, "measure": "sampled",
+              "tail": {"p50": k / 100, "p99": k * 3}}
           for p, k in (("sft", 0.6), ("init", 0.2), ("student", 0.1))}
   checks = [{"name": "student gen/high accuracy / teacher's", "ok": False},
             {"name": "student gen/max accuracy / teacher's", "ok": True},
@@ -424,7 +425,8 @@ def test_the_cross_tokenizer_summary_reads_each_seeds_report(tmp_path):
   assert row["first"] == pytest.approx(0.295) and row["last"] == pytest.approx(0.115)
   assert row["unaligned"] == 1.0 and row["multi"] == pytest.approx(0.4)
   text = cross_tokenizer.summary(str(tmp_path), [row])
-  assert ("| 3 | 0.40 | 1 | 0.600 ± 0.010 / 0.200 ± 0.010 / 0.100 ± 0.010 | 0.295 / 0.115 | "
+  assert ("| 3 | 0.40 | 1 | 0.600 ± 0.010 / 0.200 ± 0.010 / 0.100 ± 0.010 | 0.0020 / 0.0010 | "
+          "0.6000 / 0.3000 | 0.295 / 0.115 | "
           "1 of 2: missed student gen/high accuracy / teacher's | teacher gen/max accuracy - "
           "pi_SFT gen/max accuracy |") in text
   assert (tmp_path / "cross_tokenizer.md").read_text() == text
