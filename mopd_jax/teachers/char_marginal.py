@@ -205,11 +205,6 @@ def next_logprobs(cfg: models.ModelConfig, params_K, tokens_KxnxT, *, mask_KxnxT
   return jax.vmap(one)(jax.lax.stop_gradient(params_K), (tokens_KxnxT, mask_KxnxT, at_KxnxA))
 
 
-def _bucket(n: int, least: int = 8) -> int:
-  """n rounded up to a power of two (at least `least`): few shapes, few compiles."""
-  return max(least, 1 << max(0, int(n - 1).bit_length()))
-
-
 def targets(bank: teachers.TeacherBank, sampled, table: CharTable, *, student_tok,
             teacher_tok) -> tuple:
   """([B, T, V_s] the teachers' next-character log-probs on the student's positions of
@@ -278,10 +273,10 @@ def _score_branches(bank, branches: dict, *, tokens, k_of, slot_of, spans) -> li
   per = [[] for _ in range(k_n)]
   for (r, m, ids), j in branches.items():
     per[k_of[r]].append((j, r, m, ids))
-  nb = _bucket(max(len(p) for p in per))
+  # Powers of two of rows and multiples of 32 of width: few shapes, few compiles.
+  nb = rollout.padded_width(max(len(p) for p in per), pow2=True, floor=8)
   steps = max(len(ids) for _, _, ids in branches)
-  longest = max(spans[r][1] + m + len(ids) for r, m, ids in branches)
-  w = -(-longest // 32) * 32
+  w = rollout.padded_width(max(spans[r][1] + m + len(ids) for r, m, ids in branches), 32)
   tok = np.zeros((k_n, nb, w), np.int32)
   msk = np.zeros((k_n, nb, w), bool)
   at = np.zeros((k_n, nb, steps), np.int32)
