@@ -248,28 +248,29 @@ class TopkArgs:
 # Top-k needs more than the sampled token's stats: not fused.
 @register_loss("topk", separable=False, topk=True, args=TopkArgs)
 def _topk_loss(loss_cfg, st, batch):
+  return _support_kl(loss_cfg, st, batch, name="topk_kl")
+
+
+def _support_kl(loss_cfg, st, batch, *, name: str):
+  """The reverse KL on the teacher's support (`losses.topk_kl_loss`) plus the outcome term.
+  `kl` stays the sampled-token estimate every other kind reports (curves comparable across
+  the ablation); the KL that is optimised is reported as `name`."""
   lp = st.logprobs
   loss, m = losses.topk_kl_loss(st.topk_logprobs, batch.teacher_topk_logprobs, batch.loss_mask)
   if batch.teacher_logprobs is not None:
-    # `kl` stays the sampled-token estimate every other kind reports (curves comparable
-    # across the ablation); the truncated top-k KL that is optimised is `topk_kl`.
     _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, r_max=loss_cfg.r_max)
-    m = {**m, "topk_kl": m["kl"], "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
+    m = {**m, name: m["kl"], "kl": m_kl["kl"], "reward_mean": m_kl["reward_mean"]}
   return loss + _outcome_term(lp, batch), m
 
 
 # The exact reverse KL over a character-level student's whole vocabulary against the
 # teachers' next-character distributions when they have another tokenizer: the top-k form
-# with every student token in the support, so its -p_s + p_t terms cancel.
+# with every student token in the support, so its -p_s + p_t terms cancel (and both masses
+# are 1: not reported).
 @register_loss("char_kl", separable=False, topk=True, char_targets=True)
 def _char_kl_loss(loss_cfg, st, batch):
-  lp = st.logprobs
-  loss, m = losses.topk_kl_loss(st.topk_logprobs, batch.teacher_topk_logprobs, batch.loss_mask)
-  # `kl` stays the sampled (span) log-ratio every other kind reports.
-  _, m_kl = losses.mopd_loss(lp, batch.teacher_logprobs, batch.loss_mask, r_max=loss_cfg.r_max)
-  m = {k: v for k, v in m.items() if not k.endswith("topk_mass")}
-  return loss + _outcome_term(lp, batch), {**m, "char_kl": m["kl"], "kl": m_kl["kl"],
-                                           "reward_mean": m_kl["reward_mean"]}
+  loss, m = _support_kl(loss_cfg, st, batch, name="char_kl")
+  return loss, {k: v for k, v in m.items() if not k.endswith("topk_mass")}
 
 
 # The teacher-SFT init's soft targets (`mopd.init_target='distribution'`): supervised on a
