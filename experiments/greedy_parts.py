@@ -3,6 +3,7 @@ how close each policy's own choice was there.
 
     python -m experiments.greedy_parts --config configs/toy.py --workdir DIR \
         [--cell cod/high] [--params mopd/params] [--examples 300] [--show 6] [--out parts.json]
+        [--by token|char]
 
 Decodes the cell's first `--examples` test prompts greedily with the student under
 `DIR/<params>` (its prompt with the effort) and with the cell's teacher (its prompt as it
@@ -12,6 +13,16 @@ temperature 1 between its own choice and the other's (a margin near 0 is a near-
 greedy decoding resolves by a hair), the parting positions, and how many of the parted
 prompts each policy answers right. A student whose per-token KL to its teacher is small can
 still lose accuracy this way when the teacher's near-ties lean towards the right answer.
+
+A teacher of another tokenizer (a character-level student only): its greedy response is
+moved into the student's tokens (`alignment.retokenize_response`), the parting position is
+a character, and the teacher's margin there is between the two characters under its
+next-character distribution (`char_marginal.targets`, what the `char_kl` loss distils),
+read after the student's prefix, which is the teacher's up to that character. A greedy
+decoder of several-character tokens takes its argmax token, not its argmax character, so
+the teacher's character margin there can be negative. A teacher response the student's
+tokenizer cannot write is not compared (counted in `teacher_unwritable`). `--by=char` reads a teacher of the
+student's tokenizer the same way (then equal to the token margin).
 """
 import collections
 import json
@@ -30,6 +41,9 @@ _CELL = flags.DEFINE_string("cell", "cod/high", "The (domain/effort) cell.")
 _EXAMPLES = flags.DEFINE_integer("examples", 300, "Test prompts of the cell.")
 _SHOW = flags.DEFINE_integer("show", 6, "Parted prompts to print.")
 _OUT = flags.DEFINE_string("out", "", "Write the figures as JSON here.")
+_BY = flags.DEFINE_enum("by", "token", ["token", "char"],
+                        "The teacher's margin by its tokens or by characters (a teacher of "
+                        "another tokenizer: always characters).")
 
 
 def first_part(a, b) -> int:
@@ -38,6 +52,16 @@ def first_part(a, b) -> int:
     if x != y:
       return i
   return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _in_student_tokens(traj, *, toks: tuple) -> list:
+  """A teacher's response ids moved into the student's tokens (`toks`: the teacher's
+  tokenizer, the student's); None where the student's tokenizer cannot write it."""
+  from mopd_jax.teachers import alignment  # pylint: disable=g-import-not-at-top
+  try:
+    return alignment.retokenize_response(*toks, traj.ids, gen_mask=traj.gen_mask)[0]
+  except alignment.Unalignable:
+    return None
 
 
 def next_logprobs(model_cfg, params, rows, *, pad_id: int) -> np.ndarray:
@@ -54,6 +78,33 @@ def next_logprobs(model_cfg, params, rows, *, pad_id: int) -> np.ndarray:
                                        -1))
 
 
+def char_logprobs(teacher_cfg, teacher, trajs, exs, *, toks: tuple, shown, cell: str) -> tuple:
+  """([N, T, V_s] the teacher's next-character log-probs at each position of the student's
+  trajectories `trajs` of examples `exs`, [N] each response's start in them): the rows laid
+  out for the teacher (`alignment.cross_view`, its prompt with the effort `shown` gives) and
+  read by `char_marginal.targets`. `toks`: (the student's tokenizer, the teacher's)."""
+  from mopd_jax.rollout import turns  # pylint: disable=g-import-not-at-top
+  from mopd_jax.teachers import alignment, bank, char_marginal  # pylint: disable=g-import-not-at-top
+  from mopd_jax.training import mopd  # pylint: disable=g-import-not-at-top
+  tok, ttok = toks
+  n = len(trajs)
+  arr = turns.pad_batch(list(trajs), tok.pad_id, turns.padded_width(
+      max(len(t.prompt_ids) + t.num_tokens for t in trajs), 32))
+  t_arr, spans, aligned = alignment.cross_view(tok, ttok, trajs, examples=exs,
+                                               width_multiple=32, shown=[shown] * n)
+  index = bank.stratify(np.zeros(n, int), 1, n)
+  zeros = np.zeros(n)
+  sampled = mopd.SampledBatch(
+      arr=arr, index=index, tokens=bank.gather_stratified(t_arr["tokens"], index),
+      input_mask=bank.gather_stratified(t_arr["input_mask"], index, False),
+      cell_ids=zeros.astype(int), accuracy=zeros, lengths=zeros, over=zeros.astype(bool),
+      spans=spans, alignments=aligned, tokenizers=(tok, ttok))
+  lp, ok, _ = char_marginal.targets(bank.build_bank(teacher_cfg, [teacher], names=[cell]),
+                                    sampled, char_marginal.table_for(tok, ttok),
+                                    student_tok=tok, teacher_tok=ttok)
+  return lp, ok, np.asarray([s[0] for s in spans])
+
+
 def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   from mopd_jax.rollout import turns  # pylint: disable=g-import-not-at-top
@@ -67,35 +118,61 @@ def main(argv):
     entry = json.load(f)["teachers"].get(_CELL.value)
   if domain not in inp.tasks or entry is None:
     raise app.UsageError(f"--cell={_CELL.value!r} is not a cell of this run")
-  if inp.teachers.family_of(_CELL.value).cross:
-    raise app.UsageError("a teacher of another tokenizer writes other token ids")
+  family = inp.teachers.family_of(_CELL.value)
+  by_char = family.cross or _BY.value == "char"
+  tok, ttok = ctx.tok, family.tok
+  if by_char:
+    from mopd_jax.teachers import char_marginal  # pylint: disable=g-import-not-at-top
+    try:
+      char_marginal.table_for(tok, ttok)
+    except char_marginal.NotCharacterLevel as e:
+      raise app.UsageError(f"margins by characters need a character-level student: {e}")
   teacher = inp.teachers.load_one(entry, _CELL.value)
-  teacher_cfg = inp.teachers.cell_model_cfg(_CELL.value)
+  teacher_cfg = family.model_cfg
   task, test = inp.tasks[domain], inp.data.split(domain, "test")
   exs = [test[i] for i in range(min(_EXAMPLES.value, len(test)))]
   budgets = task_base.effort_budgets(exs, effort, inp.grid.taus)
   policies = {"student": (inp.model_cfg, student, inp.view.of("student", effort)),
               "teacher": (teacher_cfg, teacher, inp.view.of("teacher", effort))}
+  engines = {"student": inp.engines.make(inp.model_cfg, 0.0),  # as the eval samples each
+             "teacher": inp.engines.teacher(teacher_cfg, 0.0, tok=ttok)}
   res, right = {}, {}
   for name, (cfg, params, shown) in policies.items():
-    r = inp.engines.make(cfg, 0.0).run(params, exs, [shown] * len(exs), budgets=budgets,
-                                       rng=jax.random.PRNGKey(11),
-                                       environment=task.environment)
+    r = engines[name].run(params, exs, [shown] * len(exs), budgets=budgets,
+                          rng=jax.random.PRNGKey(11), environment=task.environment)
     res[name] = r
     right[name] = task.verify_unless(exs, r.texts, np.asarray(r.over_budget), fill=0.0)
-  tok = ctx.tok
+  ids = {"student": [t.ids for t in res["student"].trajectories],
+         "teacher": [_in_student_tokens(t, toks=(ttok, tok)) if family.cross else t.ids
+                     for t in res["teacher"].trajectories]}
   parted = []  # (prompt index, parting position, the student's token, the teacher's)
   for i in range(len(exs)):
-    a, b = (res[p].trajectories[i].ids for p in ("student", "teacher"))
+    a, b = ids["student"][i], ids["teacher"][i]
+    if b is None:  # counted in `teacher_unwritable`
+      continue
     k = first_part(a, b)
     if k is not None and k < len(a) and k < len(b):
       parted.append((i, k, a[k], b[k]))
   out = {"cell": _CELL.value, "examples": len(exs),
-         "accuracy": {p: float(np.mean(right[p])) for p in policies}, "parted": len(parted)}
+         "accuracy": {p: float(np.mean(right[p])) for p in policies}, "parted": len(parted),
+         # teacher responses the student's tokenizer cannot write: not compared
+         "teacher_unwritable": sum(b is None for b in ids["teacher"]),
+         "teacher_margin_by": "char" if by_char else "token"}
   if parted:
     margins = {}
     for name, (cfg, params, shown) in policies.items():
       own, other = (2, 3) if name == "student" else (3, 2)  # its token and the other's
+      if name == "teacher" and by_char:  # after the student's prefix: the teacher's
+        lp, ok, starts = char_logprobs(cfg, params,
+                                       [res["student"].trajectories[i] for i, *_ in parted],
+                                       [exs[i] for i, *_ in parted], toks=(tok, ttok),
+                                       shown=shown, cell=_CELL.value)
+        at = [(j, starts[j] + p[1]) for j, p in enumerate(parted)]
+        if not all(ok[j, c] for j, c in at):
+          raise RuntimeError("the teacher could not take a parted response's prefix")
+        margins[name] = [float(lp[j, c, p[own]] - lp[j, c, p[other]])
+                         for (j, c), p in zip(at, parted)]
+        continue
       rows = [turns.encode_prompt(tok, exs[i], shown) + list(res[name].trajectories[i].ids[:k])
               for i, k, *_ in parted]
       lp = next_logprobs(cfg, params, rows, pad_id=tok.pad_id)

@@ -123,6 +123,28 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
           ) in tail.stdout, tail.stdout
   assert "`other tokenizer` = a teacher of another tokenizer" in open(
       tmp_path / "wd" / "report.md").read()
+  # `experiments.greedy_parts` on a teacher of another tokenizer: the greedy accuracies are
+  # the eval's on its 16 prompts (the teacher in its own tokens), the parting positions are
+  # the student's characters, the teacher's margin is by characters; the tiny teachers'
+  # responses the character tokenizer cannot write (bytes of no character) are counted.
+  parts = tmp_path / "parts.json"
+  proc = subprocess.run([sys.executable, "-m", "experiments.greedy_parts", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
+                         "--config.mopd.loss=mopd", hf_paths,
+                         f"--config.teacher.tokenizer_path={path}", "--cell=gen/high",
+                         "--examples=16", f"--out={parts}"],
+                        cwd=ROOT, env=suite_cli.env(), capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  g = json.load(open(parts))
+  for policy in ("student", "teacher"):
+    (acc,) = [c["accuracy"] for c in cells
+              if (c["policy"], c["domain"], c["effort"]) == (policy, "gen", "high")]
+    assert g["accuracy"][policy] == acc
+  assert g["teacher_margin_by"] == "char" and 0 < g["parted"] <= 16 - g["teacher_unwritable"]
+  assert sum(g["positions"].values()) == g["parted"]
+  assert g["margin_quantiles"]["student"][0] >= -1e-4
+  assert np.all(np.isfinite(g["margin_quantiles"]["teacher"]))
   # The char_kl loss on the same run: every generated token of every row gets the teachers'
   # next-character distribution, the partial tokens' branches are scored.
   (tmp_path / "char").mkdir()
