@@ -64,47 +64,6 @@ def _in_student_tokens(traj, *, toks: tuple) -> list:
     return None
 
 
-def next_logprobs(model_cfg, params, rows, *, pad_id: int) -> np.ndarray:
-  """[N, V] log-probs of the token after each id list of `rows` (left-padded, one batch)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from mopd_jax import models  # pylint: disable=g-import-not-at-top
-  width = max(map(len, rows))
-  arr = np.full((len(rows), width), pad_id, np.int32)
-  mask = np.zeros((len(rows), width), bool)
-  for r, x in enumerate(rows):
-    arr[r, width - len(x):], mask[r, width - len(x):] = x, True
-  h = models.hidden_states(model_cfg, params, arr, input_mask=mask)
-  return np.asarray(jax.nn.log_softmax(models.logits_from_hidden(model_cfg, params, h[:, -1]),
-                                       -1))
-
-
-def char_logprobs(teacher_cfg, teacher, trajs, exs, *, toks: tuple, shown, cell: str) -> tuple:
-  """([N, T, V_s] the teacher's next-character log-probs at each position of the student's
-  trajectories `trajs` of examples `exs`, [N] each response's start in them): the rows laid
-  out for the teacher (`alignment.cross_view`, its prompt with the effort `shown` gives) and
-  read by `char_marginal.targets`. `toks`: (the student's tokenizer, the teacher's)."""
-  from mopd_jax.rollout import turns  # pylint: disable=g-import-not-at-top
-  from mopd_jax.teachers import alignment, bank, char_marginal  # pylint: disable=g-import-not-at-top
-  from mopd_jax.training import mopd  # pylint: disable=g-import-not-at-top
-  tok, ttok = toks
-  n = len(trajs)
-  arr = turns.pad_batch(list(trajs), tok.pad_id, turns.padded_width(
-      max(len(t.prompt_ids) + t.num_tokens for t in trajs), 32))
-  t_arr, spans, aligned = alignment.cross_view(tok, ttok, trajs, examples=exs,
-                                               width_multiple=32, shown=[shown] * n)
-  index = bank.stratify(np.zeros(n, int), 1, n)
-  zeros = np.zeros(n)
-  sampled = mopd.SampledBatch(
-      arr=arr, index=index, tokens=bank.gather_stratified(t_arr["tokens"], index),
-      input_mask=bank.gather_stratified(t_arr["input_mask"], index, False),
-      cell_ids=zeros.astype(int), accuracy=zeros, lengths=zeros, over=zeros.astype(bool),
-      spans=spans, alignments=aligned, tokenizers=(tok, ttok))
-  lp, ok, _ = char_marginal.targets(bank.build_bank(teacher_cfg, [teacher], names=[cell]),
-                                    sampled, char_marginal.table_for(tok, ttok),
-                                    student_tok=tok, teacher_tok=ttok)
-  return lp, ok, np.asarray([s[0] for s in spans])
-
-
 def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   from mopd_jax.rollout import turns  # pylint: disable=g-import-not-at-top
@@ -163,7 +122,7 @@ def main(argv):
     for name, (cfg, params, shown) in policies.items():
       own, other = (2, 3) if name == "student" else (3, 2)  # its token and the other's
       if name == "teacher" and by_char:  # after the student's prefix: the teacher's
-        lp, ok, starts = char_logprobs(cfg, params,
+        lp, ok, starts = common.char_logprobs(cfg, params,
                                        [res["student"].trajectories[i] for i, *_ in parted],
                                        [exs[i] for i, *_ in parted], toks=(tok, ttok),
                                        shown=shown, cell=_CELL.value)
@@ -175,7 +134,7 @@ def main(argv):
         continue
       rows = [turns.encode_prompt(tok, exs[i], shown) + list(res[name].trajectories[i].ids[:k])
               for i, k, *_ in parted]
-      lp = next_logprobs(cfg, params, rows, pad_id=tok.pad_id)
+      lp = common.next_logprobs(cfg, params, rows, pad_id=tok.pad_id)
       margins[name] = [float(lp[j, p[own]] - lp[j, p[other]]) for j, p in enumerate(parted)]
     q = lambda v: [float(x) for x in np.quantile(v, [0.1, 0.5, 0.9])]
     out.update({

@@ -145,6 +145,23 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
   assert sum(g["positions"].values()) == g["parted"]
   assert g["margin_quantiles"]["student"][0] >= -1e-4
   assert np.all(np.isfinite(g["margin_quantiles"]["teacher"]))
+  # `experiments.memo_probe`: pi_SFT and the final student, and the teacher of gen/high by
+  # characters, each with its mass on the three values after `~` (a policy the run does not
+  # hold is skipped).
+  probe = tmp_path / "probe.json"
+  proc = subprocess.run([sys.executable, "-m", "experiments.memo_probe", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
+                         "--config.mopd.loss=mopd", hf_paths,
+                         f"--config.teacher.tokenizer_path={path}", "--examples=16",
+                         "--params=sft/params,mopd/params,mopd/nothing", f"--out={probe}"],
+                        cwd=ROOT, env=suite_cli.env(), capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  got = json.load(open(probe))["policies"]
+  assert set(got) == {"sft/params", "mopd/params", "teacher"}
+  assert "mopd/nothing: not in the run, skipped" in proc.stdout
+  for split in got.values():
+    assert sum(g["prompts"] for g in split.values()) == 16
   # The char_kl loss on the same run: every generated token of every row gets the teachers'
   # next-character distribution, the partial tokens' branches are scored.
   (tmp_path / "char").mkdir()
@@ -452,3 +469,23 @@ def test_the_cross_tokenizer_summary_reads_each_seeds_report(tmp_path):
           "1 of 2: missed student gen/high accuracy / teacher's | teacher gen/max accuracy - "
           "pi_SFT gen/max accuracy |") in text
   assert (tmp_path / "cross_tokenizer.md").read_text() == text
+
+
+def test_claim_split_separates_copying_a_claim_from_computing_the_value():
+  """`common.claim_split` (what `experiments.memo_probe` prints): a policy that copies the
+  claim, one that computes the true value, and one that cannot tell the true value from
+  the others on the prompts whose claim is stale."""
+  from experiments import common
+  claimed, true = np.array([0, 1, 2, 0]), np.array([0, 1, 1, 2])  # the last two are stale
+  copy = np.eye(3)[claimed] * 0.8 + 0.2 / 3
+  s = common.claim_split(copy, claimed=claimed, true=true)
+  assert s["stale"]["prompts"] == 2 and s["fresh"]["prompts"] == 2
+  assert np.isclose(s["stale"]["claimed"], 0.8 + 0.2 / 3)
+  assert np.isclose(s["stale"]["true"], 0.2 / 3) and np.isclose(s["stale"]["other"], 0.2 / 3)
+  assert s["stale"]["argmax"] == {"true": 0.0, "claimed": 1.0}
+  s = common.claim_split(2 * np.eye(3)[true], claimed=claimed, true=true)  # renormalised
+  assert s["stale"]["argmax"]["true"] == 1.0 and s["fresh"]["claimed"] == 1.0
+  blind = np.array([[1, 0, 0], [0, 1, 0], [0.3, 0.3, 0.4], [0.4, 0.3, 0.3]])
+  s = common.claim_split(blind, claimed=claimed, true=true)
+  assert np.isclose(s["stale"]["true"], s["stale"]["other"])
+  assert np.isclose(s["stale"]["claimed"], 0.4)
