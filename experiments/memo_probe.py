@@ -52,19 +52,17 @@ def _char_tokenizer(tok):
 def main(argv):
   from mopd_jax.io import checkpoint, storage  # pylint: disable=g-import-not-at-top
   from mopd_jax.rollout import turns  # pylint: disable=g-import-not-at-top
-  from mopd_jax.stages import wiring  # pylint: disable=g-import-not-at-top
   ctx, _ = common.run_and_params(argv, config=_CONFIG.value, workdir=_WORKDIR.value,
                                  params=_PARAMS.value[0])
-  inp = wiring.eval_inputs(ctx)
   domain, effort = _DOMAIN.value, _EFFORT.value
   cell = f"{domain}/{effort}"
-  if domain not in inp.tasks or "memo" not in inp.data.split(domain, "test")[0].meta:
+  if domain not in ctx.grid.domains or "memo" not in ctx.data.split(domain, "test")[0].meta:
     raise app.UsageError(f"--domain={domain!r} is not a domain of the gen task in this run")
-  if effort not in inp.grid.effort_names:
+  if effort not in ctx.grid.effort_names:
     raise app.UsageError(f"--effort={effort!r} is not an effort of this run")
-  test = inp.data.split(domain, "test")
+  test = ctx.data.split(domain, "test")
   exs = [test[i] for i in range(min(_EXAMPLES.value, len(test)))]
-  m = int(inp.tasks[domain].modulus)
+  m = int(ctx.task(domain).modulus)
   ctok = _char_tokenizer(ctx.tok)
   tilde, values = ctok.encode("~"), [ctok.encode(str(v))[0] for v in range(m)]
   true = [e.meta["values"][len(e.meta["terms"]) // 2 - 1] for e in exs]  # the first half's sum
@@ -87,16 +85,16 @@ def main(argv):
     if not storage.exists(full):
       print(f"[memo_probe] {path}: not in the run, skipped")
       continue
-    out["policies"][path] = split(inp.model_cfg, checkpoint.load_params(full, ctx.policies.like()),
-                                  ctx.tok, inp.view.of("student", effort))
+    out["policies"][path] = split(ctx.model_cfg, checkpoint.load_params(full, ctx.policies.like()),
+                                  ctx.tok, ctx.view.of("student", effort))
   entry = None
   if storage.exists(ctx.path("teachers.json")):
     with open(ctx.path("teachers.json")) as f:
       entry = json.load(f)["teachers"].get(cell)
   if entry is not None:
-    family = inp.teachers.family_of(cell)
-    out["policies"]["teacher"] = split(family.model_cfg, inp.teachers.load_one(entry, cell),
-                                       family.tok, inp.view.of("teacher", effort))
+    family = ctx.teachers.family_of(cell)
+    out["policies"]["teacher"] = split(family.model_cfg, ctx.teachers.load_one(entry, cell),
+                                       family.tok, ctx.view.of("teacher", effort))
   print(json.dumps(out, indent=1))
   print("policy | stale prompts: p(memo) / p(true) / p(other), argmax true | "
         "fresh prompts: p(memo = true) / p(other)")
