@@ -241,10 +241,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The held-out measure is the sampled sequence log-ratio (`agreement.logratio_rows`).
     c.mopd.loss = "char_kl"
   if arg == "two_families":
-    # Teachers of two families, a bank each (`--char_cells`): `char_kl` reads one bank's whole
-    # distributions, so eq. 15 by aligned spans, which started at the default's init and
-    # temperature raised the held-out log-ratio: 200 init updates, started at 1
-    # (docs/cross_tokenizer.md, "Two families on the toy").
+    # Teachers of two families, a bank each (`--char_cells`): eq. 15 by aligned spans, which
+    # started at the default's init and temperature raised the held-out log-ratio, so 200
+    # init updates, started at 1: the configuration whose seeds 0-4 docs/cross_tokenizer.md
+    # reports ("Two families on the toy", where `char_kl` with two families is measured).
     c.mopd.loss = "mopd"
     c.mopd.init_sft_steps = 200
     c.mopd.start_temperature = 1.0

@@ -184,3 +184,51 @@ def test_a_student_of_several_characters_per_token_is_refused():
 def test_the_table_reads_utf8_characters_whole():
   assert list(cm._chars("aé€".encode())) == [(0, b"a"), (1, "é".encode()), (3, "€".encode())]
   assert list(cm._chars("é".encode()[1:] + b"a")) == [(1, b"a")]  # a cut character skipped
+
+
+def test_teachers_of_two_families_each_read_by_their_own_bank(monkeypatch):
+  """`topk_of` on a batch of two families (two teacher tokenizers, two sources): each row's
+  targets are those its own family's teacher gives alone, and the loss mask keeps each
+  row's generated tokens."""
+  from mopd_jax.teachers import bank as bank_mod, families
+  from mopd_jax.training import mopd
+  stok = tokenizer.CharTokenizer(charset=ALPHABET)
+  toks = (PlusTokenizer("pairs"), PlusTokenizer("three"))
+  prompt_t = [0 + 1, 3, 6]  # bos, "1", "\n" in both teacher tokenizers
+  assert all(t.encode("1\n") == prompt_t[1:] for t in toks)
+  oracles = [_oracle(_teacher(_source(k), toks[k]), len(prompt_t)) for k in (0, 1)]
+  monkeypatch.setattr(cm, "next_logprobs",
+                      lambda cfg, params, tokens, **kw: oracles[params](cfg, params, tokens, **kw))
+  rows = ([("1+2\n", True), ("12+1+", False), ("212+", True)],
+          [("2+2+2", True), ("12+12", True), ("+\n1", True)])
+  alone = [_batch(stok, toks[k], rows[k], prompt_t) for k in (0, 1)]
+  w = max(b.arr["tokens"].shape[1] for b in alone)
+  wt = max(b.tokens.shape[-1] for b in alone)
+  pad = lambda x, n: np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n - x.shape[-1])])
+  arr = {k: np.concatenate([pad(b.arr[k], w) for b in alone]) for k in ("tokens", "loss_mask")}
+  batch = mopd.SampledBatch(
+      arr=arr, index=np.arange(6).reshape(2, 3),
+      tokens=np.concatenate([pad(b.tokens, wt) for b in alone]),
+      input_mask=np.concatenate([pad(b.input_mask, wt) for b in alone]),
+      cell_ids=np.zeros(6, int), accuracy=np.zeros(6), lengths=np.zeros(6),
+      over=np.zeros(6, bool), spans=alone[0].spans + alone[1].spans,
+      alignments=alone[0].alignments + alone[1].alignments, tokenizers=(stok, toks))
+  part = lambda k, cell: types.SimpleNamespace(model_cfg=None, params=k,
+                                               router=bank_mod.Router((cell,)))
+  mixed = families.MixedBank(
+      parts=(part(0, "gen/low"), part(1, "gen/max")),
+      router=bank_mod.Router(("gen/low", "gen/max")),
+      families=tuple(families.Family(tok=t, path=str(k), model_cfg=None, cells=(c,), cross=True)
+                     for k, (t, c) in enumerate(zip(toks, ("gen/low", "gen/max")))))
+  (lp, ids), mask, counts = cm.topk_of(mixed, batch)
+  assert lp.shape == ids.shape == (6, w, stok.vocab_size)
+  positions = 0
+  for k, b in enumerate(alone):
+    want, ok, n = cm.targets(types.SimpleNamespace(model_cfg=None, params=k), b,
+                             cm.CharTable(stok, toks[k]), student_tok=stok, teacher_tok=toks[k])
+    got = lp[3 * k:3 * k + 3]
+    np.testing.assert_array_equal(got[:, :want.shape[1]], want)
+    assert not got[:, want.shape[1]:].any()
+    np.testing.assert_array_equal(mask[3 * k:3 * k + 3, :ok.shape[1]], ok & b.arr["loss_mask"])
+    positions += n["char_positions"]
+  assert counts["char_positions"] == positions == int(mask.sum())

@@ -153,10 +153,8 @@ CASES = [
      "teacher.tokenizer_paths names ['gen/huge'], not cells of the grid"),
     ("c.teacher.tokenizer_paths = 'gen/low=/t/a.json'; c.mopd.loss = 'vocab_kl'; " + _HF_ALL,
      "teachers of another tokenizer (teacher.tokenizer_paths={'gen/low': '/t/a.json'})"),
-    ("c.mopd.loss = 'char_kl'", "it needs teacher.tokenizer_path (one teachers' tokenizer) "
-     "and no teacher.tokenizer_paths, got neither"),
-    ("c.teacher.tokenizer_paths = 'gen/low=/t/a.json'; c.mopd.loss = 'char_kl'; " + _HF_ALL,
-     "it needs teacher.tokenizer_path (one teachers' tokenizer)"),
+    ("c.mopd.loss = 'char_kl'", "it needs teacher.tokenizer_path or "
+     "teacher.tokenizer_paths, got neither"),
     ("c.teacher.tokenizer_path = '/t/tokenizer.json'; c.mopd.loss = 'char_kl'; "
      "c.teacher.endpoints = ','.join(f'{d}/{e}=http://127.0.0.1:1' for d in ('gen', 'agt', "
      "'cod') for e in ('low', 'high', 'max')); " + _HF_ALL,

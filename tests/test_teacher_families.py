@@ -128,6 +128,18 @@ def test_every_stage_runs_with_teachers_of_two_families(tmp_path, two_families):
                         text=True, timeout=300)
   assert proc.returncode == 2 and "config error:" in proc.stderr
   assert "use mopd.loss='mopd'" in proc.stderr
+  # The char_kl loss with both families: every row gets its own family's next-character
+  # targets (the BPE cells' partial tokens branch), every cell is trained.
+  (tmp_path / "char").mkdir()
+  shutil.copytree(tmp_path / "wd", tmp_path / "char" / "wd",
+                  ignore=shutil.ignore_patterns("mopd", "eval*", "report*"))
+  proc = _run(tmp_path / "char", hf_paths, tok_paths, "--config.mopd.loss=char_kl",
+              stages="mopd")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for rec in json.load(open(tmp_path / "char" / "wd" / "mopd" / "history.json")):
+    assert rec["char_positions"] > 0 and rec["char_branches"] > 0
+    assert np.isfinite(rec["char_kl"]) and rec["char_kl"] > 0
+    assert set(rec["cells"]) == set(CELLS) and rec["unaligned_rows"] == 0.0
   _served_by_two_families(tmp_path, two_families)
 
 

@@ -70,7 +70,8 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
   top_k = c.loss_args.k if kind.topk and not kind.char_targets else 0
   mixed = ctx.teachers.mixed  # checked before any teacher's params are read
   fams = [list(f.cells) for f in ctx.teachers.families]
-  wrong = [f"mopd.loss={c.loss!r}"] if kind.topk or kind.teachers_in_step else []
+  wrong = ([f"mopd.loss={c.loss!r}"] if (kind.topk and not kind.char_targets)
+           or kind.teachers_in_step else [])
   wrong += [f"mopd.init_target={c.init_target!r}"] if c.init_target == "distribution" else []
   if mixed and wrong:
     raise config_mod.ConfigError(
@@ -82,13 +83,14 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
     raise config_mod.ConfigError(
         f"mopd.loss={c.loss!r} builds the teachers' next-character targets in one process; "
         f"this run has {jax.process_count()}")
-  if kind.char_targets and ctx.teacher_tok is None:
+  if kind.char_targets and not any(f.cross for f in ctx.teachers.families):
     raise config_mod.ConfigError(
-        f"mopd.loss={c.loss!r} reads teachers of another tokenizer; teacher.tokenizer_path "
-        "reads as the student's own tokenizer: use mopd.loss='vocab_kl'")
+        f"mopd.loss={c.loss!r} reads teachers of another tokenizer; the teachers' tokenizer "
+        "reads as the student's own: use mopd.loss='vocab_kl'")
   if kind.char_targets:
     try:
-      char_marginal.table_for(ctx.tok, ctx.teacher_tok)
+      for f in ctx.teachers.families:
+        char_marginal.table_for(ctx.tok, f.tok)
     except char_marginal.NotCharacterLevel as e:
       raise config_mod.ConfigError(str(e)) from None
   if mixed and jax.process_count() > 1:

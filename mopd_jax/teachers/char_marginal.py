@@ -47,7 +47,7 @@ import numpy as np
 
 from mopd_jax import models
 from mopd_jax.rollout import turns as rollout
-from mopd_jax.teachers import alignment, bank as teachers
+from mopd_jax.teachers import alignment, bank as teachers, families
 
 _FLOOR = -1e3  # the log-prob of a character the teacher cannot write (the top-k losses' floor)
 
@@ -308,19 +308,33 @@ def table_for(student_tok, teacher_tok) -> CharTable:
   return _TABLES[key][2]
 
 
-def topk_of(bank: teachers.TeacherBank, sampled) -> tuple:
+def topk_of(bank, sampled) -> tuple:
   """((the teachers' next-character log-probs [B, T, V_s], their ids, every student token
   at every position), the batch's loss mask where they are set, counts as `targets` and
   `char_seconds`, the wall time of building them): the
   top-k inputs of the `char_kl` loss for a `mopd.SampledBatch` whose `tokenizers` are
-  (the student's, the teachers')."""
+  (the student's, the teachers'). Teachers of several families (`bank` a
+  `families.MixedBank`, `tokenizers[1]` each teacher's): each family's rows by its own
+  bank and tokenizer (a family of the student's tokenizer gives its teacher's next-token
+  distribution, which is its next-character one)."""
   if sampled.tokenizers is None:
     raise ValueError("the char_kl loss needs teachers of another tokenizer "
                      "(teacher.tokenizer_path): the batch has no alignment to read")
   s_tok, t_tok = sampled.tokenizers
-  table = table_for(s_tok, t_tok)
   t = time.perf_counter()
-  lp, ok, counts = targets(bank, sampled, table, student_tok=s_tok, teacher_tok=t_tok)
-  ids = np.broadcast_to(np.arange(table.v_s, dtype=np.int32), lp.shape)
+  if families.is_mixed(bank):
+    tokens, mask = np.asarray(sampled.tokens), np.asarray(sampled.input_mask)
+    lp, ok, counts = 0.0, False, {"char_branches": 0, "char_positions": 0}
+    for part, fam, m in zip(bank.parts, bank.families, bank.members):
+      rows = dataclasses.replace(sampled, index=np.asarray(sampled.index)[m],
+                                 tokens=tokens[m], input_mask=mask[m])
+      got, set_, n = targets(part, rows, table_for(s_tok, fam.tok), student_tok=s_tok,
+                             teacher_tok=fam.tok)
+      lp, ok = lp + got, ok | set_  # a row is one family's: zero elsewhere
+      counts = {k: counts[k] + n[k] for k in counts}
+  else:
+    lp, ok, counts = targets(bank, sampled, table_for(s_tok, t_tok), student_tok=s_tok,
+                             teacher_tok=t_tok)
+  ids = np.broadcast_to(np.arange(lp.shape[-1], dtype=np.int32), lp.shape)
   counts["char_seconds"] = time.perf_counter() - t  # the teachers' passes and the host work
   return (lp, ids), np.asarray(sampled.arr["loss_mask"]) & ok, counts

@@ -196,7 +196,9 @@ class SampledBatch:
   # response to the teacher's tokens, None where the teacher could not take it (no reward).
   alignments: Optional[list] = None
   span_reward: str = "spread"  # how a span's reward reaches its tokens (StepSetup's)
-  tokenizers: Optional[tuple] = None  # (the student's, the teachers') across tokenizers
+  # Across tokenizers: (the student's, the teachers' or a tuple of each teacher's in router
+  # order for teachers of several families).
+  tokenizers: Optional[tuple] = None
 
   def student_layout(self, rows_BxT):
     """Teachers' per-row values ([B, T', ...]) on the student's positions ([B, T, ...])."""
@@ -347,8 +349,7 @@ def _assemble(setup: StepSetup, rows, efforts, *, trajs, texts, rows_per_teacher
       cell_ids=np.asarray([cells.index((d, e)) for d, e in zip(domains, efforts)]),
       accuracy=acc, lengths=lengths, over=over, spans=spans, examples=list(rows),
       alignments=aligned, span_reward=setup.span_reward,
-      tokenizers=None if aligned is None or isinstance(setup.teacher_tok, (list, tuple))
-      else (tok, setup.teacher_tok))
+      tokenizers=None if aligned is None else (tok, setup.teacher_tok))
 
 
 def train_on(trainer: train.Trainer, state: train.TrainState, bank: teachers.TeacherBank,
