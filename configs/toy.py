@@ -33,8 +33,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """`arg`: None for the default toy run, "fast" for the smoke variant, "tiny" for the
   reliability tests (fast with fewer steps and examples), "from_sft" for MOPD from pi_SFT
   without the teacher-SFT init, "cross_tokenizer" for the student of teachers of another
-  tokenizer and "two_families" for one of teachers of two families
-  (`experiments/cross_tokenizer.py` passes the teachers)."""
+  tokenizer (of one family or several) and "two_families" for the same student distilled
+  with eq. 15 by aligned spans (`experiments/cross_tokenizer.py` passes the teachers)."""
   if arg not in (None, "", "fast", "tiny", "from_sft", "cross_tokenizer", "two_families"):
     raise ValueError(f"unknown config variant {arg!r}; known: fast, tiny, from_sft, "
                      "cross_tokenizer, two_families")
@@ -241,10 +241,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The held-out measure is the sampled sequence log-ratio (`agreement.logratio_rows`).
     c.mopd.loss = "char_kl"
   if arg == "two_families":
-    # Teachers of two families, a bank each (`--char_cells`): eq. 15 by aligned spans, which
-    # started at the default's init and temperature raised the held-out log-ratio, so 200
-    # init updates, started at 1: the configuration whose seeds 0-4 docs/cross_tokenizer.md
-    # reports ("Two families on the toy", where `char_kl` with two families is measured).
+    # Eq. 15 by aligned spans, for the comparison with `char_kl` (cross_tokenizer above) that
+    # docs/cross_tokenizer.md reports with teachers of two families ("Two families on the
+    # toy"): its best init there, 200 updates, started at 1 (started at the default's init
+    # and temperature it raised the held-out log-ratio).
     c.mopd.loss = "mopd"
     c.mopd.init_sft_steps = 200
     c.mopd.start_temperature = 1.0

@@ -19,9 +19,10 @@ For each seed s:
      teachers (`teacher.hf_paths`, `teacher.tokenizer_path`) in `DIR/seed_<s>`.
 With `--char_cells cod/low,cod/high,cod/max` those cells' teachers come from a
 character-level factory instead (`configs/toy.py`'s data, SFT and RL stages in
-`DIR/char_factory_<s>`, exported): the student's run (`configs/toy.py:two_families`) has
-teachers of two families, the BPE cells named in `teacher.tokenizer_paths`
-(docs/cross_tokenizer.md, "Teachers of several families").
+`DIR/char_factory_<s>`, exported): the student's run has teachers of two families, the BPE
+cells named in `teacher.tokenizer_paths` (docs/cross_tokenizer.md, "Teachers of several
+families"). `--config configs/toy.py:two_families` distils with eq. 15 by aligned spans
+instead of `char_kl` (the comparison docs/cross_tokenizer.md reports).
 Then `DIR/sweep.md` (experiments.sweep's summary of the students' reports) and
 `DIR/cross_tokenizer.md`: per seed, the share of the teachers' tokens that span two or more
 characters, the rows the teachers could not take, the held-out sampled log-ratio of pi_SFT,
@@ -165,9 +166,8 @@ def main(argv=None) -> None:
   ap.add_argument("--corpus", type=int, default=2000, help="examples per task fitted on")
   ap.add_argument("--factory_config", default="configs/toy.py",
                   help="the teacher factory's config (its tokenizer is set to the BPE)")
-  ap.add_argument("--config", default="",
-                  help="the student's config (default configs/toy.py:cross_tokenizer, with "
-                       "--char_cells configs/toy.py:two_families)")
+  ap.add_argument("--config", default="configs/toy.py:cross_tokenizer",
+                  help="the student's config (configs/toy.py:two_families: eq. 15 by spans)")
   ap.add_argument("--char_cells", default="",
                   help="cells (d/e,...) whose teachers come from a character-level factory "
                        "(the student's tokenizer): teachers of two families in one run")
@@ -177,8 +177,7 @@ def main(argv=None) -> None:
     ap.error(f"unexpected arguments {bad}; config overrides take the form --config.field=value")
   seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
   char = [c.strip() for c in args.char_cells.split(",") if c.strip()]
-  student_config = args.config or ("configs/toy.py:two_families" if char else
-                                   "configs/toy.py:cross_tokenizer")
+  student_config = args.config
   rows = []
   for seed in seeds:
     tokenizer, multi = fit_tokenizer(args.workdir, seed, vocab=args.vocab, n=args.corpus)
