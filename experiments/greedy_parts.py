@@ -21,8 +21,9 @@ next-character distribution (`char_marginal.targets`, what the `char_kl` loss di
 read after the student's prefix, which is the teacher's up to that character. A greedy
 decoder of several-character tokens takes its argmax token, not its argmax character, so
 the teacher's character margin there can be negative. A teacher response the student's
-tokenizer cannot write is not compared (counted in `teacher_unwritable`). `--by=char` reads a teacher of the
-student's tokenizer the same way (then equal to the token margin).
+tokenizer cannot write is not compared (counted in `teacher_unwritable`). `--by=char` reads
+a teacher of the student's tokenizer the same way and reports its token margin beside it
+(`teacher_by_token`; the two are equal for a character-level student).
 """
 import collections
 import json
@@ -131,15 +132,18 @@ def main(argv):
           raise RuntimeError("the teacher could not take a parted response's prefix")
         margins[name] = [float(lp[j, c, p[own]] - lp[j, c, p[other]])
                          for (j, c), p in zip(at, parted)]
+      if name == "teacher" and family.cross:
         continue
+      # By tokens (a teacher of the student's tokenizer read by characters: beside it).
+      key = "teacher_by_token" if name == "teacher" and by_char else name
       rows = [turns.encode_prompt(tok, exs[i], shown) + list(res[name].trajectories[i].ids[:k])
               for i, k, *_ in parted]
       lp = common.next_logprobs(cfg, params, rows, pad_id=tok.pad_id)
-      margins[name] = [float(lp[j, p[own]] - lp[j, p[other]]) for j, p in enumerate(parted)]
+      margins[key] = [float(lp[j, p[own]] - lp[j, p[other]]) for j, p in enumerate(parted)]
     q = lambda v: [float(x) for x in np.quantile(v, [0.1, 0.5, 0.9])]
     out.update({
         "positions": dict(collections.Counter(int(k) for _, k, *_ in parted)),
-        "margin_quantiles": {p: q(margins[p]) for p in policies},
+        "margin_quantiles": {p: q(v) for p, v in margins.items()},
         "right_among_parted": {p: int(sum(right[p][i] for i, *_ in parted)) for p in policies}})
   print(json.dumps(out, indent=1))
   for i, k, *_ in parted[:_SHOW.value]:

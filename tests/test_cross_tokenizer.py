@@ -77,6 +77,17 @@ def _run(tmp_path, *flags, stages="data,sft,rl,mopd,eval,report"):
                         timeout=600)
 
 
+def _experiment(name: str, workdir, *flags):
+  """`python -m experiments.<name>` on a tiny run of `_run` with its teachers' `flags`; the
+  finished process (asserted to exit 0)."""
+  proc = subprocess.run([sys.executable, "-m", f"experiments.{name}", "--config",
+                         "configs/qwen3_mopd.py:tiny", "--workdir", str(workdir),
+                         "--config.mopd.loss=mopd", *flags], cwd=ROOT, env=suite_cli.env(),
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
 def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teachers):
   """Every stage with BPE teachers and a character-level student: the manifest records the
   teachers' tokenizer, the MOPD steps run across the tokenizers (every row aligned, each
@@ -111,13 +122,9 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
   exact_rows = [c for c in report["checks"] if c["name"].startswith("held-out exact KL")]
   assert exact_rows and all(c["ok"] is None and c["value"] is None for c in exact_rows)
   # `experiments.kl_tail` ranks the same rollouts by the same measure: its mean is the eval's.
-  tail = subprocess.run([sys.executable, "-m", "experiments.kl_tail", "--config",
-                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
-                         "--config.mopd.loss=mopd", hf_paths,
-                         f"--config.teacher.tokenizer_path={path}", "--prompts=2", "--top=1"],
-                        cwd=ROOT, env=suite_cli.env(), capture_output=True, text=True,
-                        timeout=600)
-  assert tail.returncode == 0, tail.stderr[-3000:]
+  run_on = lambda name, *args: _experiment(name, tmp_path / "wd", hf_paths,
+                                           f"--config.teacher.tokenizer_path={path}", *args)
+  tail = run_on("kl_tail", "--prompts=2", "--top=1")
   assert (f"sampled sequence log-ratio per token (teachers of another tokenizer) over "
           f"{held['student']['rollouts']} rollouts: {held['student']['kl_exact']:.4f}"
           ) in tail.stdout, tail.stdout
@@ -128,14 +135,7 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
   # the student's characters, the teacher's margin is by characters; the tiny teachers'
   # responses the character tokenizer cannot write (bytes of no character) are counted.
   parts = tmp_path / "parts.json"
-  proc = subprocess.run([sys.executable, "-m", "experiments.greedy_parts", "--config",
-                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
-                         "--config.mopd.loss=mopd", hf_paths,
-                         f"--config.teacher.tokenizer_path={path}", "--cell=gen/high",
-                         "--examples=16", f"--out={parts}"],
-                        cwd=ROOT, env=suite_cli.env(), capture_output=True, text=True,
-                        timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  run_on("greedy_parts", "--cell=gen/high", "--examples=16", f"--out={parts}")
   g = json.load(open(parts))
   for policy in ("student", "teacher"):
     (acc,) = [c["accuracy"] for c in cells
@@ -149,14 +149,8 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
   # characters, each with its mass on the three values after `~` (a policy the run does not
   # hold is skipped).
   probe = tmp_path / "probe.json"
-  proc = subprocess.run([sys.executable, "-m", "experiments.memo_probe", "--config",
-                         "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
-                         "--config.mopd.loss=mopd", hf_paths,
-                         f"--config.teacher.tokenizer_path={path}", "--examples=16",
-                         "--params=sft/params,mopd/params,mopd/nothing", f"--out={probe}"],
-                        cwd=ROOT, env=suite_cli.env(), capture_output=True, text=True,
-                        timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = run_on("memo_probe", "--examples=16", "--params=sft/params,mopd/params,mopd/nothing",
+                f"--out={probe}")
   got = json.load(open(probe))["policies"]
   assert set(got) == {"sft/params", "mopd/params", "teacher"}
   assert "mopd/nothing: not in the run, skipped" in proc.stdout
