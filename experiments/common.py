@@ -4,19 +4,23 @@ import numpy as np
 from absl import app
 
 
-def run_and_params(argv, *, config, workdir: str, params: str):
-  """(stages.context.Run, params) of the run in `workdir` made with `config` (the locked
-  ConfigDict with its overrides) and the policy saved under `workdir/<params>` (e.g.
-  `sft/params`); UsageError for stray arguments or a missing workdir."""
+def run_of(argv, *, config, workdir: str):
+  """The stages.context.Run of the run in `workdir` made with `config` (the locked
+  ConfigDict with its overrides); UsageError for stray arguments or a missing workdir."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not workdir:
     raise app.UsageError("--workdir is required")
   import jax  # pylint: disable=g-import-not-at-top  (after absl's flags are parsed)
   from mopd_jax import configure  # pylint: disable=g-import-not-at-top
-  from mopd_jax.io import checkpoint  # pylint: disable=g-import-not-at-top
   from mopd_jax.stages.context import Run  # pylint: disable=g-import-not-at-top
-  ctx = Run(configure.build(config, jax.device_count()), workdir)
+  return Run(configure.build(config, jax.device_count()), workdir)
+
+
+def run_and_params(argv, *, config, workdir: str, params: str):
+  """(`run_of`'s Run, the policy saved under `workdir/<params>`, e.g. `sft/params`)."""
+  from mopd_jax.io import checkpoint  # pylint: disable=g-import-not-at-top
+  ctx = run_of(argv, config=config, workdir=workdir)
   return ctx, checkpoint.load_params(ctx.path(*params.split("/")), ctx.policies.like())
 
 

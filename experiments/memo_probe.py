@@ -52,8 +52,7 @@ def _char_tokenizer(tok):
 def main(argv):
   from mopd_jax.io import checkpoint, storage  # pylint: disable=g-import-not-at-top
   from mopd_jax.rollout import turns  # pylint: disable=g-import-not-at-top
-  ctx, _ = common.run_and_params(argv, config=_CONFIG.value, workdir=_WORKDIR.value,
-                                 params=_PARAMS.value[0])
+  ctx = common.run_of(argv, config=_CONFIG.value, workdir=_WORKDIR.value)
   domain, effort = _DOMAIN.value, _EFFORT.value
   cell = f"{domain}/{effort}"
   if domain not in ctx.grid.domains or "memo" not in ctx.data.split(domain, "test")[0].meta:
@@ -87,10 +86,7 @@ def main(argv):
       continue
     out["policies"][path] = split(ctx.model_cfg, checkpoint.load_params(full, ctx.policies.like()),
                                   ctx.tok, ctx.view.of("student", effort))
-  entry = None
-  if storage.exists(ctx.path("teachers.json")):
-    with open(ctx.path("teachers.json")) as f:
-      entry = json.load(f)["teachers"].get(cell)
+  entry = storage.read_json(ctx.path("teachers.json"), {}).get("teachers", {}).get(cell)
   if entry is not None:
     family = ctx.teachers.family_of(cell)
     out["policies"]["teacher"] = split(family.model_cfg, ctx.teachers.load_one(entry, cell),

@@ -70,8 +70,7 @@ def measure(ctx, *, rows: int) -> dict:
 
 
 def main(argv):
-  ctx, _ = common.run_and_params(argv, config=_CONFIG.value, workdir=_WORKDIR.value,
-                                 params="sft/params")
+  ctx = common.run_of(argv, config=_CONFIG.value, workdir=_WORKDIR.value)
   out = measure(ctx, rows=_ROWS.value)
   print(f"| source (against the in-process teachers at T="
         f"{ctx.config.mopd.teacher_temperature}) | max over cells | mean over cells | "
