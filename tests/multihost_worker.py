@@ -115,7 +115,51 @@ def run_steps(mesh, workdir: str) -> dict:
   out["restored_equal"] = all(np.array_equal(a, c) for a, c in
                               zip(jax.tree.leaves(final), jax.tree.leaves(again)))
   out["params"] = [np.asarray(x) for x in jax.tree.leaves(final)]
+  out["mixed_lp"], out["hf_equal"] = _other_families(cfg, stacked, mesh, workdir)
   return out
+
+
+def _other_families(cfg, stacked, mesh, workdir: str):
+  """What a run with teachers of several families does on several processes: a MixedBank
+  (the bank's first two teachers beside a teacher of another vocabulary) scores a
+  stratified batch that every process holds, and a Hugging Face checkpoint is read onto
+  the mesh, each process its own shards (the eval's teachers). Returns (the mixed scores
+  gathered, whether the placed read equals what was written)."""
+  import dataclasses
+  import jax
+  import numpy as np
+
+  from mopd_jax import models
+  from mopd_jax.io import hf
+  from mopd_jax.io.tokenizer import CharTokenizer
+  from mopd_jax.runtime import distributed, sharding
+  from mopd_jax.teachers import bank as teachers, families
+  other = dataclasses.replace(cfg, vocab_size=96)
+  part_a = teachers.TeacherBank(params=jax.tree.map(lambda x: x[:2], stacked), model_cfg=cfg,
+                                router=teachers.Router(("d0/e", "d2/e")))
+  part_b = teachers.build_bank(other, [models.init_params(other, jax.random.PRNGKey(7))],
+                               names=("d1/e",), sharding=sharding.param_shardings(
+                                   other, mesh, num_stacked=1))
+  mixed = families.MixedBank(
+      parts=(part_a, part_b), router=teachers.Router(("d0/e", "d1/e", "d2/e")),
+      families=(families.Family(tok=CharTokenizer(), path="", model_cfg=cfg,
+                                cells=("d0/e", "d2/e"), cross=False),
+                families.Family(tok=CharTokenizer(), path="x", model_cfg=other,
+                                cells=("d1/e",), cross=True)))
+  tokens, im, _, _ = _dataset(200, (NUM_TEACHERS,), ROWS_PER_TEACHER)
+  tokens[1] = tokens[1] % (other.vocab_size - cfg.vocab_size) + cfg.vocab_size  # its own ids
+  scored = families.MixedScorer(mixed, mesh, mesh)(tokens, im)
+  mixed_lp = np.asarray(distributed.gather(scored))
+  _tick("mixed families scored")
+  params = jax.tree.map(lambda x: x[0], part_b.params)
+  path = os.path.join(workdir, "hf_other")
+  hf.save_checkpoint(other, params, path)  # process 0 writes
+  distributed.sync("hf written")
+  _, placed = hf.load_checkpoint(path, sharding=sharding.param_shardings(other, mesh))
+  equal = all(np.array_equal(a, b) for a, b in zip(
+      jax.tree.leaves(distributed.gather(params)), jax.tree.leaves(distributed.gather(placed))))
+  _tick("hf checkpoint read onto the mesh")
+  return mixed_lp, equal
 
 
 def grain_batches() -> dict:
@@ -177,6 +221,7 @@ def main() -> None:
     np.savez(os.path.join(args.workdir, "result.npz"),
              sft_loss=out["sft_loss"], mopd_loss=out["mopd_loss"],
              teacher_lp=np.stack(out["teacher_lp"]), restored_equal=out["restored_equal"],
+             mixed_lp=out["mixed_lp"], hf_equal=out["hf_equal"],
              **{f"param_{i}": p for i, p in enumerate(out["params"])})
   distributed.sync("done")
 

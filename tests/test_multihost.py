@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import multihost_worker
+from test_teacher_families import two_families  # noqa: F401  (a fixture)
 from mopd_jax.runtime import distributed, sharding
 import suite_cli
 
@@ -57,6 +58,11 @@ def test_two_processes_equal_one_process(tmp_path):  # ~100 s on 2 cores: 2 work
   for i, p in enumerate(ref["params"]):
     np.testing.assert_allclose(multi[f"param_{i}"], p, atol=1e-5, err_msg=f"param {i}")
   assert bool(multi["restored_equal"]) and ref["restored_equal"]
+  # Teachers of two families (the second of another vocabulary) score alike on two
+  # processes; an HF checkpoint read onto the 2-process mesh holds what was written.
+  np.testing.assert_allclose(multi["mixed_lp"], ref["mixed_lp"], atol=1e-5)
+  assert np.isfinite(ref["mixed_lp"]).all() and ref["mixed_lp"][1].min() < 0
+  assert bool(multi["hf_equal"]) and ref["hf_equal"]
   # Record domains' grain iterator: each process read only its own shard (disjoint halves),
   # both got the same global batches, each resumed exactly.
   g = [np.load(tmp_path / "multi" / f"grain_{i}.npz") for i in range(2)]
@@ -142,3 +148,53 @@ def test_process_rows_single_process():
   got = distributed.global_batch(mesh, {"x": np.arange(16).reshape(8, 2)}, 8)
   np.testing.assert_array_equal(got["x"], np.arange(16).reshape(8, 2))
   assert got["x"].sharding.spec == sharding.batch_spec(2)
+
+
+@pytest.mark.slow  # ~4 min on 2 cores: every stage on 1 process, MOPD and eval on 2
+def test_two_families_on_two_processes(tmp_path, two_families):
+  """Teachers of two families (BPE `gen` and `agt` teachers beside character-vocabulary
+  `cod` ones) on 2 processes x 2 CPU devices: the MOPD steps with the next-character loss
+  and the eval's held-out log-ratio and accuracies equal those of 1 process on 4 devices,
+  from the same data, SFT and RL stages."""
+  import shutil
+  from test_teacher_families import BPE_CELLS
+  path, paths = two_families
+  flags = ("--config", "configs/qwen3_mopd.py:tiny", "--config.mesh.data=2",
+           "--config.mesh.tensor=2", "--config.mopd.prompts_per_cell=2",
+           "--config.mopd.loss=char_kl", "--config.eval.kl_rollouts=2",
+           "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in paths.items()),
+           "--config.teacher.tokenizer_paths=" + ",".join(f"{c}={path}" for c in BPE_CELLS))
+  single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
+  ref = subprocess.run([sys.executable, "-m", "experiments.run", *flags, "--workdir", single],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900,
+                       env=suite_cli.env(devices=4))
+  assert ref.returncode == 0, ref.stderr[-3000:]
+  os.makedirs(multi)
+  for name in ("data", "sft", "rl", "teachers.json"):
+    (shutil.copytree if os.path.isdir(os.path.join(single, name)) else shutil.copy)(
+        os.path.join(single, name), os.path.join(multi, name))
+  coordinator = f"localhost:{_free_port()}"
+  base = suite_cli.env(devices=2)
+  logs = _run_processes(
+      [[sys.executable, "-m", "experiments.run", *flags, "--workdir", multi,
+        "--config.stages=mopd,eval,report"]] * 2,
+      [{**base, "JAX_COORDINATOR_ADDRESS": coordinator, "JAX_NUM_PROCESSES": "2",
+        "JAX_PROCESS_ID": str(i)} for i in range(2)], 900)
+  assert "2 teacher families" in logs[0]
+  ha = json.load(open(os.path.join(multi, "mopd", "history.json")))
+  hb = json.load(open(os.path.join(single, "mopd", "history.json")))
+  assert len(ha) == len(hb) > 0
+  for a, b in zip(ha, hb):
+    assert a["char_positions"] == b["char_positions"] > 0 and a["length"] == b["length"]
+    np.testing.assert_allclose([a["loss"], a["char_kl"]], [b["loss"], b["char_kl"]], rtol=1e-5)
+  ea = json.load(open(os.path.join(multi, "eval.json")))
+  eb = json.load(open(os.path.join(single, "eval.json")))
+  key = lambda c: (c["policy"], c["domain"], c["effort"])
+  assert ({key(c): (c["accuracy"], c["mean_length"]) for c in ea["cells"]}
+          == {key(c): (c["accuracy"], c["mean_length"]) for c in eb["cells"]})
+  assert {key(c)[1:] for c in ea["cells"] if c["policy"] == "teacher"} == {
+      tuple(c.split("/")) for c in paths}
+  for policy, h in eb["kl_heldout"].items():
+    assert h["measure"] == "sampled"
+    np.testing.assert_allclose(ea["kl_heldout"][policy]["kl_exact"], h["kl_exact"], rtol=1e-5)
+  assert os.path.exists(os.path.join(multi, "report.md"))

@@ -72,7 +72,7 @@ def run(inp: Inputs) -> None:
       t = manifest["teachers"].get(name)
       if t is not None:  # each teacher with its family's model and tokenizer
         runs.append(("teacher", inp.teachers.cell_model_cfg(name),
-                     inp.teachers.load_one(t, name)))
+                     inp.teachers.load_one(t, name, placed=True)))
       for policy, model_cfg, params in runs:
         # pi_SFT and the student see the effort; a teacher sees its prompts as it was trained,
         # in its own tokens.

@@ -234,13 +234,18 @@ class TeacherSource:
   def cell_model_cfg(self, cell: str) -> models.ModelConfig:
     return self.family_of(cell).model_cfg
 
-  def load_one(self, entry: dict, cell: Optional[str] = None):
+  def load_one(self, entry: dict, cell: Optional[str] = None, *, placed: bool = False):
     """One teacher's params from its manifest entry (an orbax checkpoint or a Hugging Face
-    one); `cell` names its family (None: the run's one family)."""
+    one); `cell` names its family (None: the run's one family). An orbax checkpoint is
+    restored onto the student's mesh; a Hugging Face one is read onto the host for the bank
+    to stack, or with `placed` onto the student's mesh, sharded as its family's model
+    (what a multi-process run samples with: every process reads its own shards)."""
     if entry.get("format") == "hf":
       from mopd_jax.io import hf  # pylint: disable=g-import-not-at-top
       cfg = self.model_cfg if cell is None else self.cell_model_cfg(cell)
-      _, params = hf.load_checkpoint(entry["path"], vocab_size=cfg.vocab_size)
+      _, params = hf.load_checkpoint(
+          entry["path"], vocab_size=cfg.vocab_size,
+          sharding=sharding.param_shardings(cfg, self.policies.mesh) if placed else None)
       return params
     return checkpoint.load_params(entry["path"], self.policies.like())
 

@@ -6,8 +6,6 @@ and never sees the run.
 """
 from __future__ import annotations
 
-import jax
-
 from mopd_jax import models
 from mopd_jax.config import schema as config_mod
 from mopd_jax.io import checkpoint, tokenizer
@@ -79,10 +77,6 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
         f"tokens' log-probs only; {' and '.join(wrong)} compare"
         f"{'s' if len(wrong) == 1 else ''} next-token distributions in one bank: use "
         "mopd.loss='mopd' and mopd.init_target='tokens'")
-  if kind.char_targets and jax.process_count() > 1:
-    raise config_mod.ConfigError(
-        f"mopd.loss={c.loss!r} builds the teachers' next-character targets in one process; "
-        f"this run has {jax.process_count()}")
   if kind.char_targets and not any(f.cross for f in ctx.teachers.families):
     raise config_mod.ConfigError(
         f"mopd.loss={c.loss!r} reads teachers of another tokenizer; the teachers' tokenizer "
@@ -93,10 +87,6 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
         char_marginal.table_for(ctx.tok, f.tok)
     except char_marginal.NotCharacterLevel as e:
       raise config_mod.ConfigError(str(e)) from None
-  if mixed and jax.process_count() > 1:
-    raise config_mod.ConfigError(
-        f"teachers of several families ({len(fams)} banks) score in one process; "
-        f"this run has {jax.process_count()}: use one teachers' family per multi-host run")
   # With teacher servers this process reads the teachers' params only for what runs here:
   # the teacher-SFT init's rollouts and the exact-KL diagnostic.
   if served and c.init != "teacher_sft" and not (c.exact_kl_every and colocated):
@@ -269,10 +259,6 @@ def eval_inputs(ctx: Run) -> eval_stage.Inputs:
            if ctx.teachers.mixed else "teachers of another tokenizer (teacher.tokenizer_path)")
     raise config_mod.ConfigError("eval.teacher_logratio scores pi_SFT's and the student's "
                                  f"tokens; {why} need eval.teacher_logratio=False")
-  if kl and ctx.teachers.mixed and jax.process_count() > 1:
-    raise config_mod.ConfigError(
-        "the held-out KL with teachers of several families scores in one process; this run "
-        f"has {jax.process_count()}: set eval.kl_rollouts=0 or use one teachers' family")
   if ec.teacher_logratio or kl:
     bank = (ctx.teachers.router_only() if ctx.config.teacher.endpoints and not kl
             else ctx.teachers.load_bank())

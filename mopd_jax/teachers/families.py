@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mopd_jax.io import tokenizer
+from mopd_jax.runtime import distributed
 from mopd_jax.teachers import bank as teachers, placement, source
 
 
@@ -147,9 +148,16 @@ class MixedScorer:
     return tokens.shape, handles
 
   def fetch(self, submitted):
+    """The [K, b, T] log-probs on the student mesh, laid out as one bank's scorer lays
+    them out: each family's rows are gathered to the host (every process), put in place,
+    and each process places its own shards (`distributed.to_global`)."""
     shape, handles = submitted
-    got = [jax.device_get(s.fetch(h)) for s, h in zip(self.parts, handles)]
-    return jnp.asarray(join_rows(self.bank, got, shape))
+    got = [distributed.gather(s.fetch(h)) for s, h in zip(self.parts, handles)]
+    joined = join_rows(self.bank, got, shape)
+    out = placement.stratified_sharding(self.parts[0].student_mesh, shape[0])
+    if jax.process_count() > 1:
+      return distributed.to_global(joined, out)
+    return jax.device_put(joined, out)
 
   def __call__(self, tokens_KxbxT, input_mask_KxbxT):
     return self.fetch(self.submit(tokens_KxbxT, input_mask_KxbxT))
