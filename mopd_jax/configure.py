@@ -241,9 +241,6 @@ def _check_char_targets(c, loss: str) -> None:
   if t.endpoints:
     raise ValueError(f"{why}; teacher servers (teacher.endpoints={t.endpoints!r}) return "
                      "sampled-token log-probs only")
-  if c.placement.teachers != "colocated":
-    raise ValueError(f"{why}; it needs placement.teachers='colocated', got "
-                     f"{c.placement.teachers!r}")
 
 
 def _other_tokenizers(t) -> str:

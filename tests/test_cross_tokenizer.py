@@ -69,11 +69,11 @@ def test_bpe_fit_writes_multi_character_tokens_and_the_toy_specials(bpe_teachers
   assert b"2," in pieces and bpe.multi_char_share(apart, texts) >= 0.3
 
 
-def _run(tmp_path, *flags, stages="data,sft,rl,mopd,eval,report"):
+def _run(tmp_path, *flags, stages="data,sft,rl,mopd,eval,report", devices=None):
   return subprocess.run([sys.executable, "-m", "experiments.run", "--config",
                          "configs/qwen3_mopd.py:tiny", "--workdir", str(tmp_path / "wd"),
                          f"--config.stages={stages}", "--config.mopd.loss=mopd", *flags],
-                        cwd=ROOT, env=suite_cli.env(), capture_output=True, text=True,
+                        cwd=ROOT, env=suite_cli.env(devices), capture_output=True, text=True,
                         timeout=600)
 
 

@@ -129,12 +129,14 @@ def test_every_stage_runs_with_teachers_of_two_families(tmp_path, two_families):
   assert proc.returncode == 2 and "config error:" in proc.stderr
   assert "use mopd.loss='mopd'" in proc.stderr
   # The char_kl loss with both families: every row gets its own family's next-character
-  # targets (the BPE cells' partial tokens branch), every cell is trained.
+  # targets (the BPE cells' partial tokens branch), every cell is trained; the teachers on
+  # devices of their own (disaggregated: each family's passes run there).
   (tmp_path / "char").mkdir()
   shutil.copytree(tmp_path / "wd", tmp_path / "char" / "wd",
                   ignore=shutil.ignore_patterns("mopd", "eval*", "report*"))
   proc = _run(tmp_path / "char", hf_paths, tok_paths, "--config.mopd.loss=char_kl",
-              stages="mopd")
+              "--config.placement.teachers=disaggregated",
+              "--config.placement.teacher_mesh.data=1", stages="mopd", devices=2)
   assert proc.returncode == 0, proc.stderr[-3000:]
   for rec in json.load(open(tmp_path / "char" / "wd" / "mopd" / "history.json")):
     assert rec["char_positions"] > 0 and rec["char_branches"] > 0
