@@ -107,6 +107,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # and model shape) stacked in a bank of its own, in this process.
   c.teacher.tokenizer_paths = ""
   c.teacher.span_reward = "spread"
+  # mopd.loss='char_kl' with teacher.endpoints: the servers' top-k next tokens read at each
+  # position (vLLM's default --max-logprobs is 20); the mass past them is left out.
+  c.teacher.served_top_k = 20
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1  # mesh axis sizes; their product must equal the device count

@@ -229,18 +229,15 @@ def _algorithm_checks(c: config_mod.RunConfig) -> None:
 
 def _check_char_targets(c, loss: str) -> None:
   """What a loss of the teachers' next-character distributions needs: teachers of another
-  tokenizer (`teacher.tokenizer_path`, or per cell `teacher.tokenizer_paths`), their params
-  in this process beside the student's. The student's being character-level is checked at
-  the MOPD stage's start."""
+  tokenizer (`teacher.tokenizer_path`, or per cell `teacher.tokenizer_paths`), in this
+  process or served (their top `teacher.served_top_k`). The student's being
+  character-level is checked at the MOPD stage's start."""
   t = c.teacher
   why = (f"mopd.loss={loss!r} reads the next-character distributions of teachers of another "
-         "tokenizer from their whole next-token distributions in this process")
+         "tokenizer")
   if not t.tokenizer_path and not t.tokenizer_paths:
     raise ValueError(f"{why}; it needs teacher.tokenizer_path or teacher.tokenizer_paths, "
                      "got neither")
-  if t.endpoints:
-    raise ValueError(f"{why}; teacher servers (teacher.endpoints={t.endpoints!r}) return "
-                     "sampled-token log-probs only")
 
 
 def _other_tokenizers(t) -> str:

@@ -167,6 +167,66 @@ def test_targets_are_the_teachers_distribution_by_characters(monkeypatch, merges
       assert got.sum() == pytest.approx(1.0, abs=1e-5)  # nothing on other specials
 
 
+class _Servers:
+  """A `teacher_client.EndpointScorer` built with `top_k`, answering from the teacher
+  `dist` as a server's prompt log-probs do: at position t >= 1 of a row the log-prob of its
+  token t and the top k of the distribution that predicts it."""
+
+  def __init__(self, dist, prompt_len: int, *, k: int, names=("gen/low",)):
+    self.dist, self.prompt_len, self.top_k, self.names = dist, prompt_len, k, names
+
+  def submit(self, tokens, mask):
+    shape = tokens.shape
+    lp = np.zeros(shape, np.float32)
+    tk_lp, tk_ids = np.zeros(shape + (self.top_k,), np.float32), np.zeros(
+        shape + (self.top_k,), np.int32)
+    for k, j in zip(*np.nonzero(mask.sum(-1))):
+      for t in range(1, int(mask[k, j].sum())):
+        p = self.dist(tokens[k, j, self.prompt_len:t] if t > self.prompt_len - 1 else [])
+        with np.errstate(divide="ignore"):
+          logp = np.log(p).astype(np.float32)
+        lp[k, j, t] = logp[tokens[k, j, t]]
+        best = np.argsort(-logp, kind="stable")[:self.top_k]
+        tk_lp[k, j, t], tk_ids[k, j, t] = logp[best], best
+    return lp, tk_lp, tk_ids
+
+  def fetch(self, submitted):
+    return submitted
+
+
+@pytest.mark.parametrize("merges", ["pairs", "three"])
+def test_served_teachers_read_by_their_top_k(monkeypatch, merges):
+  """`Served`: with k the teacher's whole vocabulary the targets are the in-process ones,
+  bitwise (the distribution after a row's last token read through its filler token); with
+  a smaller k each position's targets are still a distribution, over what the top k and the
+  row's own next token reach."""
+  from mopd_jax.teachers import bank as bank_mod
+  stok, ttok = tokenizer.CharTokenizer(charset=ALPHABET), PlusTokenizer(merges)
+  source = _source(0)
+  prompt_t = [ttok.bos_id, ttok.ids["1"], ttok.ids["\n"]]
+  teacher = _teacher(source, ttok)
+  monkeypatch.setattr(cm, "next_logprobs", _oracle(teacher, len(prompt_t)))
+  batch = _batch(stok, ttok, [("1+2\n", True), ("12+1+", False), ("212+", True),
+                              ("12+12", True)], prompt_t)
+  table = cm.CharTable(stok, ttok)
+  want, ok, n = cm.targets(types.SimpleNamespace(model_cfg=None, params=None), batch, table,
+                           student_tok=stok, teacher_tok=ttok)
+  assert n["char_branches"] > 0
+  bank = types.SimpleNamespace(router=bank_mod.Router(("gen/low",)),
+                               model_cfg=types.SimpleNamespace(vocab_size=ttok.vocab_size))
+  for k in (ttok.vocab_size, 2):
+    served = cm.Served(bank, ((("gen/low",), _Servers(teacher, len(prompt_t), k=k)),))
+    got, got_ok, got_n = cm.targets(served, batch, table, student_tok=stok, teacher_tok=ttok)
+    assert got_n == n
+    np.testing.assert_array_equal(got_ok, ok)
+    if k == ttok.vocab_size:
+      np.testing.assert_array_equal(got, want)
+    else:
+      sums = np.exp(got[ok].astype(np.float64)).sum(-1)
+      np.testing.assert_allclose(sums, 1.0, atol=1e-5)
+      assert np.abs(got[ok] - want[ok]).max() > 1e-3  # the tail past the top 2 is left out
+
+
 def test_a_partial_token_that_is_no_token_branches_in_the_encoders_tokens():
   stok, ttok = tokenizer.CharTokenizer(charset=ALPHABET), PlusTokenizer("three")
   plan = cm.plan_row(cm.CharTable(stok, ttok), stok, ttok, ids=stok.encode("12+"),

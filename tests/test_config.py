@@ -155,10 +155,7 @@ CASES = [
      "teachers of another tokenizer (teacher.tokenizer_paths={'gen/low': '/t/a.json'})"),
     ("c.mopd.loss = 'char_kl'", "it needs teacher.tokenizer_path or "
      "teacher.tokenizer_paths, got neither"),
-    ("c.teacher.tokenizer_path = '/t/tokenizer.json'; c.mopd.loss = 'char_kl'; "
-     "c.teacher.endpoints = ','.join(f'{d}/{e}=http://127.0.0.1:1' for d in ('gen', 'agt', "
-     "'cod') for e in ('low', 'high', 'max')); " + _HF_ALL,
-     "teacher servers (teacher.endpoints="),
+    ("c.teacher.served_top_k = 0", "teacher.served_top_k"),
 ]
 
 

@@ -172,8 +172,9 @@ def _served_by_two_families(tmp_path, two_families):
   for cells in (BPE_CELLS, tuple(x for x in CELLS if x not in BPE_CELLS)):
     [(part, part_tok)] = serve.family_banks(bank, tok, cells)
     assert tuple(part.router.names) == cells
-    servers.append((cells, server.TeacherServer(part, part_tok,
-                                                temperature=c.mopd.teacher_temperature)))
+    servers.append((cells, server.TeacherServer(part, part_tok,  # whole distributions
+                                                temperature=c.mopd.teacher_temperature,
+                                                max_logprobs=part_tok.vocab_size)))
   [(whole, _)] = serve.family_banks(bank, tok, BPE_CELLS)
   [(one, _)] = serve.family_banks(bank, tok, [BPE_CELLS[1]])
   assert one.router.names == (BPE_CELLS[1],)
@@ -192,15 +193,23 @@ def _served_by_two_families(tmp_path, two_families):
     started = [(cells, s.start()) for cells, s in servers]
     urls = {cell: url for cells, url in started for cell in cells}
     shutil.rmtree(tmp_path / "wd" / "mopd")
+    # The char_kl loss through the servers, each position's whole next-token distribution
+    # read (served_top_k at least either vocabulary): the steps of the in-process run above.
     proc = _run(tmp_path, hf_paths, tok_paths,
                 "--config.teacher.endpoints=" + ",".join(f"{c}={u}" for c, u in urls.items()),
+                "--config.mopd.loss=char_kl", "--config.teacher.served_top_k=100000",
                 stages="mopd")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "parity probe against the run's own teachers" in proc.stdout
     history = json.load(open(tmp_path / "wd" / "mopd" / "history.json"))
-    for rec in history:
+    in_process = json.load(open(tmp_path / "char" / "wd" / "mopd" / "history.json"))
+    assert len(history) == len(in_process)
+    for rec, want in zip(history, in_process):
       assert rec["unaligned_rows"] == 0.0 and set(rec["cells"]) == set(CELLS)
       assert all(np.isfinite(v["kl"]) for v in rec["cells"].values())
+      assert rec["char_positions"] == want["char_positions"] > 0
+      np.testing.assert_allclose([rec["loss"], rec["char_kl"]], [want["loss"], want["char_kl"]],
+                                 rtol=1e-5)
     one = urls[BPE_CELLS[0]]
     shutil.rmtree(tmp_path / "wd" / "mopd")
     proc = _run(tmp_path, hf_paths, tok_paths,

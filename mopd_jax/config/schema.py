@@ -123,6 +123,7 @@ class TeacherSpec:
   tokenizer_path: str  # the teachers' own tokenizer when not the student's ("" = the student's)
   tokenizer_paths: dict  # "domain/effort" -> that cell's teacher's tokenizer (else tokenizer_path)
   span_reward: str  # another tokenizer: how a span's reward reaches its student tokens
+  served_top_k: int  # char_kl with teacher.endpoints: next tokens read per position
   model: dict  # preset and ModelConfig overrides of Hugging Face teachers
 
   def mapping(self) -> dict:
@@ -161,7 +162,7 @@ _TEACHER_CHECKS = {"hf_paths": HfPaths(), "outside_cell": Str(), "outside_seed":
                    "server_dtype": OneOf(tuple(PARITY_TOLERANCE)),
                    "probe_every": Int(0), "tokenizer_path": Str(),
                    "tokenizer_paths": HfPaths("tokenizer file", "domain/effort=file"),
-                   "span_reward": OneOf(("spread", "last"))}
+                   "span_reward": OneOf(("spread", "last")), "served_top_k": Int(1)}
 
 
 def _split(value, name: str, checks: Mapping) -> tuple:

@@ -88,6 +88,8 @@ class Inputs:
   span_reward: str = "spread"  # teachers of another tokenizer: `teacher.span_reward`
   # Teachers of several families: each family's sampling engine (bank.families' order).
   teacher_engines: tuple = ()
+  # Served teachers and the char_kl loss: the servers' top-k (`char_marginal.Served`).
+  char_source: Any = None
 
   @property
   def cross(self) -> bool:
@@ -163,6 +165,8 @@ def run(inp: Inputs) -> None:
     finally:
       if inp.served:
         inp.scorer.close()
+      if inp.char_source is not None:
+        inp.char_source.close()
     history = loop.history
   log.close()
   checkpoint.save_params(inp.files.path("mopd", "params"), state.params)
@@ -287,8 +291,10 @@ class Distillation:
   def train(self, state, sampled, scored):
     c = self.inp.cfg
     step = int(state.step)
-    # The scoring bank: the teachers at mopd.teacher_temperature, with the bank's router.
-    state, rec = mopd.train_on(self.trainer, state, self.inp.scoring, sampled=sampled,
+    # The scoring bank: the teachers at mopd.teacher_temperature, with the bank's router
+    # (served and char_kl: the servers' top-k, read for the next-character targets).
+    teachers_now = self.inp.char_source or self.inp.scoring
+    state, rec = mopd.train_on(self.trainer, state, teachers_now, sampled=sampled,
                                scored=self.inp.scorer.fetch(scored), r_max=c.r_max,
                                alpha=c.alpha, measure=self.measure(step))
     if self.pool is not None:  # rows still decoding, and the trained rows' count

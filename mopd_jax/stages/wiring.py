@@ -98,6 +98,8 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
         f"{', '.join(f.cells)} ({'tokenizer ' + f.path if f.cross else 'the student tokenizer'},"
         f" {f.model_cfg.family} d_model {f.model_cfg.d_model})" for f in bank.families))
   scoring, scorer, monitor = teacher_scorer(ctx, bank, top_k=top_k)
+  # char_kl with servers: their top-k, through clients of its own.
+  char_source = served_char_source(ctx, scoring) if kind.char_targets and served else None
   teacher_engine = None if mixed else ctx.engines.teacher(ctx.teachers.model_cfg,
                                                           c.teacher_temperature)
   return mopd.Inputs(
@@ -108,7 +110,8 @@ def mopd_inputs(ctx: Run) -> mopd.Inputs:
       teacher_engines=tuple(ctx.engines.teacher(f.model_cfg, c.teacher_temperature, f.tok)
                             for f in bank.families) if mixed else (),
       bank=bank, scoring=scoring, scorer=scorer, colocated=colocated, data=ctx.data,
-      policies=ctx.policies, files=ctx.files, loops=ctx.loops, parity_monitor=monitor)
+      policies=ctx.policies, files=ctx.files, loops=ctx.loops, parity_monitor=monitor,
+      char_source=char_source)
 
 
 def scoring_bank(ctx: Run, bank: teachers.TeacherBank) -> teachers.TeacherBank:
@@ -126,30 +129,49 @@ def teacher_scorer(ctx: Run, bank: teachers.TeacherBank, *, top_k: int = 0) -> t
   monitor or None) that MOPD and eval share: the `teacher.endpoints` servers' client,
   checked against the student and parity-probed at start, or the bank in this process
   (co-located or on its disaggregated slice)."""
-  c = ctx.config.mopd
   scoring = scoring_bank(ctx, bank)
   if ctx.config.teacher.endpoints:
-    try:
-      api_key = ctx.config.teacher.api_key()
-    except ValueError as e:
-      raise config_mod.ConfigError(str(e)) from e
-    against = [{"vocab_size": f.model_cfg.vocab_size, "tokenizer": f.tok,
-                "temperature": c.teacher_temperature, "max_len": longest_row(ctx, f.tok),
-                **({"whose": "the run's teachers'"} if f.cross else {}),
-                **({"cells": f.cells} if ctx.teachers.mixed else {})}
-               for f in ctx.teachers.families]
     if ctx.teachers.mixed:
       check_served_families(ctx)
-    scorer = mopd.endpoint_scorer(
-        ctx.grid.names, ctx.config.teacher.endpoints, policy=ctx.config.teacher.retry_policy(),
-        top_k=top_k, student=against if ctx.teachers.mixed else against[0],
-        api_key=api_key, parity=bool(scoring.params))
+    scorer = served_client(ctx, scoring, top_k=top_k)
     return scoring, scorer, parity_probe(ctx, scoring, scorer)
   # Co-located or disaggregated: log-probs come back on the student mesh.
   if families.is_mixed(scoring):  # a bank per family, each scoring its teachers' rows
     return scoring, families.MixedScorer(scoring, ctx.mesh, ctx.teacher_mesh), None
   return (scoring, placement.TeacherScorer(scoring, ctx.mesh, ctx.teacher_mesh, top_k=top_k),
           None)
+
+
+def served_client(ctx: Run, scoring, *, top_k: int, family=None, extra_tokens: int = 0):
+  """The `teacher.endpoints` servers' client (of `family`'s cells alone when given), each
+  server checked against its family's vocabulary, tokenizer, scoring temperature and
+  longest row (plus `extra_tokens`), and against a scoring request at `top_k`."""
+  try:
+    api_key = ctx.config.teacher.api_key()
+  except ValueError as e:
+    raise config_mod.ConfigError(str(e)) from e
+  fams = ctx.teachers.families if family is None else (family,)
+  against = [{"vocab_size": f.model_cfg.vocab_size, "tokenizer": f.tok,
+              "temperature": ctx.config.mopd.teacher_temperature,
+              "max_len": longest_row(ctx, f.tok) + extra_tokens,
+              **({"whose": "the run's teachers'"} if f.cross else {}),
+              **({"cells": f.cells} if ctx.teachers.mixed else {})}
+             for f in fams]
+  return mopd.endpoint_scorer(
+      ctx.grid.names if family is None else family.cells, ctx.config.teacher.endpoints,
+      policy=ctx.config.teacher.retry_policy(), top_k=top_k,
+      student=against if len(against) > 1 else against[0], api_key=api_key,
+      parity=bool(scoring.params))
+
+
+def served_char_source(ctx: Run, scoring) -> char_marginal.Served:
+  """Served teachers read for the `char_kl` targets: a client per family asking for the top
+  `teacher.served_top_k` (at most the family's vocabulary) at every position."""
+  k = ctx.config.teacher.served_top_k
+  return char_marginal.Served(scoring, tuple(
+      (f.cells, served_client(ctx, scoring, top_k=min(k, f.model_cfg.vocab_size), family=f,
+                              extra_tokens=1))
+      for f in ctx.teachers.families))
 
 
 def check_served_families(ctx: Run) -> None:

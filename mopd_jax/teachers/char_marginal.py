@@ -205,6 +205,86 @@ def next_logprobs(cfg: models.ModelConfig, params_K, tokens_KxnxT, *, mask_KxnxT
   return jax.vmap(one)(jax.lax.stop_gradient(params_K), (tokens_KxnxT, mask_KxnxT, at_KxnxA))
 
 
+def _next_of(bank):
+  """`fn(tokens, *, mask_KxnxT, at_KxnxA)` -> [K, n, A, V] the bank's teachers' next-token
+  log-probs after the positions `at` of their rows: the jitted pass on the bank's params
+  in this process, or the servers' top-k (`Served`)."""
+  if isinstance(bank, Served):
+    return bank.next_logprobs
+  return functools.partial(lambda b, *a, **kw: next_logprobs(b.model_cfg, b.params, *a, **kw),
+                           bank)
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+  """Teachers behind servers, read for the next-character targets: a row's next-token
+  distribution after a position is the servers' top-k there and the row's own next token
+  (whose log-prob every answer carries), the mass left over spread evenly over the other
+  tokens (the least-informative completion: no character any token writes is given
+  probability 0, so the reverse KL stays bounded); with k the teacher's vocabulary it is the
+  in-process pass. Each row is sent with one token more
+  (`filler`), so the distribution after its last token is read too (a prompt's log-probs
+  stop at its last token). `bank`: the run's bank without params (a `families.MixedBank` of
+  several families); `clients`: ((cells, a `teacher_client.EndpointScorer` of those cells
+  built with `top_k` > 0), ...), one per family; `cells`: the teachers of the K axis this
+  view reads (None: all of them, router order), one family's."""
+  bank: object
+  clients: tuple
+  cells: tuple = None
+  filler: int = 0
+
+  @property
+  def router(self):
+    return self.bank.router
+
+  @property
+  def names(self) -> tuple:
+    return tuple(self.cells or self.bank.router.names)
+
+  def family(self, cells) -> "Served":
+    return dataclasses.replace(self, cells=tuple(cells))
+
+  def close(self) -> None:
+    for _, client in self.clients:
+      client.close()
+
+  def next_logprobs(self, tokens, *, mask_KxnxT, at_KxnxA):
+    tokens, mask, at = np.asarray(tokens), np.asarray(mask_KxnxT, bool), np.asarray(at_KxnxA)
+    client = next(c for cells, c in self.clients if set(self.names) <= set(cells))
+    k_n, n, width = tokens.shape
+    every = list(client.names)
+    rows = np.zeros((len(every), n, width + 1), np.int32)
+    live = np.zeros((len(every), n, width + 1), bool)
+    where = [every.index(c) for c in self.names]
+    lengths = mask.sum(-1)
+    for k, kk in enumerate(where):
+      rows[kk, :, :width] = tokens[k]
+      for j in range(n):
+        if lengths[k, j]:
+          rows[kk, j, lengths[k, j]] = self.filler
+          live[kk, j, :lengths[k, j] + 1] = True
+    lp, tk_lp, tk_ids = client.fetch(client.submit(rows, live))
+    fams = getattr(self.bank, "families", None)  # a MixedBank: the view's family's model
+    cfg = (next(f.model_cfg for f in fams if set(self.names) <= set(f.cells)) if fams
+           else self.bank.model_cfg)
+    vocab = max(cfg.vocab_size, int(np.max(tk_ids, initial=0)) + 1)
+    out = np.full((k_n, n, at.shape[-1], vocab), -np.inf, np.float32)
+    j, a = np.arange(n)[:, None], np.arange(at.shape[-1])[None, :]
+    for k, kk in enumerate(where):
+      pos = at[k] + 1  # the answer at position t is the distribution that predicts token t
+      known = np.zeros(out.shape[1:], bool)
+      out[k][j[..., None], a[..., None], tk_ids[kk][j, pos]] = tk_lp[kk][j, pos]
+      known[j[..., None], a[..., None], tk_ids[kk][j, pos]] = True
+      out[k][j, a, rows[kk][j, pos]] = lp[kk][j, pos]
+      known[j, a, rows[kk][j, pos]] = True
+      # The mass past what was read, spread evenly over the tokens not read.
+      rest = np.maximum(1.0 - np.exp(np.where(known, out[k], -np.inf)).sum(-1), 0.0)
+      with np.errstate(divide="ignore"):
+        fill = np.log(rest / np.maximum((~known).sum(-1), 1)).astype(np.float32)
+      out[k] = np.where(known, out[k], fill[..., None])
+    return out
+
+
 def targets(bank: teachers.TeacherBank, sampled, table: CharTable, *, student_tok,
             teacher_tok) -> tuple:
   """([B, T, V_s] the teachers' next-character log-probs on the student's positions of
@@ -218,8 +298,7 @@ def targets(bank: teachers.TeacherBank, sampled, table: CharTable, *, student_to
   for k, slot in zip(*np.nonzero(index >= 0)):
     k_of[int(index[k, slot])], slot_of[int(index[k, slot])] = int(k), int(slot)
   at = np.broadcast_to(np.arange(tokens.shape[-1], dtype=np.int32), tokens.shape)
-  main = np.asarray(next_logprobs(bank.model_cfg, bank.params, tokens, mask_KxnxT=mask,
-                                  at_KxnxA=at))
+  main = np.asarray(_next_of(bank)(tokens, mask_KxnxT=mask, at_KxnxA=at))
   plans = {}
   for r, a in enumerate(sampled.alignments or ()):
     if a is None or r not in k_of:
@@ -287,8 +366,7 @@ def _score_branches(bank, branches: dict, *, tokens, k_of, slot_of, spans) -> li
       tok[k, s, cut:cut + len(ids)] = ids
       msk[k, s, :cut + len(ids)] = True
       at[k, s] = np.minimum(cut + np.arange(steps), cut + len(ids) - 1)
-  got = np.asarray(next_logprobs(bank.model_cfg, bank.params, tok, mask_KxnxT=msk,
-                                 at_KxnxA=at))
+  got = np.asarray(_next_of(bank)(tok, mask_KxnxT=msk, at_KxnxA=at))
   out = [None] * len(branches)
   for k, rows in enumerate(per):
     for s, (j, _, _, ids) in enumerate(rows):
@@ -322,10 +400,13 @@ def topk_of(bank, sampled) -> tuple:
                      "(teacher.tokenizer_path): the batch has no alignment to read")
   s_tok, t_tok = sampled.tokenizers
   t = time.perf_counter()
-  if families.is_mixed(bank):
+  inner = bank.bank if isinstance(bank, Served) else bank
+  if families.is_mixed(inner):
     tokens, mask = np.asarray(sampled.tokens), np.asarray(sampled.input_mask)
     lp, ok, counts = 0.0, False, {"char_branches": 0, "char_positions": 0}
-    for part, fam, m in zip(bank.parts, bank.families, bank.members):
+    parts = ([bank.family(f.cells) for f in inner.families] if isinstance(bank, Served)
+             else bank.parts)
+    for part, fam, m in zip(parts, inner.families, inner.members):
       rows = dataclasses.replace(sampled, index=np.asarray(sampled.index)[m],
                                  tokens=tokens[m], input_mask=mask[m])
       got, set_, n = targets(part, rows, table_for(s_tok, fam.tok), student_tok=s_tok,
