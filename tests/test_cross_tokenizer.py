@@ -278,7 +278,7 @@ def test_teacher_servers_of_another_tokenizer(tmp_path, bpe_teachers):
   wrong = serve.TeacherServer(bank, student_tok, temperature=temperature)
   hf_paths = "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in paths.items())
   try:
-    url = good.start()
+    good_url = url = good.start()
     proc = _run(tmp_path, hf_paths, f"--config.teacher.tokenizer_path={path}",
                 "--config.teacher.endpoints=" + ",".join(f"{c}={url}" for c in CELLS),
                 stages="data,sft,rl,mopd")
@@ -306,6 +306,14 @@ def test_teacher_servers_of_another_tokenizer(tmp_path, bpe_teachers):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert (f"has tokenizer fingerprint {tokenizer.fingerprint(student_tok)} but the "
             f"run's teachers' is {tokenizer.fingerprint(tok)}") in proc.stderr
+    # char_kl through a server whose top-k stops below teacher.served_top_k: refused at
+    # start in one line.
+    proc = _run(tmp_path, hf_paths, f"--config.teacher.tokenizer_path={path}",
+                "--config.teacher.endpoints=" + ",".join(f"{c}={good_url}" for c in CELLS),
+                "--config.mopd.loss=char_kl", "--config.teacher.served_top_k=21",
+                stages="mopd")
+    assert proc.returncode == 2 and "config error:" in proc.stderr, proc.stderr[-3000:]
+    assert "max_logprobs 20" in proc.stderr, proc.stderr[-3000:]
   finally:
     good.stop()
     wrong.stop()
