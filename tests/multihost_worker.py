@@ -37,6 +37,59 @@ def _tick(what: str, _t=[None]) -> None:
   print(f"[{now - _t[0]:6.1f}s] {what}", file=sys.stderr, flush=True)
 
 
+def relayed_scores(url: str) -> dict:
+  """Teacher servers in a run of several processes (`teachers/relayed.py`): process 0 asks
+  the server at `url` (holding this module's teachers), every process gets its answers;
+  an error on process 0 (a server that is not there, a start-up check) is raised on every
+  process with its type."""
+  import numpy as np
+
+  from mopd_jax.config import endpoints, schema
+  from mopd_jax.teachers import client, relayed
+  names = tuple(f"d{k}/e" for k in range(NUM_TEACHERS))
+  scorer = relayed.Relayed(lambda: client.EndpointScorer(
+      names, {n: (url,) for n in names}, top_k=2))
+  tokens, im, _, _ = _dataset(300, (NUM_TEACHERS,), ROWS_PER_TEACHER)
+  lp, tk_lp, tk_ids = scorer(tokens, im)
+  scorer.close()
+  dead = relayed.Relayed(lambda: client.EndpointScorer(
+      names, {n: ("http://127.0.0.1:9",) for n in names},
+      policy=endpoints.RetryPolicy(timeout_s=5.0, retries=0)))
+  out = {"relayed_lp": lp, "relayed_tk_lp": tk_lp, "relayed_tk_ids": tk_ids}
+  try:
+    dead(tokens, im)
+  except client.TeacherUnavailable as e:
+    out["relayed_down"] = np.asarray(str(e))
+  dead.close()
+
+  def refuse():
+    raise schema.ConfigError("a start-up check refused")
+  try:
+    relayed.Relayed(refuse)
+  except schema.ConfigError as e:
+    out["relayed_refused"] = np.asarray(str(e))
+  _tick("served scores relayed")
+  return out
+
+
+def serve_teachers():
+  """This module's teachers behind a teacher server (started; the caller stops it)."""
+  import jax
+  import jax.numpy as jnp
+
+  from mopd_jax import models
+  from mopd_jax.io.tokenizer import CharTokenizer
+  from mopd_jax.teachers import bank as teachers, server
+  cfg = models.ModelConfig(**CFG_KW)
+  keys = jnp.stack([jax.random.PRNGKey(10 + k) for k in range(NUM_TEACHERS)])
+  bank = teachers.TeacherBank(params=jax.vmap(lambda r: models.init_params(cfg, r))(keys),
+                              model_cfg=cfg, router=teachers.Router(tuple(
+                                  f"d{k}/e" for k in range(NUM_TEACHERS))))
+  s = server.TeacherServer(bank, CharTokenizer())
+  s.start()
+  return s
+
+
 def run_steps(mesh, workdir: str) -> dict:
   import jax
   import jax.numpy as jnp
@@ -197,6 +250,7 @@ def main() -> None:
   ap.add_argument("--coordinator", required=True)
   ap.add_argument("--local_devices", type=int, default=2)
   ap.add_argument("--workdir", required=True)
+  ap.add_argument("--server", default="", help="A teacher server of this module's teachers.")
   args = ap.parse_args()
   import suite_cli  # beside this file: the suite's XLA flags (LLVM at -O0)
   os.environ["XLA_FLAGS"] = suite_cli.xla_flags(args.local_devices)
@@ -217,6 +271,9 @@ def main() -> None:
   os.makedirs(args.workdir, exist_ok=True)
   np.savez(os.path.join(args.workdir, f"grain_{args.process_id}.npz"), **grain_batches())
   out = run_steps(mesh, args.workdir)
+  if args.server:  # what each process received, in a file of its own
+    np.savez(os.path.join(args.workdir, f"relayed_{args.process_id}.npz"),
+             **relayed_scores(args.server))
   if distributed.is_main():
     np.savez(os.path.join(args.workdir, "result.npz"),
              sft_loss=out["sft_loss"], mopd_loss=out["mopd_loss"],

@@ -44,13 +44,28 @@ def _run_processes(commands, envs, timeout):
 def test_two_processes_equal_one_process(tmp_path):  # ~100 s on 2 cores: 2 workers + reference
   coordinator = f"localhost:{_free_port()}"
   env = {k: v for k, v in suite_cli.env().items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  _run_processes([[sys.executable, os.path.join(ROOT, "tests", "multihost_worker.py"),
-                   "--process_id", str(i), "--num_processes", "2", "--coordinator", coordinator,
-                   "--workdir", str(tmp_path / "multi")] for i in range(2)], [env, env], 240)
-  multi = np.load(tmp_path / "multi" / "result.npz")
-
-  mesh = sharding.make_mesh(multihost_worker.MESH, jax.devices()[:4])
-  ref = multihost_worker.run_steps(mesh, str(tmp_path / "single"))
+  server = multihost_worker.serve_teachers()
+  try:
+    _run_processes([[sys.executable, os.path.join(ROOT, "tests", "multihost_worker.py"),
+                     "--process_id", str(i), "--num_processes", "2", "--coordinator",
+                     coordinator, "--workdir", str(tmp_path / "multi"), "--server", server.url]
+                    for i in range(2)], [env, env], 240)
+    multi = np.load(tmp_path / "multi" / "result.npz")
+    mesh = sharding.make_mesh(multihost_worker.MESH, jax.devices()[:4])
+    ref = multihost_worker.run_steps(mesh, str(tmp_path / "single"))
+    ref.update(multihost_worker.relayed_scores(server.url))
+  finally:
+    server.stop()
+  # Served teachers on two processes: process 0's answers on both, equal to asking alone;
+  # a server that is not there, and a refused start, raise on both processes.
+  assert ref["relayed_tk_ids"].shape == ref["relayed_lp"].shape + (2,)
+  assert "unavailable" in str(ref["relayed_down"])
+  for i in range(2):
+    got = np.load(tmp_path / "multi" / f"relayed_{i}.npz")
+    for key in ("relayed_lp", "relayed_tk_lp", "relayed_tk_ids"):
+      np.testing.assert_array_equal(got[key], ref[key], err_msg=f"process {i} {key}")
+    assert str(got["relayed_down"]) == str(ref["relayed_down"])
+    assert str(got["relayed_refused"]) == "a start-up check refused"
 
   np.testing.assert_allclose(multi["sft_loss"], ref["sft_loss"], atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(multi["mopd_loss"], ref["mopd_loss"], atol=1e-5, rtol=1e-5)
@@ -150,24 +165,20 @@ def test_process_rows_single_process():
   assert got["x"].sharding.spec == sharding.batch_spec(2)
 
 
-@pytest.mark.slow  # ~4 min on 2 cores: every stage on 1 process, MOPD and eval on 2
-def test_two_families_on_two_processes(tmp_path, two_families):
-  """Teachers of two families (BPE `gen` and `agt` teachers beside character-vocabulary
-  `cod` ones) on 2 processes x 2 CPU devices: the MOPD steps with the next-character loss
-  and the eval's held-out log-ratio and accuracies equal those of 1 process on 4 devices,
-  from the same data, SFT and RL stages."""
+def _one_and_two_processes(tmp_path, flags, later=lambda single: ()) -> tuple:
+  """`experiments.run` with `flags` on 1 process x 4 CPU devices (the data, SFT and RL
+  stages, then the MOPD, eval and report stages with the flags `later(workdir)` adds), and
+  the MOPD, eval and report stages again on 2 processes x 2 devices from a copy of its data,
+  SFT and RL stages; (the 1-process workdir, the 2-process one, process 0's log)."""
   import shutil
-  from test_teacher_families import BPE_CELLS
-  path, paths = two_families
-  flags = ("--config", "configs/qwen3_mopd.py:tiny", "--config.mesh.data=2",
-           "--config.mesh.tensor=2", "--config.mopd.prompts_per_cell=2",
-           "--config.mopd.loss=char_kl", "--config.eval.kl_rollouts=2",
-           "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in paths.items()),
-           "--config.teacher.tokenizer_paths=" + ",".join(f"{c}={path}" for c in BPE_CELLS))
   single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
-  ref = subprocess.run([sys.executable, "-m", "experiments.run", *flags, "--workdir", single],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900,
-                       env=suite_cli.env(devices=4))
+  run = lambda *more: subprocess.run(
+      [sys.executable, "-m", "experiments.run", *flags, "--workdir", single, *more], cwd=ROOT,
+      capture_output=True, text=True, timeout=900, env=suite_cli.env(devices=4))
+  ref = run("--config.stages=data,sft,rl")
+  assert ref.returncode == 0, ref.stderr[-3000:]
+  extra = tuple(later(single))
+  ref = run("--config.stages=mopd,eval,report", *extra)
   assert ref.returncode == 0, ref.stderr[-3000:]
   os.makedirs(multi)
   for name in ("data", "sft", "rl", "teachers.json"):
@@ -177,10 +188,15 @@ def test_two_families_on_two_processes(tmp_path, two_families):
   base = suite_cli.env(devices=2)
   logs = _run_processes(
       [[sys.executable, "-m", "experiments.run", *flags, "--workdir", multi,
-        "--config.stages=mopd,eval,report"]] * 2,
+        "--config.stages=mopd,eval,report", *extra]] * 2,
       [{**base, "JAX_COORDINATOR_ADDRESS": coordinator, "JAX_NUM_PROCESSES": "2",
         "JAX_PROCESS_ID": str(i)} for i in range(2)], 900)
-  assert "2 teacher families" in logs[0]
+  return single, multi, logs[0]
+
+
+def _same_mopd_and_eval(single: str, multi: str, cells) -> None:
+  """The two runs' MOPD steps (char_kl: losses within 1e-5) and eval (accuracies and lengths
+  identical, every cell's teacher measured, held-out log-ratio within 1e-5) agree."""
   ha = json.load(open(os.path.join(multi, "mopd", "history.json")))
   hb = json.load(open(os.path.join(single, "mopd", "history.json")))
   assert len(ha) == len(hb) > 0
@@ -193,8 +209,67 @@ def test_two_families_on_two_processes(tmp_path, two_families):
   assert ({key(c): (c["accuracy"], c["mean_length"]) for c in ea["cells"]}
           == {key(c): (c["accuracy"], c["mean_length"]) for c in eb["cells"]})
   assert {key(c)[1:] for c in ea["cells"] if c["policy"] == "teacher"} == {
-      tuple(c.split("/")) for c in paths}
+      tuple(c.split("/")) for c in cells}
   for policy, h in eb["kl_heldout"].items():
     assert h["measure"] == "sampled"
     np.testing.assert_allclose(ea["kl_heldout"][policy]["kl_exact"], h["kl_exact"], rtol=1e-5)
   assert os.path.exists(os.path.join(multi, "report.md"))
+
+
+def _family_flags(two_families) -> tuple:
+  from test_teacher_families import BPE_CELLS
+  path, paths = two_families
+  return ("--config", "configs/qwen3_mopd.py:tiny", "--config.mesh.data=2",
+          "--config.mesh.tensor=2", "--config.mopd.prompts_per_cell=2",
+          "--config.mopd.loss=char_kl", "--config.eval.kl_rollouts=2",
+          "--config.teacher.hf_paths=" + ",".join(f"{c}={p}" for c, p in paths.items()),
+          "--config.teacher.tokenizer_paths=" + ",".join(f"{c}={path}" for c in BPE_CELLS))
+
+
+@pytest.mark.slow  # ~3 min on 2 cores: every stage on 1 process, MOPD and eval on 2
+def test_two_families_on_two_processes(tmp_path, two_families):
+  """Teachers of two families (BPE `gen` and `agt` teachers beside character-vocabulary
+  `cod` ones) on 2 processes x 2 CPU devices: the MOPD steps with the next-character loss
+  and the eval's held-out log-ratio and accuracies equal those of 1 process on 4 devices,
+  from the same data, SFT and RL stages."""
+  single, multi, log = _one_and_two_processes(tmp_path, _family_flags(two_families))
+  assert "2 teacher families" in log
+  _same_mopd_and_eval(single, multi, two_families[1])
+
+
+@pytest.mark.slow  # ~4 min on 2 cores
+def test_served_teachers_on_two_processes(tmp_path, two_families):
+  """The same teachers behind two servers (one per family, whole distributions): on 2
+  processes process 0 alone asks them and relays what it gets (`teachers/relayed.py`); the
+  MOPD steps (char_kl through the servers) and the eval equal those of 1 process."""
+  import configs.qwen3_mopd as q
+  from mopd_jax import serve
+  from mopd_jax.teachers import server
+  from test_teacher_families import BPE_CELLS
+  flags = _family_flags(two_families)
+  servers = []
+
+  def serve_them(single):  # the run's teachers (its manifest), a server per family
+    c = q.get_config("tiny")
+    c.mesh.data = jax.device_count()
+    c.mopd.prompts_per_cell = jax.device_count()
+    c.mopd.loss = "mopd"
+    c.teacher.hf_paths, c.teacher.tokenizer_paths = (f.split("=", 1)[1] for f in flags[-2:])
+    bank, tok = serve.bank_from_config(c, teachers_path=os.path.join(single, "teachers.json"))
+    others = tuple(x for x in two_families[1] if x not in BPE_CELLS)
+    for cells in (BPE_CELLS, others):
+      [(part, part_tok)] = serve.family_banks(bank, tok, cells)
+      servers.append((cells, server.TeacherServer(
+          part, part_tok, temperature=c.mopd.teacher_temperature,
+          max_logprobs=part_tok.vocab_size)))
+    urls = {cell: url for cells, url in [(cells, s.start()) for cells, s in servers]
+            for cell in cells}
+    return ("--config.teacher.served_top_k=100000", "--config.teacher.endpoints=" +
+            ",".join(f"{cell}={u}" for cell, u in urls.items()))
+  try:
+    single, multi, log = _one_and_two_processes(tmp_path, flags, later=serve_them)
+  finally:
+    for _, s in servers:
+      s.stop()
+  assert "parity probe against the run's own teachers" in log
+  _same_mopd_and_eval(single, multi, two_families[1])

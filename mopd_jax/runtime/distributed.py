@@ -137,10 +137,13 @@ def mesh_of(tree) -> Mesh:
 
 
 def gather(tree):
-  """The full value of every (possibly cross-process sharded) array, on every process."""
+  """The full value of every (possibly cross-process sharded) array, on every process. A
+  numpy array is a host value every process already holds in full (e.g. the scores a
+  teacher server's answers, relayed from process 0): it passes unchanged."""
   if jax.process_count() == 1:
     return jax.device_get(tree)
-  return multihost_utils.process_allgather(tree, tiled=True)
+  return jax.tree.map(lambda x: x if isinstance(x, np.ndarray) else
+                      multihost_utils.process_allgather(x, tiled=True), tree)
 
 
 def allgather_texts(local: list) -> list:
@@ -158,6 +161,18 @@ def allgather_texts(local: list) -> list:
   all_lens = np.asarray(multihost_utils.process_allgather(lens)).reshape(-1)
   all_buf = np.asarray(multihost_utils.process_allgather(buf)).reshape(-1, buf.shape[1])
   return [bytes(row[:n]).decode("utf-8") for row, n in zip(all_buf, all_lens)]
+
+
+def broadcast_text(text: str) -> str:
+  """Process 0's string, on every process (the others' `text` is not read)."""
+  if jax.process_count() == 1:
+    return text
+  data = np.frombuffer(text.encode("utf-8"), np.uint8) if is_main() else np.zeros(0, np.uint8)
+  n = int(np.asarray(multihost_utils.broadcast_one_to_all(np.asarray([data.size], np.int32)))[0])
+  buf = np.zeros(max(n, 1), np.uint8)
+  buf[:data.size] = data
+  got = np.asarray(multihost_utils.broadcast_one_to_all(buf))
+  return bytes(got[:n]).decode("utf-8")
 
 
 def sync(name: str) -> None:

@@ -35,7 +35,7 @@ from mopd_jax.rollout import partial, turns as rollout
 from mopd_jax.stages import loops, mopd_init, sources
 from mopd_jax.tasks import base as task_base, grid as grid_mod, views
 from mopd_jax.teachers import (async_scoring, bank as teachers,
-                               client as teacher_client, parity, placement)
+                               client as teacher_client, parity, placement, relayed)
 from mopd_jax.training import diagnostics, mopd, step as train, vocab_kl
 
 IN_FLIGHT = "_in_flight"  # the data state's entry of the partial-rollout pool (not a domain)
@@ -98,7 +98,7 @@ class Inputs:
 
   @property
   def served(self) -> bool:
-    return isinstance(self.scorer, teacher_client.EndpointScorer)
+    return isinstance(self.scorer, (teacher_client.EndpointScorer, relayed.Relayed))
 
   def budgets(self, examples, effort: str) -> list:
     return task_base.effort_budgets(examples, effort, self.grid.taus)
@@ -111,23 +111,24 @@ def endpoint_scorer(cells, endpoints: str, *, policy, top_k: int, student: dict,
   when the vocabulary and tokenizer are the run's teachers' of another tokenizer}, or with
   teachers of several families a list of such, one per family, each naming its `cells`
   (their servers checked against it). `parity`: the parity probe will compare the servers
-  with the run's own teachers."""
-  if jax.process_count() > 1:
-    raise ValueError("teacher.endpoints scores from a single process; run the trainer as one "
-                     "process or use placement.teachers")
-  scorer = teacher_client.EndpointScorer(cells, endpoints, policy=policy, top_k=top_k,
-                                         api_key=api_key)
-  try:
-    for one in ([student] if isinstance(student, Mapping) else student):
-      tok = one["tokenizer"]  # with teachers of several families, each family's servers
-      scorer.check(vocab_size=one["vocab_size"], tokenizer_hash=tokenizer.fingerprint(tok),
-                   temperature=one["temperature"], probe=(PROBE_TEXT, tok.encode(PROBE_TEXT)),
-                   max_len=one.get("max_len", 0), parity=parity,
-                   whose=one.get("whose", "the student's"), only=one.get("cells"))
-  except ValueError as e:  # a server for another student: one `config error:` line
-    scorer.close()
-    raise config_mod.ConfigError(str(e)) from e
-  return scorer
+  with the run's own teachers. In a run of several processes process 0 alone holds the
+  client and relays what it gets (`relayed.Relayed`)."""
+  def build():
+    scorer = teacher_client.EndpointScorer(cells, endpoints, policy=policy, top_k=top_k,
+                                           api_key=api_key)
+    try:
+      for one in ([student] if isinstance(student, Mapping) else student):
+        tok = one["tokenizer"]  # with teachers of several families, each family's servers
+        scorer.check(vocab_size=one["vocab_size"], tokenizer_hash=tokenizer.fingerprint(tok),
+                     temperature=one["temperature"],
+                     probe=(PROBE_TEXT, tok.encode(PROBE_TEXT)), max_len=one.get("max_len", 0),
+                     parity=parity, whose=one.get("whose", "the student's"),
+                     only=one.get("cells"))
+    except ValueError as e:  # a server for another student: one `config error:` line
+      scorer.close()
+      raise config_mod.ConfigError(str(e)) from e
+    return scorer
+  return relayed.Relayed(build) if jax.process_count() > 1 else build()
 
 
 def run(inp: Inputs) -> None:
