@@ -211,8 +211,7 @@ def _next_of(bank):
   in this process, or the servers' top-k (`Served`)."""
   if isinstance(bank, Served):
     return bank.next_logprobs
-  return functools.partial(lambda b, *a, **kw: next_logprobs(b.model_cfg, b.params, *a, **kw),
-                           bank)
+  return lambda *args, **kw: next_logprobs(bank.model_cfg, bank.params, *args, **kw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,9 +221,8 @@ class Served:
   (whose log-prob every answer carries), the mass left over spread evenly over the other
   tokens (the least-informative completion: no character any token writes is given
   probability 0, so the reverse KL stays bounded); with k the teacher's vocabulary it is the
-  in-process pass. Each row is sent with one token more
-  (`filler`), so the distribution after its last token is read too (a prompt's log-probs
-  stop at its last token). `bank`: the run's bank without params (a `families.MixedBank` of
+  in-process pass. Each row is sent with one token more (`filler`), so the distribution
+  after its last token is read too (a prompt's log-probs stop at its last token). `bank`: the run's bank without params (a `families.MixedBank` of
   several families); `clients`: ((cells, a `teacher_client.EndpointScorer` of those cells
   built with `top_k` > 0), ...), one per family; `cells`: the teachers of the K axis this
   view reads (None: all of them, router order), one family's."""
@@ -394,7 +392,8 @@ def topk_of(bank, sampled) -> tuple:
   (the student's, the teachers'). Teachers of several families (`bank` a
   `families.MixedBank`, `tokenizers[1]` each teacher's): each family's rows by its own
   bank and tokenizer (a family of the student's tokenizer gives its teacher's next-token
-  distribution, which is its next-character one)."""
+  distribution, which is its next-character one). Teachers behind servers (`bank` a
+  `Served`): their top-k, each family's through its own client."""
   if sampled.tokenizers is None:
     raise ValueError("the char_kl loss needs teachers of another tokenizer "
                      "(teacher.tokenizer_path): the batch has no alignment to read")
