@@ -32,14 +32,16 @@ _ERRORS = {cls.__name__: cls for cls in (
 
 def _on_zero(fn: Callable):
   """fn()'s value on process 0 (None elsewhere); an error it raises is raised on every
-  process."""
-  value, failure = None, None
+  process (on process 0 itself, with its traceback)."""
+  value, error, failure = None, None, None
   if distributed.is_main():
     try:
       value = fn()
     except Exception as e:  # pylint: disable=broad-except
-      failure = {"type": type(e).__name__, "message": str(e)}
+      error, failure = e, {"type": type(e).__name__, "message": str(e)}
   failure = json.loads(distributed.broadcast_text(json.dumps(failure)))
+  if error is not None:
+    raise error
   if failure is not None:
     raise _ERRORS.get(failure["type"], RuntimeError)(failure["message"])
   return value
