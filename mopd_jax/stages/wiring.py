@@ -6,6 +6,8 @@ and never sees the run.
 """
 from __future__ import annotations
 
+import functools
+
 from mopd_jax import models
 from mopd_jax.config import schema as config_mod
 from mopd_jax.io import checkpoint, tokenizer
@@ -189,6 +191,9 @@ def check_served_families(ctx: Run) -> None:
           "families (teacher.tokenizer_paths); a server holds one tokenizer")
 
 
+# Measured once per run and tokenizer: the servers' clients of a run (eq. 15's, `char_kl`'s
+# per family) each check it, and it encodes every prompt of every split at every effort.
+@functools.lru_cache(maxsize=8)
 def longest_row(ctx: Run, tok=None) -> int:
   """The longest row the run can send a teacher of tokenizer `tok` (default the teachers'):
   its grid's longest prompt (every split, the student's view at every effort, the longer
