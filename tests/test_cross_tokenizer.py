@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+import saved
 import suite_cli
 
 ROOT = suite_cli.ROOT
@@ -67,14 +68,6 @@ def test_bpe_fit_writes_multi_character_tokens_and_the_toy_specials(bpe_teachers
   pieces = apart.token_bytes(apart.encode("2,2,0,2\n#12+30"))
   assert all(sum(c.isdigit() for c in p.decode()) <= 1 for p in pieces)
   assert b"2," in pieces and bpe.multi_char_share(apart, texts) >= 0.3
-
-
-def _saved(path) -> dict:
-  """{leaf path: numpy array} of a saved orbax params tree."""
-  import orbax.checkpoint as ocp
-  tree = ocp.StandardCheckpointer().restore(str(path))
-  return {jax.tree_util.keystr(p): np.asarray(x)
-          for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _run(tmp_path, *flags, stages="data,sft,rl,mopd,eval,report", devices=None):
@@ -180,7 +173,7 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
   # Resumed from its checkpoint of step 2, the run's last step and final params are the
   # uninterrupted run's, bitwise (the targets hold no state of their own).
   mopd_dir = tmp_path / "char" / "wd" / "mopd"
-  final = _saved(mopd_dir / "params")
+  final = saved.arrays(mopd_dir / "params")
   for name in ("DONE.json", "history.json"):
     (mopd_dir / name).unlink()
   shutil.rmtree(mopd_dir / "params")
@@ -191,7 +184,7 @@ def test_every_stage_runs_with_teachers_of_another_tokenizer(tmp_path, bpe_teach
   assert f"resuming from checkpoint step {len(mopd_rows) - 1}" in proc.stdout + proc.stderr
   untimed = lambda rows: [{k: v for k, v in r.items() if k != "char_seconds"} for r in rows]
   assert untimed(json.load(open(mopd_dir / "history.json"))) == untimed(mopd_rows)
-  again = _saved(mopd_dir / "params")
+  again = saved.arrays(mopd_dir / "params")
   assert again.keys() == final.keys() and final
   assert all(np.array_equal(again[k], final[k]) for k in final)
   # The same teachers read as if they had the student's tokenizer: refused.

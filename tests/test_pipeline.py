@@ -6,11 +6,10 @@ import shutil
 import subprocess
 import sys
 
-import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
+import saved
 import suite_cli
 from mopd_jax.evaluation import report
 
@@ -20,13 +19,6 @@ def _run_cli(workdir, *extra):
   return subprocess.run([*suite_cli.TINY_CLI, "--workdir", workdir, *extra],
                         cwd=suite_cli.ROOT, env=suite_cli.env(), capture_output=True, text=True,
                         timeout=600)
-
-
-def _params(path) -> dict:
-  """{leaf path: numpy array} of a saved orbax params tree (read as saved)."""
-  tree = ocp.StandardCheckpointer().restore(os.path.abspath(path))
-  return {jax.tree_util.keystr(p): np.asarray(x)
-          for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _copy_without(workdir, wd, stages) -> None:
@@ -90,8 +82,8 @@ def test_soft_target_init_through_the_stage(workdir, tmp_path):
   proc = _run_cli(wd, "--config.stages=mopd", "--config.mopd.init_target=distribution",
                   "--config.mopd.steps=1")
   assert proc.returncode == 0, proc.stderr[-3000:]
-  soft = _params(os.path.join(wd, "mopd", "init_params"))
-  hard = _params(os.path.join(workdir, "mopd", "init_params"))
+  soft = saved.arrays(os.path.join(wd, "mopd", "init_params"))
+  hard = saved.arrays(os.path.join(workdir, "mopd", "init_params"))
   assert soft.keys() == hard.keys()
   assert any(not np.array_equal(soft[k], hard[k]) for k in soft)
   assert all(np.isfinite(v).all() for v in soft.values())
@@ -108,8 +100,8 @@ def test_the_student_starts_as_pi_sft_at_its_start_temperature(workdir, tmp_path
                   "--config.mopd.start_temperature=0.25", "--config.mopd.steps=1",
                   "--config.mopd.lr=1e-12")
   assert proc.returncode == 0, proc.stderr[-3000:]
-  sft = _params(os.path.join(wd, "sft", "params"))
-  student = _params(os.path.join(wd, "mopd", "params"))
+  sft = saved.arrays(os.path.join(wd, "sft", "params"))
+  student = saved.arrays(os.path.join(wd, "mopd", "params"))
   assert student.keys() == sft.keys()
   scale = [k for k in sft if "final_norm" in k]
   assert len(scale) == 1
@@ -234,7 +226,7 @@ def test_mopd_stage_with_partial_rollouts_resumes_exactly(workdir, tmp_path):
   assert len(hist) == 3 and all("in_flight" in h for h in hist)
   assert any(h["in_flight"] > 0 for h in hist) and all(h["rows"] >= 1 for h in hist)
   assert json.load(open(os.path.join(wd, "mopd", "DONE.json")))["partial_rollout_tokens"] == 6
-  final = _params(os.path.join(wd, "mopd", "params"))
+  final = saved.arrays(os.path.join(wd, "mopd", "params"))
   for name in ("DONE.json", "history.json"):
     os.remove(os.path.join(wd, "mopd", name))
   shutil.rmtree(os.path.join(wd, "mopd", "params"))
@@ -243,7 +235,7 @@ def test_mopd_stage_with_partial_rollouts_resumes_exactly(workdir, tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "resuming from checkpoint step 2" in proc.stdout + proc.stderr
   assert json.load(open(os.path.join(wd, "mopd", "history.json"))) == hist
-  again = _params(os.path.join(wd, "mopd", "params"))
+  again = saved.arrays(os.path.join(wd, "mopd", "params"))
   assert again.keys() == final.keys() and final
   assert all(np.array_equal(again[k], final[k]) for k in final)
 
@@ -411,8 +403,8 @@ def test_mopd_stage_scored_by_a_teacher_server(workdir, tmp_path):
             and "last checkpoint: step 2" in lines[0]), lines[0]
     resumed = json.load(open(os.path.join(wd, "mopd", "history.json")))
     assert resumed == runs[0]  # bitwise: every float of every step
-    served0 = _params(tmp_path / "served0" / "mopd" / "params")
-    for key, value in _params(os.path.join(wd, "mopd", "params")).items():
+    served0 = saved.arrays(tmp_path / "served0" / "mopd" / "params")
+    for key, value in saved.arrays(os.path.join(wd, "mopd", "params")).items():
       np.testing.assert_array_equal(value, served0[key], err_msg=key)
     # The eval stage scores pi_SFT's and the student's answers through the same servers: the
     # log-ratios equal the in-process eval's to float rounding.
