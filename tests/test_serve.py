@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -336,6 +337,9 @@ def test_the_mopd_stage_checks_its_servers_at_start(tmp_path):
     from mopd_jax.config.schema import ConfigError
     longest = wiring.longest_row(ctx)
     assert 64 < longest + 1 <= ctx.model_cfg.max_seq_len
+    # Measured once per run and tokenizer: asked again, it encodes no prompt.
+    with mock.patch.object(type(ctx.teacher_tok), "encode_prompt", side_effect=AssertionError):
+      assert wiring.longest_row(ctx) == wiring.longest_row(ctx, ctx.teacher_tok) == longest
     refusals = (None, lambda url: f"{url} has tokenizer fingerprint "
                 f"{tokenizer.fingerprint(other)} but the student's is "
                 f"{tokenizer.fingerprint(ctx.tok)}",

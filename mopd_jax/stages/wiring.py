@@ -6,7 +6,7 @@ and never sees the run.
 """
 from __future__ import annotations
 
-import functools
+import weakref
 
 from mopd_jax import models
 from mopd_jax.config import schema as config_mod
@@ -191,9 +191,12 @@ def check_served_families(ctx: Run) -> None:
           "families (teacher.tokenizer_paths); a server holds one tokenizer")
 
 
-# Measured once per run and tokenizer: the servers' clients of a run (eq. 15's, `char_kl`'s
-# per family) each check it, and it encodes every prompt of every split at every effort.
-@functools.lru_cache(maxsize=8)
+# {run: {id(tokenizer): its longest row}}: measured once per run and tokenizer (the servers'
+# clients of a run, eq. 15's and `char_kl`'s per family, each check it, and it encodes every
+# prompt of every split at every effort), and forgotten with the run.
+_LONGEST_ROWS = weakref.WeakKeyDictionary()
+
+
 def longest_row(ctx: Run, tok=None) -> int:
   """The longest row the run can send a teacher of tokenizer `tok` (default the teachers'):
   its grid's longest prompt (every split, the student's view at every effort, the longer
@@ -201,8 +204,15 @@ def longest_row(ctx: Run, tok=None) -> int:
   counted in the student's tokens (a teacher of another tokenizer that writes a response in
   more tokens than the student can exceed it; its server then refuses that row by name)."""
   tok = ctx.teacher_tok if tok is None else tok
-  cross = tok is not ctx.tok
-  shown = ctx.view.teacher if cross else ctx.view.student
+  known = _LONGEST_ROWS.setdefault(ctx, {})
+  if id(tok) not in known:
+    known[id(tok)] = _longest_prompt(ctx, tok) + ctx.config.rollout.max_response_tokens
+  return known[id(tok)]
+
+
+def _longest_prompt(ctx: Run, tok) -> int:
+  """The grid's longest prompt in `tok`'s tokens, every split, at every effort."""
+  shown = ctx.view.teacher if tok is not ctx.tok else ctx.view.student
   longest = 0
   for d in ctx.grid.domains:
     for split in ("train", "validation", "test"):
@@ -211,7 +221,7 @@ def longest_row(ctx: Run, tok=None) -> int:
         prompt = source[i].prompt
         longest = max(longest, *(len(tok.encode_prompt(prompt, shown(e)))
                                  for e in ctx.grid.effort_names))
-  return longest + ctx.config.rollout.max_response_tokens
+  return longest
 
 
 def parity_probe_set(ctx: Run, *, rows: int, max_len: int = 0):
