@@ -247,7 +247,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # the final student's median and 99th-percentile held-out rollout are below the 60-step
     # student's on all eight seeds, its mean on six (level on 5, within a standard error on
     # 4); seed 6's student, matching its `agt/high` and `agt/max` teachers that answer
-    # alike, loses its `agt` lengths' order by effort (docs/cross_tokenizer.md, "Results on
+    # alike, loses its `agt` lengths' order by effort; seed 8 (run last, 18 of 21) has
+    # teachers that add in their heads as seed 3's do (docs/cross_tokenizer.md, "Results on
     # the toy"). The default keeps its 60: at 180 its seed 4 student still misses
     # `cod/high` (0.567 against 0.657; 0.507 at 60).
     c.mopd.steps = 180
