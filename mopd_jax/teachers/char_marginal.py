@@ -222,10 +222,11 @@ class Served:
   tokens (the least-informative completion: no character any token writes is given
   probability 0, so the reverse KL stays bounded); with k the teacher's vocabulary it is the
   in-process pass. Each row is sent with one token more (`filler`), so the distribution
-  after its last token is read too (a prompt's log-probs stop at its last token). `bank`: the run's bank without params (a `families.MixedBank` of
-  several families); `clients`: ((cells, a `teacher_client.EndpointScorer` of those cells
-  built with `top_k` > 0), ...), one per family; `cells`: the teachers of the K axis this
-  view reads (None: all of them, router order), one family's."""
+  after its last token is read too (a prompt's log-probs stop at its last token). `bank`:
+  the run's bank without params (a `families.MixedBank` of several families); `clients`:
+  ((cells, a `teacher_client.EndpointScorer` of those cells built with `top_k` > 0), ...),
+  one per family; `cells`: the teachers of the K axis this view reads (None: all of them,
+  router order), one family's."""
   bank: object
   clients: tuple
   cells: tuple = None
