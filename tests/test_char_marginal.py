@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mopd_jax.io import tokenizer
-from mopd_jax.teachers import alignment, char_marginal as cm
+from mopd_jax.teachers import alignment, char_marginal as cm, char_served
 
 ALPHABET = "12+\n"
 LONGEST = 5  # the source's strings end by this many characters
@@ -215,7 +215,7 @@ def test_served_teachers_read_by_their_top_k(monkeypatch, merges):
   bank = types.SimpleNamespace(router=bank_mod.Router(("gen/low",)),
                                model_cfg=types.SimpleNamespace(vocab_size=ttok.vocab_size))
   for k in (ttok.vocab_size, 2):
-    served = cm.Served(bank, ((("gen/low",), _Servers(teacher, len(prompt_t), k=k)),))
+    served = char_served.Served(bank, ((("gen/low",), _Servers(teacher, len(prompt_t), k=k)),))
     got, got_ok, got_n = cm.targets(served, batch, table, student_tok=stok, teacher_tok=ttok)
     assert got_n == n
     np.testing.assert_array_equal(got_ok, ok)
@@ -225,6 +225,52 @@ def test_served_teachers_read_by_their_top_k(monkeypatch, merges):
       sums = np.exp(got[ok].astype(np.float64)).sum(-1)
       np.testing.assert_allclose(sums, 1.0, atol=1e-5)
       assert np.abs(got[ok] - want[ok]).max() > 1e-3  # the tail past the top 2 is left out
+
+
+class _Counted(_Servers):
+  """`_Servers` counting the rows it is sent."""
+  sent = 0
+
+  def submit(self, tokens, mask):
+    self.sent += int(np.asarray(mask).any(-1).sum())
+    return super().submit(tokens, mask)
+
+
+def test_served_targets_and_eq15_scores_share_one_request(monkeypatch):
+  """`Served` as the step's scorer: `submit`/`fetch` give eq. 15's scores of the batch (the
+  log-probs the servers give its rows' tokens, 0 past each row), and the targets read
+  afterwards send no row of the batch again, only their branches; the targets equal those of
+  a `Served` that asks for everything itself, bitwise."""
+  from mopd_jax.teachers import bank as bank_mod
+  stok, ttok = tokenizer.CharTokenizer(charset=ALPHABET), PlusTokenizer("three")
+  prompt_t = [ttok.bos_id, ttok.ids["1"], ttok.ids["\n"]]
+  teacher = _teacher(_source(1), ttok)
+  monkeypatch.setattr(cm, "next_logprobs", _oracle(teacher, len(prompt_t)))
+  batch = _batch(stok, ttok, [("1+2\n", True), ("12+1+", False), ("212+", True)], prompt_t)
+  bank = types.SimpleNamespace(router=bank_mod.Router(("gen/low",)),
+                               model_cfg=types.SimpleNamespace(vocab_size=ttok.vocab_size))
+  table = cm.CharTable(stok, ttok)
+  alone = _Counted(teacher, len(prompt_t), k=3)
+  want = cm.targets(char_served.Served(bank, ((("gen/low",), alone),)), batch, table,
+                    student_tok=stok, teacher_tok=ttok)
+  branch_rows = alone.sent - len(batch.spans)
+  assert branch_rows > 0
+  shared = _Counted(teacher, len(prompt_t), k=3)
+  served = char_served.Served(bank, ((("gen/low",), shared),))
+  scores = served.fetch(served.submit(batch.tokens, batch.input_mask))
+  plain = _Servers(teacher, len(prompt_t), k=3).submit(batch.tokens, batch.input_mask)[0]
+  np.testing.assert_array_equal(scores, np.where(batch.input_mask, plain, 0.0))
+  assert shared.sent == len(batch.spans)
+  got = cm.targets(served, batch, table, student_tok=stok, teacher_tok=ttok)
+  assert shared.sent == len(batch.spans) + branch_rows  # the batch's rows once
+  for g, w in zip(got, want):
+    if isinstance(g, dict):
+      assert g == w
+    else:
+      np.testing.assert_array_equal(g, w)
+  assert not served.kept[id(shared)]  # read back once, then forgotten
+  cm.targets(served, batch, table, student_tok=stok, teacher_tok=ttok)
+  assert shared.sent == 2 * (len(batch.spans) + branch_rows)  # nothing kept: asked again
 
 
 def test_a_partial_token_that_is_no_token_branches_in_the_encoders_tokens():

@@ -210,6 +210,9 @@ def _served_by_two_families(tmp_path, two_families):
       assert rec["char_positions"] == want["char_positions"] > 0
       np.testing.assert_allclose([rec["loss"], rec["char_kl"]], [want["loss"], want["char_kl"]],
                                  rtol=1e-5)
+      # Eq. 15's scores, read from the targets' own request: the in-process run's.
+      for cell, v in rec["cells"].items():
+        np.testing.assert_allclose(v["kl"], want["cells"][cell]["kl"], rtol=1e-4, atol=1e-6)
     one = urls[BPE_CELLS[0]]
     shutil.rmtree(tmp_path / "wd" / "mopd")
     proc = _run(tmp_path, hf_paths, tok_paths,

@@ -88,7 +88,7 @@ class Inputs:
   span_reward: str = "spread"  # teachers of another tokenizer: `teacher.span_reward`
   # Teachers of several families: each family's sampling engine (bank.families' order).
   teacher_engines: tuple = ()
-  # Served teachers and the char_kl loss: the servers' top-k (`char_marginal.Served`).
+  # Served teachers and the char_kl loss: the servers' top-k (`char_served.Served`).
   char_source: Any = None
 
   @property
@@ -263,8 +263,14 @@ class Distillation:
       sampled.arr = partial.recompute_logprobs(inp.model_cfg, params, sampled.arr)
     return sampled
 
+  @property
+  def scores(self):
+    """What scores each step's batch: the scorer, or with served `char_kl` targets their
+    clients, whose one request per family gives eq. 15's scores and the top-k together."""
+    return self.inp.char_source or self.inp.scorer
+
   def submit(self, sampled):  # dispatched without blocking: JAX's async dispatch
-    return self.inp.scorer.submit(sampled.tokens, sampled.input_mask)
+    return self.scores.submit(sampled.tokens, sampled.input_mask)
 
   def measure(self, step: int):
     """The diagnostics of `step` as a `train_on` hook, or None when none are due."""
@@ -296,7 +302,7 @@ class Distillation:
     # (served and char_kl: the servers' top-k, read for the next-character targets).
     teachers_now = self.inp.char_source or self.inp.scoring
     state, rec = mopd.train_on(self.trainer, state, teachers_now, sampled=sampled,
-                               scored=self.inp.scorer.fetch(scored), r_max=c.r_max,
+                               scored=self.scores.fetch(scored), r_max=c.r_max,
                                alpha=c.alpha, measure=self.measure(step))
     if self.pool is not None:  # rows still decoding, and the trained rows' count
       rec.metrics.update(in_flight=float(len(self.pool.rows)),

@@ -14,8 +14,8 @@ from mopd_jax.io import checkpoint, tokenizer
 from mopd_jax.runtime import distributed
 from mopd_jax.stages import data, eval as eval_stage, mopd, report, rl, sft, smoke
 from mopd_jax.stages.context import Run
-from mopd_jax.teachers import (bank as teachers, char_marginal, families, parity, placement,
-                               source)
+from mopd_jax.teachers import (bank as teachers, char_marginal, char_served, families, parity,
+                               placement, source)
 from mopd_jax.training import mopd as mopd_lib, registry as loss_kinds
 
 
@@ -166,11 +166,12 @@ def served_client(ctx: Run, scoring, *, top_k: int, family=None, extra_tokens: i
       parity=bool(scoring.params))
 
 
-def served_char_source(ctx: Run, scoring) -> char_marginal.Served:
+def served_char_source(ctx: Run, scoring) -> char_served.Served:
   """Served teachers read for the `char_kl` targets: a client per family asking for the top
-  `teacher.served_top_k` (at most the family's vocabulary) at every position."""
+  `teacher.served_top_k` (at most the family's vocabulary) at every position. Its requests
+  give the steps' eq. 15 scores too (the MOPD stage scores through it, not `scorer`)."""
   k = ctx.config.teacher.served_top_k
-  return char_marginal.Served(scoring, tuple(
+  return char_served.Served(scoring, tuple(
       (f.cells, served_client(ctx, scoring, top_k=min(k, f.model_cfg.vocab_size), family=f,
                               extra_tokens=1))
       for f in ctx.teachers.families))

@@ -47,7 +47,7 @@ import numpy as np
 
 from mopd_jax import models
 from mopd_jax.rollout import turns as rollout
-from mopd_jax.teachers import alignment, bank as teachers, families
+from mopd_jax.teachers import alignment, bank as teachers, char_served, families
 
 _FLOOR = -1e3  # the log-prob of a character the teacher cannot write (the top-k losses' floor)
 
@@ -208,80 +208,10 @@ def next_logprobs(cfg: models.ModelConfig, params_K, tokens_KxnxT, *, mask_KxnxT
 def _next_of(bank):
   """`fn(tokens, *, mask_KxnxT, at_KxnxA)` -> [K, n, A, V] the bank's teachers' next-token
   log-probs after the positions `at` of their rows: the jitted pass on the bank's params
-  in this process, or the servers' top-k (`Served`)."""
-  if isinstance(bank, Served):
+  in this process, or the servers' top-k (`char_served.Served`)."""
+  if isinstance(bank, char_served.Served):
     return bank.next_logprobs
   return lambda *args, **kw: next_logprobs(bank.model_cfg, bank.params, *args, **kw)
-
-
-@dataclasses.dataclass(frozen=True)
-class Served:
-  """Teachers behind servers, read for the next-character targets: a row's next-token
-  distribution after a position is the servers' top-k there and the row's own next token
-  (whose log-prob every answer carries), the mass left over spread evenly over the other
-  tokens (the least-informative completion: no character any token writes is given
-  probability 0, so the reverse KL stays bounded); with k the teacher's vocabulary it is the
-  in-process pass. Each row is sent with one token more (`filler`), so the distribution
-  after its last token is read too (a prompt's log-probs stop at its last token). `bank`:
-  the run's bank without params (a `families.MixedBank` of several families); `clients`:
-  ((cells, a `teacher_client.EndpointScorer` of those cells built with `top_k` > 0), ...),
-  one per family; `cells`: the teachers of the K axis this view reads (None: all of them,
-  router order), one family's."""
-  bank: object
-  clients: tuple
-  cells: tuple = None
-  filler: int = 0
-
-  @property
-  def router(self):
-    return self.bank.router
-
-  @property
-  def names(self) -> tuple:
-    return tuple(self.cells or self.bank.router.names)
-
-  def family(self, cells) -> "Served":
-    return dataclasses.replace(self, cells=tuple(cells))
-
-  def close(self) -> None:
-    for _, client in self.clients:
-      client.close()
-
-  def next_logprobs(self, tokens, *, mask_KxnxT, at_KxnxA):
-    tokens, mask, at = np.asarray(tokens), np.asarray(mask_KxnxT, bool), np.asarray(at_KxnxA)
-    client = next(c for cells, c in self.clients if set(self.names) <= set(cells))
-    k_n, n, width = tokens.shape
-    every = list(client.names)
-    rows = np.zeros((len(every), n, width + 1), np.int32)
-    live = np.zeros((len(every), n, width + 1), bool)
-    where = [every.index(c) for c in self.names]
-    lengths = mask.sum(-1)
-    for k, kk in enumerate(where):
-      rows[kk, :, :width] = tokens[k]
-      for j in range(n):
-        if lengths[k, j]:
-          rows[kk, j, lengths[k, j]] = self.filler
-          live[kk, j, :lengths[k, j] + 1] = True
-    lp, tk_lp, tk_ids = client.fetch(client.submit(rows, live))
-    fams = getattr(self.bank, "families", None)  # a MixedBank: the view's family's model
-    cfg = (next(f.model_cfg for f in fams if set(self.names) <= set(f.cells)) if fams
-           else self.bank.model_cfg)
-    vocab = max(cfg.vocab_size, int(np.max(tk_ids, initial=0)) + 1)
-    out = np.full((k_n, n, at.shape[-1], vocab), -np.inf, np.float32)
-    j, a = np.arange(n)[:, None], np.arange(at.shape[-1])[None, :]
-    for k, kk in enumerate(where):
-      pos = at[k] + 1  # the answer at position t is the distribution that predicts token t
-      known = np.zeros(out.shape[1:], bool)
-      out[k][j[..., None], a[..., None], tk_ids[kk][j, pos]] = tk_lp[kk][j, pos]
-      known[j[..., None], a[..., None], tk_ids[kk][j, pos]] = True
-      out[k][j, a, rows[kk][j, pos]] = lp[kk][j, pos]
-      known[j, a, rows[kk][j, pos]] = True
-      # The mass past what was read, spread evenly over the tokens not read.
-      rest = np.maximum(1.0 - np.exp(np.where(known, out[k], -np.inf)).sum(-1), 0.0)
-      with np.errstate(divide="ignore"):
-        fill = np.log(rest / np.maximum((~known).sum(-1), 1)).astype(np.float32)
-      out[k] = np.where(known, out[k], fill[..., None])
-    return out
 
 
 def targets(bank: teachers.TeacherBank, sampled, table: CharTable, *, student_tok,
@@ -394,18 +324,18 @@ def topk_of(bank, sampled) -> tuple:
   `families.MixedBank`, `tokenizers[1]` each teacher's): each family's rows by its own
   bank and tokenizer (a family of the student's tokenizer gives its teacher's next-token
   distribution, which is its next-character one). Teachers behind servers (`bank` a
-  `Served`): their top-k, each family's through its own client."""
+  `char_served.Served`): their top-k, each family's through its own client."""
   if sampled.tokenizers is None:
     raise ValueError("the char_kl loss needs teachers of another tokenizer "
                      "(teacher.tokenizer_path): the batch has no alignment to read")
   s_tok, t_tok = sampled.tokenizers
   t = time.perf_counter()
-  inner = bank.bank if isinstance(bank, Served) else bank
+  inner = bank.bank if isinstance(bank, char_served.Served) else bank
   if families.is_mixed(inner):
     tokens, mask = np.asarray(sampled.tokens), np.asarray(sampled.input_mask)
     lp, ok, counts = 0.0, False, {"char_branches": 0, "char_positions": 0}
-    parts = ([bank.family(f.cells) for f in inner.families] if isinstance(bank, Served)
-             else bank.parts)
+    parts = ([bank.family(f.cells) for f in inner.families]
+             if isinstance(bank, char_served.Served) else bank.parts)
     for part, fam, m in zip(parts, inner.families, inner.members):
       rows = dataclasses.replace(sampled, index=np.asarray(sampled.index)[m],
                                  tokens=tokens[m], input_mask=mask[m])
