@@ -4,9 +4,9 @@ mean and 90th-percentile length, over-budget rate; with `eval.samples` k > 0 als
 `sample_accuracy`, the mean accuracy of k responses sampled at `eval.sample_temperature`;
 with `eval.teacher_logratio` also pi_SFT's and the student's `teacher_logratio`, the mean
 per-token log pi - log pi_T along their greedy answers to the cell's teacher
-(`mopd_jax/evaluation/agreement.py`), scored as the MOPD stage scores (the `teacher.endpoints` servers'
-client or the bank in process). The stage takes its `Inputs` (built by
-`stages/wiring.py`)."""
+(`mopd_jax/evaluation/agreement.py`), scored as the MOPD stage scores (the
+`teacher.endpoints` servers' client or the bank in process). The stage takes its `Inputs`
+(built by `stages/wiring.py`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +30,9 @@ class Inputs:
   """What the eval stage reads and works with. `data.split(domain, "test")`: the domain's
   test split; `engines.make(model_cfg, temperature)`: the rollout engine of a model at a
   temperature; `policies.load(path)`: a policy of the student's shape;
-  `teachers.load_one(entry)`: a teacher of the manifest; `scorer`: the teachers' scorer of stratified batches, cells in the order of
-  `teacher_cells` (None unless `eval.teacher_logratio`)."""
+  `teachers.load_one(entry)`: a teacher of the manifest; `scorer`: the teachers' scorer of
+  stratified batches, cells in the order of `teacher_cells` (None unless
+  `eval.teacher_logratio`)."""
   cfg: config_mod.EvalConfig
   grid: grid_mod.Grid
   view: views.PromptView
