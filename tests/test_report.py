@@ -147,6 +147,26 @@ def test_outside_teacher_accuracy_is_compared_with_the_teacher_it_replaces():
       "same-origin teacher it replaces 0.950" in " ".join(report.markdown(rep).split())
 
 
+def test_a_teacher_of_another_tokenizer_is_not_judged_against_this_runs_pi_sft():
+  """The teacher's gain over pi_SFT: judged where the teacher was made from this run's
+  pi_SFT; shown, not judged, where it is of another tokenizer (made by RL from its own
+  factory's pi_SFT, whose report judges it)."""
+  from mopd_jax.evaluation import report
+  grid = {"domains": ["gen", "cod"], "efforts": [["max", 1.5]]}
+  cells = [{"policy": p, "domain": d, "effort": "max", "accuracy": a, "mean_length": 9.0,
+            "over_budget_rate": 0.0, "n": 8}
+           for d in ("gen", "cod") for p, a in (("sft", 1.0), ("teacher", 0.9))]
+  origin = {"gen/max": "other tokenizer", "cod/max": "same"}
+  rep = {"grid": grid, "cells": cells, "wall_seconds": {},
+         "kl": {"curve": [], "initial_by_cell": {c: {"kl": 0.2, "origin": o}
+                                                 for c, o in origin.items()}}}
+  got = {c["name"]: c for c in report.checks(rep)}
+  gen, cod = (got[f"teacher {d}/max accuracy - pi_SFT {d}/max accuracy"] for d in ("gen", "cod"))
+  assert gen["ok"] is None and gen["value"] == pytest.approx(-0.1)
+  assert gen["target"] == report.OTHER_PARENT
+  assert cod["ok"] is False and cod["target"] == ">= 0.10"
+
+
 def _seed_report(acc: float, ok: bool):
   from toy_grid import DOMAINS as TOY_DOMAINS
   grid = {"domains": list(TOY_DOMAINS[:1]), "efforts": [["low", 0.3], ["max", 1.5]]}

@@ -69,9 +69,10 @@ def build(workdir: str, config_json: dict, wall_seconds: dict, *, grid: Grid) ->
 def checks(rep: dict) -> list:
   """The toy run's expected results, evaluated on this run: a list of {name, value, target,
   ok}; `ok` is None where the run lacks what a check needs (e.g. a `--config.stages`
-  subset). pi_SFT's accuracy on a domain is taken in its largest-tau cell, the one budget
-  where no style is cut, so a teacher is compared with pi_SFT at equal room. Lengths are
-  expected to grow with tau."""
+  subset), and for a teacher's gain over pi_SFT where the teacher is of another tokenizer
+  (its RL started from its own factory's pi_SFT). pi_SFT's accuracy on a domain is taken in
+  its largest-tau cell, the one budget where no style is cut, so a teacher is compared with
+  pi_SFT at equal room. Lengths are expected to grow with tau."""
   cells, out = rep["cells"], []
   grid = Grid.from_json(rep["grid"])
   top, by_budget = grid.top_effort, grid.by_budget
@@ -84,11 +85,15 @@ def checks(rep: dict) -> list:
     c = find_cell(cells, policy, d, effort=e)
     return None if c is None else c[key]
 
+  origins = {n: c["origin"] for n, c in rep.get("kl", {}).get("initial_by_cell", {}).items()}
   for d in grid.domains:
     t, f = get("teacher", d, top, key="accuracy"), get("sft", d, top, key="accuracy")
     gain = None if t is None or f is None else t - f
-    add(f"teacher {d}/{top} accuracy - pi_SFT {d}/{top} accuracy", gain, ">= 0.10",
-        ok=None if gain is None else gain >= 0.10 - 1e-9)
+    name = f"teacher {d}/{top} accuracy - pi_SFT {d}/{top} accuracy"
+    if origins.get(f"{d}/{top}") == OTHER_TOKENIZER:  # its RL started from its own pi_SFT
+      add(name, gain, OTHER_PARENT, ok=None)
+      continue
+    add(name, gain, ">= 0.10", ok=None if gain is None else gain >= 0.10 - 1e-9)
   if len(by_budget) > 1:
     for policy in ("teacher", "student"):
       for d in grid.domains:
@@ -202,11 +207,17 @@ def teachers_like_sft(rep: dict) -> list:
   return out
 
 
+OTHER_TOKENIZER = "other tokenizer"
+# A teacher of another tokenizer was made by RL from its own factory's pi_SFT, not from this
+# run's: its gain over this run's pi_SFT is shown, and its factory's report judges its RL.
+OTHER_PARENT = "- (its parent is its own factory's pi_SFT: judged in that run's report)"
+
+
 def teacher_origin(entry: dict) -> str:
   """A manifest entry's origin: "other tokenizer" for a teacher of another tokenizer
   (`teacher.tokenizer_path`), else its recorded origin ("same" when none)."""
   if (entry.get("tokenizer") or {}).get("other"):
-    return "other tokenizer"
+    return OTHER_TOKENIZER
   return entry.get("origin", "same")
 
 
