@@ -35,7 +35,7 @@ class _Asked:
 
 
 class _Submitted:
-  """`Served.submit`'s handle: the batch's shape and mask, each client's request."""
+  """`Served.submit`'s handle: the batch's mask, each client's request."""
 
   def __init__(self, mask, asked):
     self.mask, self.asked = mask, asked  # asked: [(client, where [(k, kk)], _Asked)]
@@ -85,7 +85,7 @@ class Served:
     """(rows [client's cells, n, T + 1] each with its filler, their live tokens, where:
     [(k of this view's K axis, kk of the client's)]) for the view's cells the client
     serves."""
-    k_n, n, width = tokens.shape
+    _, n, width = tokens.shape
     every = list(client.names)
     rows = np.zeros((len(every), n, width + 1), np.int32)
     live = np.zeros((len(every), n, width + 1), bool)
