@@ -16,10 +16,11 @@ The rl stage spawns, per lane,
 (the lane worker, mopd_jax/lanes.py) which reads the run's resolved config from the file it
 is given, writes its console output to <lane dir>/lane.log (through a local mirror copied up
 when the lane ends, for a workdir on object storage: mopd_jax/io/storage.py) and its
-progress to <lane dir>/progress.json (the parent draws one bar per lane from these), and exits with the pipeline's preemption code after a SIGTERM
-(which the parent forwards): every lane has then saved its step, and the same command resumes
-each lane where it stopped. A failed lane does not stop the others; the stage then raises,
-naming it and its log, and a re-run trains only what is missing.
+progress to <lane dir>/progress.json (the parent draws one bar per lane from these), and
+exits with the pipeline's preemption code after a SIGTERM (which the parent forwards): every
+lane has then saved its step, and the same command resumes each lane where it stopped. A
+failed lane does not stop the others; the stage then raises, naming it and its log, and a
+re-run trains only what is missing.
 """
 from __future__ import annotations
 
